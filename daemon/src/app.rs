@@ -1,0 +1,235 @@
+//! `rigd run`: wires clock, sources, lanes, spool, uplink and web together, and shuts them down in
+//! order (capture stops, lanes hand unacknowledged frames to the spool, the spool commits).
+
+use anyhow::Context;
+use rigd_drivers::synthetic::{SyntheticAudio, SyntheticCamera, SyntheticSerial};
+use rigd_drivers::{
+    FrameClock, FrameSink, Source, SourceHealth, SourceState, StopFlag, SystemClock,
+};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::{Config, SourceConfig};
+use crate::pipeline::{self, Lane, LaneStats};
+use crate::spool::Spool;
+use crate::uplink::{Producer, ProducerConfig, ProducerStats};
+use crate::wire::producer_name;
+
+/// Frames buffered between a capture thread and its lane.
+const CAPTURE_QUEUE: usize = 256;
+
+/// What status reads for one source.
+pub struct SourceEntry {
+    pub id: Arc<str>,
+    pub kind: &'static str,
+    pub health: Arc<SourceHealth>,
+    pub lane: Arc<LaneStats>,
+    pub uplink: Option<Arc<ProducerStats>>,
+}
+
+/// Everything the status API reads.
+pub struct Runtime {
+    pub config: Config,
+    pub started: Instant,
+    pub clock: Arc<dyn FrameClock>,
+    pub sources: Vec<SourceEntry>,
+    pub spool: Arc<Spool>,
+}
+
+fn build_source(cfg: &SourceConfig, bucket_ms: u32, clock: Arc<dyn FrameClock>) -> Box<dyn Source> {
+    match cfg {
+        SourceConfig::SyntheticCamera(c) => Box::new(SyntheticCamera::new(
+            &c.id,
+            c.width,
+            c.height,
+            c.fps,
+            c.frame_bytes.map(|b| b.0 as usize),
+            clock,
+        )),
+        SourceConfig::SyntheticAudio(c) => Box::new(SyntheticAudio::new(
+            &c.id,
+            c.sample_rate,
+            c.channels,
+            c.tone_hz,
+            bucket_ms,
+            clock,
+        )),
+        SourceConfig::SyntheticSerial(c) => Box::new(SyntheticSerial::new(&c.id, c.rate_hz, clock)),
+    }
+}
+
+/// Runs a source on its own thread, reopening it with backoff after a device failure.
+fn spawn_capture(
+    mut source: Box<dyn Source>,
+    mut sink: FrameSink,
+    stop: StopFlag,
+) -> std::thread::JoinHandle<()> {
+    let name = format!("capture-{}", source.id());
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            let mut backoff = crate::uplink::plan::Backoff::new(Duration::from_millis(200), Duration::from_secs(30), sink.next_seq() | 1);
+            while !stop.is_raised() {
+                sink.health().set_state(SourceState::Running, "");
+                match source.run(&mut sink, &stop) {
+                    Ok(()) => break,
+                    Err(e) if e.retryable() => {
+                        let delay = backoff.next_delay();
+                        tracing::warn!(source = %source.id(), error = %e, retry_in_ms = delay.as_millis() as u64, "source failed; reopening");
+                        sink.health().set_state(SourceState::Retrying, &e.to_string());
+                        stop.sleep(delay);
+                    }
+                    Err(e) => {
+                        if !stop.is_raised() {
+                            tracing::error!(source = %source.id(), error = %e, "source failed for good");
+                            sink.health().set_state(SourceState::Failed, &e.to_string());
+                        }
+                        break;
+                    }
+                }
+            }
+        })
+        .expect("spawning a capture thread")
+}
+
+/// Reads a token file: trimmed content; an empty file is an error.
+fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
+    let t = std::fs::read_to_string(path)
+        .with_context(|| format!("reading token file {}", path.display()))?;
+    let t = t.trim().to_string();
+    anyhow::ensure!(!t.is_empty(), "token file {} is empty", path.display());
+    Ok(t)
+}
+
+/// The daemon. Returns when SIGTERM/SIGINT has been handled and everything is flushed.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let clock: Arc<dyn FrameClock> = Arc::new(SystemClock);
+    if let Some(iface) = &config.clock.interface {
+        tracing::warn!(interface = %iface, "PTP is not built into this version; the clock stays unsynced");
+    }
+    let spool = Spool::open(&config.spool).context("opening the spool")?;
+    if spool.unclean_start() {
+        tracing::warn!(spool = %spool.path().display(), "previous run did not shut down cleanly; sequence numbers skip ahead");
+    }
+    let token = config
+        .pulsar
+        .token_file
+        .as_deref()
+        .map(read_token)
+        .transpose()?;
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let stop = StopFlag::new();
+
+    let mut entries = Vec::new();
+    let mut lanes = Vec::new();
+    let mut captures = Vec::new();
+    for sc in &config.sources {
+        let id: Arc<str> = sc.id().into();
+        let (tx, rx) = mpsc::channel(CAPTURE_QUEUE);
+        let health = Arc::new(SourceHealth::default());
+        let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
+        let sink = FrameSink::new(id.clone(), first_seq, tx, health.clone());
+        let producer = config.pulsar.url.as_ref().map(|url| {
+            let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+            let p = Producer::spawn(
+                ProducerConfig {
+                    url: url.clone(),
+                    topic: config.pulsar.topic_for(&config.rig.id, &id),
+                    producer_name: producer_name(&config.rig.id, &id),
+                    rig: config.rig.id.clone(),
+                    bucket_ms: config.rig.bucket_ms,
+                    token: token.clone(),
+                    max_in_flight: config.pulsar.max_in_flight,
+                    max_in_flight_bytes: config.pulsar.max_in_flight_bytes.0 as usize,
+                    max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
+                    send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
+                },
+                ack_tx,
+                shutdown_rx.clone(),
+            );
+            (p, ack_rx)
+        });
+        let lane_stats = Arc::new(LaneStats::default());
+        entries.push(SourceEntry {
+            id: id.clone(),
+            kind: sc.kind(),
+            health,
+            lane: lane_stats.clone(),
+            uplink: producer.as_ref().map(|(p, _)| p.stats().clone()),
+        });
+        let lane = Lane {
+            source: id.clone(),
+            mode: config.spool.mode,
+            frames: rx,
+            producer,
+            spool: spool.clone(),
+            stats: lane_stats,
+        };
+        lanes.push(tokio::spawn(lane.run()));
+        let source = build_source(sc, config.rig.bucket_ms, clock.clone());
+        tracing::info!(source = %id, kind = sc.kind(), first_seq, "source starting");
+        captures.push(spawn_capture(source, sink, stop.clone()));
+    }
+    let committer = tokio::spawn(pipeline::commit_loop(
+        spool.clone(),
+        Duration::from_millis(config.spool.fsync_ms),
+        shutdown_rx.clone(),
+    ));
+
+    let bind = config.web_bind();
+    let runtime = Arc::new(Runtime {
+        config: config.clone(),
+        started: Instant::now(),
+        clock,
+        sources: entries,
+        spool: spool.clone(),
+    });
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("binding the web UI to {bind}"))?;
+    let app = rigd_web::router(rigd_web::AppState {
+        status: runtime.clone(),
+    });
+    let mut web_shutdown = shutdown_rx.clone();
+    let web = tokio::spawn(async move {
+        let r = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = web_shutdown.changed().await;
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "web server failed");
+        }
+    });
+    tracing::info!(rig = %config.rig.id, sources = config.sources.len(), web = %bind,
+        uplink = config.pulsar.url.as_deref().unwrap_or("none (spooling everything)"),
+        spool = %config.spool.path.display(), "rigd running");
+
+    crate::lifecycle::wait_for_signal().await;
+    tracing::info!("shutting down: stopping capture, spooling what is unacknowledged");
+
+    // Capture stops first, so the lanes see their channels close after the last frame.
+    stop.raise();
+    for c in captures {
+        let _ = tokio::task::spawn_blocking(move || c.join()).await;
+    }
+    let _ = shutdown_tx.send(true);
+    for l in lanes {
+        let _ = l.await;
+    }
+    let _ = committer.await;
+    let _ = web.await;
+    let s = spool.clone();
+    tokio::task::spawn_blocking(move || s.close())
+        .await?
+        .context("closing the spool")?;
+    let left: u64 = runtime
+        .sources
+        .iter()
+        .map(|e| spool.stats(&e.id).records.load(Ordering::Relaxed))
+        .sum();
+    tracing::info!(spooled_records = left, "rigd stopped");
+    Ok(())
+}

@@ -1,0 +1,693 @@
+//! The daemon's configuration: TOML, kebab-case, unknown keys rejected, then a validation pass that
+//! reports every value that parses but makes no sense, one line per problem naming its key.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The config `rigd run` uses when none is given: synthetic sources, no broker, spool in ./rigd-spool.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../examples/synthetic.toml");
+
+/// Why a config could not be used. Each entry of `Invalid` is one line naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}", .problems.join("\n"))]
+    Invalid { problems: Vec<String> },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Config {
+    pub rig: RigConfig,
+    #[serde(default)]
+    pub clock: ClockConfig,
+    #[serde(default, rename = "source")]
+    pub sources: Vec<SourceConfig>,
+    #[serde(default)]
+    pub pulsar: PulsarConfig,
+    #[serde(default)]
+    pub spool: SpoolConfig,
+    #[serde(default)]
+    pub web: WebConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RigConfig {
+    /// `[a-z0-9-]+`; part of topic and producer names.
+    pub id: String,
+    /// Width of a time bucket in milliseconds.
+    #[serde(default = "default_bucket_ms")]
+    pub bucket_ms: u32,
+}
+
+fn default_bucket_ms() -> u32 {
+    33
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    #[default]
+    Udp4,
+    L2,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClockTarget {
+    #[default]
+    Virtual,
+    System,
+    Phc,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ClockConfig {
+    /// Network interface for PTP; absent: no PTP, the clock stays `unsynced`.
+    pub interface: Option<String>,
+    #[serde(default)]
+    pub transport: Transport,
+    #[serde(default)]
+    pub domain: u8,
+    #[serde(default)]
+    pub target: ClockTarget,
+}
+
+/// One capture source; `kind` selects the driver.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum SourceConfig {
+    SyntheticCamera(SyntheticCameraConfig),
+    SyntheticAudio(SyntheticAudioConfig),
+    SyntheticSerial(SyntheticSerialConfig),
+}
+
+impl SourceConfig {
+    pub fn id(&self) -> &str {
+        match self {
+            SourceConfig::SyntheticCamera(c) => &c.id,
+            SourceConfig::SyntheticAudio(c) => &c.id,
+            SourceConfig::SyntheticSerial(c) => &c.id,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceConfig::SyntheticCamera(_) => "synthetic-camera",
+            SourceConfig::SyntheticAudio(_) => "synthetic-audio",
+            SourceConfig::SyntheticSerial(_) => "synthetic-serial",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SyntheticCameraConfig {
+    pub id: String,
+    #[serde(default = "default_width")]
+    pub width: u32,
+    #[serde(default = "default_height")]
+    pub height: u32,
+    #[serde(default = "default_fps")]
+    pub fps: f64,
+    /// Pads each JPEG to this many bytes (large-frame tests).
+    pub frame_bytes: Option<ByteSize>,
+}
+
+fn default_width() -> u32 {
+    640
+}
+fn default_height() -> u32 {
+    480
+}
+fn default_fps() -> f64 {
+    30.0
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SyntheticAudioConfig {
+    pub id: String,
+    #[serde(default = "default_sample_rate")]
+    pub sample_rate: u32,
+    #[serde(default = "default_channels")]
+    pub channels: u16,
+    #[serde(default = "default_tone_hz")]
+    pub tone_hz: f64,
+}
+
+fn default_sample_rate() -> u32 {
+    48_000
+}
+fn default_channels() -> u16 {
+    2
+}
+fn default_tone_hz() -> f64 {
+    440.0
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SyntheticSerialConfig {
+    pub id: String,
+    #[serde(default = "default_rate_hz")]
+    pub rate_hz: f64,
+}
+
+fn default_rate_hz() -> f64 {
+    10.0
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compression {
+    #[default]
+    None,
+    Lz4,
+    Zstd,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PulsarConfig {
+    /// `pulsar://host:port` or `pulsar+ssl://host:port`; absent: no uplink, everything spools.
+    pub url: Option<String>,
+    /// Topic template; placeholders `{rig}` and `{source}`.
+    #[serde(default = "default_topic")]
+    pub topic: String,
+    pub token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub compression: Compression,
+    /// Messages awaiting a receipt, per source.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Bytes awaiting a receipt, per source.
+    #[serde(default = "default_max_in_flight_bytes")]
+    pub max_in_flight_bytes: ByteSize,
+    /// Frames above this are refused (counted), whatever the broker accepts with chunking.
+    #[serde(default = "default_max_frame_bytes")]
+    pub max_frame_bytes: ByteSize,
+    /// How long a send may wait for its receipt before the connection is considered dead.
+    #[serde(default = "default_send_timeout_ms")]
+    pub send_timeout_ms: u64,
+}
+
+fn default_topic() -> String {
+    "persistent://public/default/{rig}-{source}".to_string()
+}
+fn default_max_in_flight() -> usize {
+    500
+}
+fn default_max_in_flight_bytes() -> ByteSize {
+    ByteSize(64 << 20)
+}
+fn default_max_frame_bytes() -> ByteSize {
+    ByteSize(50 << 20)
+}
+fn default_send_timeout_ms() -> u64 {
+    30_000
+}
+
+impl Default for PulsarConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            topic: default_topic(),
+            token_file: None,
+            compression: Compression::None,
+            max_in_flight: default_max_in_flight(),
+            max_in_flight_bytes: default_max_in_flight_bytes(),
+            max_frame_bytes: default_max_frame_bytes(),
+            send_timeout_ms: default_send_timeout_ms(),
+        }
+    }
+}
+
+impl PulsarConfig {
+    /// The topic of one source.
+    pub fn topic_for(&self, rig: &str, source: &str) -> String {
+        self.topic.replace("{rig}", rig).replace("{source}", source)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpoolMode {
+    #[default]
+    OnOutage,
+    Always,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WhenFull {
+    #[default]
+    DropOldest,
+    DropNewest,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SpoolConfig {
+    #[serde(default = "default_spool_path")]
+    pub path: PathBuf,
+    #[serde(default)]
+    pub mode: SpoolMode,
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: ByteSize,
+    /// Free space the spool leaves on its filesystem.
+    #[serde(default = "default_reserve")]
+    pub free_reserve: ByteSize,
+    #[serde(default)]
+    pub when_full: WhenFull,
+    #[serde(default = "default_fsync_ms")]
+    pub fsync_ms: u64,
+}
+
+fn default_spool_path() -> PathBuf {
+    PathBuf::from("/var/lib/rigd/spool")
+}
+fn default_max_bytes() -> ByteSize {
+    ByteSize(8 << 30)
+}
+fn default_reserve() -> ByteSize {
+    ByteSize(256 << 20)
+}
+fn default_fsync_ms() -> u64 {
+    50
+}
+
+impl Default for SpoolConfig {
+    fn default() -> Self {
+        Self {
+            path: default_spool_path(),
+            mode: SpoolMode::OnOutage,
+            max_bytes: default_max_bytes(),
+            free_reserve: default_reserve(),
+            when_full: WhenFull::DropOldest,
+            fsync_ms: default_fsync_ms(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct WebConfig {
+    #[serde(default = "default_bind")]
+    pub bind: String,
+    /// Control actions are disabled without it.
+    pub token_file: Option<PathBuf>,
+}
+
+fn default_bind() -> String {
+    "127.0.0.1:8088".to_string()
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        Self {
+            bind: default_bind(),
+            token_file: None,
+        }
+    }
+}
+
+/// A byte count written as an integer or a string with a unit ("8GiB", "512 MiB", "64k").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("`{s}` is not a size like 512MiB"))?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" => 1_000,
+            "kib" => 1 << 10,
+            "m" | "mb" => 1_000_000,
+            "mib" => 1 << 20,
+            "g" | "gb" => 1_000_000_000,
+            "gib" => 1 << 30,
+            "t" | "tb" => 1_000_000_000_000,
+            "tib" => 1 << 40,
+            other => {
+                return Err(format!(
+                    "unknown size unit `{other}` (use B, KiB, MiB, GiB, TiB)"
+                ))
+            }
+        };
+        n.checked_mul(mult)
+            .map(ByteSize)
+            .ok_or_else(|| format!("`{s}` is too large"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Str(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) if n >= 0 => Ok(ByteSize(n as u64)),
+            Raw::Int(n) => Err(serde::de::Error::custom(format!(
+                "size must not be negative, got {n}"
+            ))),
+            Raw::Str(s) => ByteSize::parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates config text; `origin` names it in messages.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
+            problems: vec![describe_toml_error(&e, text, origin)],
+        })?;
+        let problems = config.problems();
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid {
+                problems: problems
+                    .into_iter()
+                    .map(|p| format!("{origin}: {p}"))
+                    .collect(),
+            })
+        }
+    }
+
+    /// Every value that parses but makes no sense, as `key: problem`.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if !is_name(&self.rig.id) {
+            p.push(format!("rig.id: `{}` must match [a-z0-9-]+", self.rig.id));
+        }
+        if self.rig.bucket_ms == 0 {
+            p.push("rig.bucket-ms: must be at least 1".to_string());
+        }
+        if self.clock.interface.as_deref() == Some("") {
+            p.push("clock.interface: must not be empty (leave it out for no PTP)".to_string());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, s) in self.sources.iter().enumerate() {
+            let key = format!("source[{i}]");
+            if !is_name(s.id()) {
+                p.push(format!("{key}.id: `{}` must match [a-z0-9-]+", s.id()));
+            }
+            if !seen.insert(s.id()) {
+                p.push(format!("{key}.id: `{}` is used by another source", s.id()));
+            }
+            match s {
+                SourceConfig::SyntheticCamera(c) => {
+                    positive(&mut p, &key, "fps", c.fps);
+                    if c.fps > 1000.0 {
+                        p.push(format!("{key}.fps: {} is above 1000", c.fps));
+                    }
+                    for (name, v) in [("width", c.width), ("height", c.height)] {
+                        if v == 0 || v > 16_384 {
+                            p.push(format!("{key}.{name}: {v} must be between 1 and 16384"));
+                        }
+                    }
+                    if let Some(b) = c.frame_bytes {
+                        if b.0 > self.pulsar.max_frame_bytes.0 {
+                            p.push(format!(
+                                "{key}.frame-bytes: {} is above pulsar.max-frame-bytes ({})",
+                                b.0, self.pulsar.max_frame_bytes.0
+                            ));
+                        }
+                    }
+                }
+                SourceConfig::SyntheticAudio(c) => {
+                    if !(8_000..=384_000).contains(&c.sample_rate) {
+                        p.push(format!(
+                            "{key}.sample-rate: {} must be between 8000 and 384000",
+                            c.sample_rate
+                        ));
+                    } else if (c.sample_rate as u64 * self.rig.bucket_ms as u64) % 1000 != 0 {
+                        p.push(format!(
+                            "{key}.sample-rate: {} Hz does not give a whole number of samples per {} ms bucket",
+                            c.sample_rate, self.rig.bucket_ms
+                        ));
+                    }
+                    if !(1..=32).contains(&c.channels) {
+                        p.push(format!(
+                            "{key}.channels: {} must be between 1 and 32",
+                            c.channels
+                        ));
+                    }
+                    positive(&mut p, &key, "tone-hz", c.tone_hz);
+                }
+                SourceConfig::SyntheticSerial(c) => {
+                    positive(&mut p, &key, "rate-hz", c.rate_hz);
+                    if c.rate_hz > 10_000.0 {
+                        p.push(format!("{key}.rate-hz: {} is above 10000", c.rate_hz));
+                    }
+                }
+            }
+        }
+        if let Some(url) = &self.pulsar.url {
+            if !(url.starts_with("pulsar://") || url.starts_with("pulsar+ssl://")) {
+                p.push(format!(
+                    "pulsar.url: `{url}` must start with pulsar:// or pulsar+ssl://"
+                ));
+            }
+        }
+        let mut rest = self.pulsar.topic.as_str();
+        while let Some(open) = rest.find('{') {
+            let after = &rest[open + 1..];
+            match after.find('}') {
+                Some(close) => {
+                    let name = &after[..close];
+                    if name != "rig" && name != "source" {
+                        p.push(format!(
+                            "pulsar.topic: unknown placeholder `{{{name}}}` (known: {{rig}}, {{source}})"
+                        ));
+                    }
+                    rest = &after[close + 1..];
+                }
+                None => {
+                    p.push("pulsar.topic: `{` without a closing `}`".to_string());
+                    break;
+                }
+            }
+        }
+        if !self.pulsar.topic.contains("{source}") {
+            p.push("pulsar.topic: must contain {source} (one topic per source)".to_string());
+        }
+        if self.pulsar.max_in_flight == 0 {
+            p.push("pulsar.max-in-flight: must be at least 1".to_string());
+        }
+        if self.pulsar.max_frame_bytes.0 == 0 || self.pulsar.max_frame_bytes.0 > 1 << 30 {
+            p.push("pulsar.max-frame-bytes: must be between 1 and 1GiB".to_string());
+        }
+        if self.spool.max_bytes.0 < 1 << 20 {
+            p.push(format!(
+                "spool.max-bytes: {} is below 1MiB",
+                self.spool.max_bytes.0
+            ));
+        }
+        if self.spool.fsync_ms == 0 || self.spool.fsync_ms > 60_000 {
+            p.push(format!(
+                "spool.fsync-ms: {} must be between 1 and 60000",
+                self.spool.fsync_ms
+            ));
+        }
+        if self.spool.path.as_os_str().is_empty() {
+            p.push("spool.path: must not be empty".to_string());
+        }
+        if self.web.bind.parse::<SocketAddr>().is_err() {
+            p.push(format!(
+                "web.bind: `{}` is not an address like 127.0.0.1:8088",
+                self.web.bind
+            ));
+        }
+        p
+    }
+
+    pub fn web_bind(&self) -> SocketAddr {
+        self.web
+            .bind
+            .parse()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8088)))
+    }
+}
+
+fn positive(p: &mut Vec<String>, key: &str, name: &str, v: f64) {
+    if !(v.is_finite() && v > 0.0) {
+        p.push(format!("{key}.{name}: {v} must be a positive number"));
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// One line for a TOML/serde error: file, line, the table and key at the error, and the message.
+fn describe_toml_error(e: &toml::de::Error, text: &str, origin: &str) -> String {
+    let msg = e.message().trim().replace('\n', " ");
+    let Some(span) = e.span() else {
+        return format!("{origin}: {msg}");
+    };
+    let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+    let lines: Vec<&str> = text.lines().collect();
+    let mut table = String::new();
+    let mut index: std::collections::HashMap<String, usize> = Default::default();
+    for l in lines.iter().take(line_no) {
+        let t = l.trim();
+        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
+            let n = index.entry(name.trim().to_string()).or_insert(0);
+            table = format!("{}[{}]", name.trim(), *n);
+            *n += 1;
+        } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.split(']').next()) {
+            table = name.trim().to_string();
+        }
+    }
+    let line = lines.get(line_no - 1).map(|l| l.trim()).unwrap_or("");
+    let key = match line.split_once('=') {
+        Some((k, _)) if !line.starts_with('[') => k.trim().trim_matches('"').to_string(),
+        _ => String::new(),
+    };
+    let path = match (table.is_empty(), key.is_empty()) {
+        (true, true) => String::new(),
+        (false, true) => format!("{table}: "),
+        (true, false) => format!("{key}: "),
+        (false, false) => format!("{table}.{key}: "),
+    };
+    format!("{origin}:{line_no}: {path}{msg}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(text: &str) -> Vec<String> {
+        match Config::parse(text, "t.toml") {
+            Ok(_) => vec![],
+            Err(ConfigError::Invalid { problems }) => problems,
+            Err(e) => vec![e.to_string()],
+        }
+    }
+
+    #[test]
+    fn shipped_configs_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut n = 0;
+        for sub in ["examples", "systemd"] {
+            for entry in std::fs::read_dir(dir.join(sub)).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_some_and(|e| e == "toml") {
+                    Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                    n += 1;
+                }
+            }
+        }
+        assert!(n >= 3, "expected the shipped configs, found {n}");
+        Config::parse(EMBEDDED_DEFAULT, "embedded").unwrap();
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let p = problems("[rig]\nid = \"a\"\n[spool]\nmax-byte = 5\n");
+        assert_eq!(p.len(), 1);
+        assert!(
+            p[0].contains("max-byte") && p[0].contains("t.toml:"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_source_is_named() {
+        let p = problems(
+            "[rig]\nid = \"a\"\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\nfsp = 3\n",
+        );
+        assert!(p[0].contains("fsp") && p[0].contains("source[0]"), "{p:?}");
+    }
+
+    #[test]
+    fn wrong_type_names_the_key() {
+        let p = problems("[rig]\nid = \"a\"\n[web]\nbind = 8088\n");
+        assert!(p[0].contains("web.bind") && p[0].contains(":4:"), "{p:?}");
+    }
+
+    #[test]
+    fn negative_rate_names_the_key() {
+        let p = problems("[rig]\nid = \"a\"\n[[source]]\nid = \"s\"\nkind = \"synthetic-serial\"\nrate-hz = -5\n");
+        assert_eq!(
+            p,
+            vec!["t.toml: source[0].rate-hz: -5 must be a positive number"]
+        );
+    }
+
+    #[test]
+    fn missing_required_key_is_named() {
+        let p = problems("[rig]\nbucket-ms = 33\n");
+        assert!(
+            p[0].contains("missing field `id`") && p[0].contains("rig"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_topic_placeholder_is_named() {
+        let p = problems(
+            "[rig]\nid = \"a\"\n[pulsar]\ntopic = \"persistent://t/n/{rig}-{sensor}-{source}\"\n",
+        );
+        assert_eq!(p.len(), 1);
+        assert!(
+            p[0].contains("pulsar.topic") && p[0].contains("{sensor}"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        let p = problems(
+            "[rig]\nid = \"Van 7\"\n[[source]]\nid = \"x\"\nkind = \"synthetic-camera\"\nfps = 0\n\
+             [[source]]\nid = \"x\"\nkind = \"synthetic-serial\"\n[web]\nbind = \"nowhere\"\n",
+        );
+        assert_eq!(p.len(), 4, "{p:?}");
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(ByteSize::parse("8GiB").unwrap().0, 8 << 30);
+        assert_eq!(ByteSize::parse("512 MiB").unwrap().0, 512 << 20);
+        assert_eq!(ByteSize::parse("100").unwrap().0, 100);
+        assert!(ByteSize::parse("8 parsecs").is_err());
+        assert!(ByteSize::parse("-1").is_err());
+    }
+
+    #[test]
+    fn topic_template_expands() {
+        let c = PulsarConfig::default();
+        assert_eq!(
+            c.topic_for("van-07", "front"),
+            "persistent://public/default/van-07-front"
+        );
+    }
+}

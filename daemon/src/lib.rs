@@ -1,0 +1,18 @@
+//! rigd: the daemon's library. `main` only calls [`cli::main`].
+//!
+//! Map: [`config`] (TOML schema and validation), [`wire`] (bucket key and Pulsar properties),
+//! [`uplink`] (Pulsar producer with chunking and dedup-safe sequence ids), [`spool`] (sled
+//! store-and-forward), [`pipeline`] (per-source lanes between capture, spool and uplink), [`app`]
+//! (wiring and shutdown order), [`status`] (what the web UI shows), [`lifecycle`] (signals).
+
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod lifecycle;
+pub mod pipeline;
+pub mod spool;
+pub mod status;
+pub mod uplink;
+pub mod wire;

@@ -1,0 +1,304 @@
+//! The per-source lane between capture and Pulsar: publish live while the uplink keeps up, spill to
+//! the spool when it cannot, and drain the spool in capture order before newer frames go live.
+//!
+//! One lane task per source owns that source's order end to end: it is the only writer of the
+//! source's spool records and the only submitter to its producer, so "spooled frames before newer
+//! frames" needs no locks. In `always` mode every frame is appended first and published once its
+//! group commit is durable.
+
+use rigd_drivers::Frame;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::SpoolMode;
+use crate::spool::{Appended, Spool};
+use crate::uplink::{Ack, Outcome, Producer, ProducerStats};
+
+/// Frames read from the spool per drain step.
+const DRAIN_BATCH: usize = 16;
+
+/// Lane counters for status and metrics.
+#[derive(Debug, Default)]
+pub struct LaneStats {
+    pub published: AtomicU64,
+    pub already_persisted: AtomicU64,
+    pub refused: AtomicU64,
+    pub spool_dropped_logged: AtomicU64,
+}
+
+pub struct Lane {
+    pub source: Arc<str>,
+    pub mode: SpoolMode,
+    pub frames: mpsc::Receiver<Frame>,
+    pub producer: Option<(Producer, mpsc::UnboundedReceiver<Ack>)>,
+    pub spool: Arc<Spool>,
+    pub stats: Arc<LaneStats>,
+}
+
+struct State {
+    /// Spool holds frames of this source not yet handed to the producer, from `cursor` on.
+    backlog: bool,
+    cursor: u64,
+    /// Sequences handed to the producer from the spool, in order (removed from the spool on ack).
+    from_spool: VecDeque<u64>,
+    /// In `always` mode: (commit epoch, seq) of appends not yet known durable.
+    appended: VecDeque<(u64, u64)>,
+    /// Frames below this seq may be published (in `always` mode: the durable ones).
+    publish_below: u64,
+    last_drop_log: Option<Instant>,
+}
+
+impl Lane {
+    /// Runs until the frame channel closes (capture stopped), then hands unacknowledged frames to
+    /// the spool and returns.
+    pub async fn run(mut self) {
+        let mut st = State {
+            backlog: false,
+            cursor: 0,
+            from_spool: VecDeque::new(),
+            appended: VecDeque::new(),
+            publish_below: if self.mode == SpoolMode::Always {
+                0
+            } else {
+                u64::MAX
+            },
+            last_drop_log: None,
+        };
+        // Whatever a previous run left in the spool goes first.
+        if let Ok(first) = self.spool.read_from(&self.source, 0, 1) {
+            if let Some(f) = first.first() {
+                st.backlog = true;
+                st.cursor = f.seq;
+                if self.mode == SpoolMode::Always {
+                    st.publish_below = self.spool.next_seq(&self.source).unwrap_or(u64::MAX);
+                }
+                tracing::info!(source = %self.source, records = self.spool.stats(&self.source).records.load(Ordering::Relaxed),
+                    "spooled frames from an earlier run will drain first");
+            }
+        }
+        let mut durable = self.spool.durable_epoch();
+        let (producer, mut acks) = match self.producer.take() {
+            Some((p, a)) => (Some(p), Some(a)),
+            None => (None, None),
+        };
+        loop {
+            let room = async {
+                match &producer {
+                    Some(p) => p.room().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let ack = async {
+                match &mut acks {
+                    Some(a) => a.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                frame = self.frames.recv() => {
+                    let Some(frame) = frame else { break };
+                    self.on_frame(frame, producer.as_ref(), &mut st);
+                }
+                ack = ack => {
+                    if let Some(ack) = ack { self.on_ack(ack, &mut st); }
+                }
+                _ = room => {}
+                _ = durable.changed() => {}
+            }
+            if self.mode == SpoolMode::Always {
+                let durable_now = *durable.borrow();
+                while let Some(&(epoch, seq)) = st.appended.front() {
+                    if epoch >= durable_now {
+                        break;
+                    }
+                    st.publish_below = st.publish_below.max(seq + 1);
+                    st.appended.pop_front();
+                }
+            }
+            if st.backlog && st.cursor < st.publish_below {
+                if let Some(p) = producer.as_ref().filter(|p| p.is_connected()) {
+                    self.drain(p, &mut st);
+                }
+            }
+        }
+        // Capture has stopped: everything the producer still holds goes back to the spool.
+        if let Some(p) = producer {
+            let left = p.close().await;
+            if let Some(acks) = &mut acks {
+                while let Ok(ack) = acks.try_recv() {
+                    self.on_ack(ack, &mut st);
+                }
+            }
+            let n = left.len();
+            for f in left {
+                self.append(&f, &mut st);
+            }
+            if n > 0 {
+                tracing::info!(source = %self.source, frames = n, "unacknowledged frames spooled at shutdown");
+            }
+        }
+    }
+
+    fn on_frame(&self, frame: Frame, producer: Option<&Producer>, st: &mut State) {
+        if let Err(e) = self.spool.note_seq(&self.source, frame.seq + 1) {
+            tracing::error!(source = %self.source, error = %e, "spool: cannot record the sequence number");
+        }
+        match (self.mode, producer) {
+            (SpoolMode::OnOutage, Some(p)) if !st.backlog => {
+                if let Err(frame) = p.try_submit(frame) {
+                    st.backlog = true;
+                    st.cursor = frame.seq;
+                    self.append(&frame, st);
+                }
+            }
+            _ => {
+                if !st.backlog {
+                    st.backlog = true;
+                    st.cursor = frame.seq;
+                }
+                if self.append(&frame, st) && self.mode == SpoolMode::Always {
+                    st.appended
+                        .push_back((self.spool.current_epoch(), frame.seq));
+                }
+            }
+        }
+    }
+
+    /// Appends to the spool; false when the frame was dropped by the capacity policy.
+    fn append(&self, frame: &Frame, st: &mut State) -> bool {
+        match self.spool.append(frame) {
+            Ok(Appended::Stored) => true,
+            Ok(Appended::StoredDroppingOldest(n)) => {
+                self.log_drop(
+                    st,
+                    n,
+                    "spool full: dropped the oldest frames (when-full = drop-oldest)",
+                );
+                true
+            }
+            Ok(Appended::DroppedNewest) => {
+                self.log_drop(
+                    st,
+                    1,
+                    "spool full: dropped the newest frame (when-full = drop-newest)",
+                );
+                false
+            }
+            Err(e) => {
+                self.spool
+                    .stats(&self.source)
+                    .dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                self.log_drop(st, 1, &format!("spool write failed: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Logs frame loss at most once every 10 s per source, with the count since the last line.
+    fn log_drop(&self, st: &mut State, n: u64, what: &str) {
+        let pending = self
+            .stats
+            .spool_dropped_logged
+            .fetch_add(n, Ordering::Relaxed)
+            + n;
+        if st
+            .last_drop_log
+            .is_none_or(|t| t.elapsed() > Duration::from_secs(10))
+        {
+            tracing::error!(source = %self.source, dropped = pending, "{what}");
+            self.stats.spool_dropped_logged.store(0, Ordering::Relaxed);
+            st.last_drop_log = Some(Instant::now());
+        }
+    }
+
+    fn on_ack(&self, ack: Ack, st: &mut State) {
+        match &ack.outcome {
+            Outcome::Persisted => {
+                self.stats.published.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::AlreadyPersisted => {
+                self.stats.already_persisted.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::Refused(_) => {
+                self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        while let Some(&front) = st.from_spool.front() {
+            if front > ack.seq {
+                break;
+            }
+            st.from_spool.pop_front();
+            if front == ack.seq {
+                if let Err(e) = self.spool.remove(&self.source, ack.seq) {
+                    tracing::error!(source = %self.source, seq = ack.seq, error = %e, "spool: cannot remove a published frame");
+                }
+            }
+        }
+    }
+
+    /// Hands spooled frames to the producer while its window has room; leaves backlog mode when the
+    /// spool of this source has nothing unsent.
+    fn drain(&self, p: &Producer, st: &mut State) {
+        loop {
+            let batch = match self.spool.read_from(&self.source, st.cursor, DRAIN_BATCH) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!(source = %self.source, error = %e, "spool read failed; retrying later");
+                    return;
+                }
+            };
+            if batch.is_empty() {
+                // Caught up. In `always` mode the lane stays on the spool path.
+                st.backlog = self.mode == SpoolMode::Always;
+                return;
+            }
+            for f in batch {
+                let seq = f.seq;
+                if seq >= st.publish_below {
+                    return; // not durable yet
+                }
+                if p.try_submit(f).is_err() {
+                    return;
+                }
+                st.from_spool.push_back(seq);
+                st.cursor = seq + 1;
+            }
+        }
+    }
+}
+
+/// Group commit: flushes the spool every `fsync-ms` until `shutdown`, refreshing free space once a
+/// second.
+pub async fn commit_loop(spool: Arc<Spool>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_free = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let s = spool.clone();
+        let refresh = last_free.elapsed() > Duration::from_secs(1);
+        if refresh {
+            last_free = Instant::now();
+        }
+        let r = tokio::task::spawn_blocking(move || {
+            if refresh {
+                s.refresh_free_space();
+            }
+            s.commit()
+        })
+        .await;
+        if let Ok(Err(e)) = r {
+            tracing::error!(error = %e, "spool commit failed");
+        }
+    }
+}
+
+/// Read-only view of a producer's state for status.
+pub type UplinkStats = Arc<ProducerStats>;

@@ -1,0 +1,833 @@
+//! One Pulsar producer per source, speaking the binary protocol itself: connect, lookup (with
+//! redirects), producer creation under a stable name, pipelined SENDs with Pulsar-native chunking,
+//! receipts in order, ping/pong, reconnect with backoff, and deduplication-safe sequence ids.
+//!
+//! Invariants:
+//! - Frames are sent in submission order and acknowledged to the caller in that order.
+//! - A frame is acknowledged only when the broker persisted it (its last chunk's receipt), or when
+//!   the broker reported at producer creation that it already holds that sequence id.
+//! - Nothing awaiting a receipt is dropped: on reconnect it is resent (chunks from the first one
+//!   without a receipt, same uuid and sequence id); on shutdown it is returned to the caller.
+
+use bytes::{Bytes, BytesMut};
+use pulsar::proto::{
+    base_command::Type, command_lookup_topic_response::LookupType, BaseCommand, CommandConnect,
+    CommandLookupTopic, CommandPartitionedTopicMetadata, CommandPing, CommandPong, CommandProducer,
+    CommandSend, KeyValue, MessageMetadata,
+};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch, Notify};
+
+use super::codec;
+use super::plan::{self, Backoff};
+use crate::wire::Envelope;
+use rigd_drivers::Frame;
+
+const PROTOCOL_VERSION: i32 = 21;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const PING_IDLE: Duration = Duration::from_secs(30);
+const DEAD_IDLE: Duration = Duration::from_secs(90);
+/// Room left in a chunk for the command and metadata (the Java client leaves the metadata size).
+const CHUNK_HEADROOM: usize = 16 << 10;
+
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    /// `pulsar://host:port`.
+    pub url: String,
+    pub topic: String,
+    pub producer_name: String,
+    pub rig: String,
+    pub bucket_ms: u32,
+    pub token: Option<String>,
+    pub max_in_flight: usize,
+    pub max_in_flight_bytes: usize,
+    pub max_frame_bytes: usize,
+    pub send_timeout: Duration,
+}
+
+/// What became of a submitted frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The broker persisted it.
+    Persisted,
+    /// The broker already held this sequence id (a re-send after a restart).
+    AlreadyPersisted,
+    /// It can never be published (too large); counted and dropped by the caller.
+    Refused(String),
+}
+
+/// An acknowledgement to the caller, in submission order.
+#[derive(Debug, Clone)]
+pub struct Ack {
+    pub seq: u64,
+    pub outcome: Outcome,
+    /// Submission to last receipt.
+    pub latency: Duration,
+}
+
+/// State shared with status and metrics.
+#[derive(Debug, Default)]
+pub struct ProducerStats {
+    pub connected: AtomicBool,
+    pub in_flight: AtomicUsize,
+    pub published: AtomicU64,
+    pub published_bytes: AtomicU64,
+    pub reconnects: AtomicU64,
+    pub refused: AtomicU64,
+    pub max_message_size: AtomicUsize,
+    pub last_error: Mutex<String>,
+}
+
+/// The caller's side of a producer.
+pub struct Producer {
+    tx: mpsc::Sender<Frame>,
+    stats: Arc<ProducerStats>,
+    room: Arc<Notify>,
+    task: tokio::task::JoinHandle<Vec<Frame>>,
+}
+
+impl Producer {
+    /// Starts the producer task. Acks arrive on `acks` in submission order. The task stops when
+    /// `shutdown` turns true, returning every frame without a receipt from [`Producer::close`].
+    pub fn spawn(
+        cfg: ProducerConfig,
+        acks: mpsc::UnboundedSender<Ack>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(1);
+        let stats = Arc::new(ProducerStats::default());
+        let room = Arc::new(Notify::new());
+        let task = tokio::spawn(
+            Task {
+                cfg,
+                rx,
+                acks,
+                stats: stats.clone(),
+                room: room.clone(),
+                pending: VecDeque::new(),
+                pending_bytes: 0,
+                shutdown,
+                broker_last: None,
+                next_request: 1,
+            }
+            .run(),
+        );
+        Producer {
+            tx,
+            stats,
+            room,
+            task,
+        }
+    }
+
+    /// Hands a frame over if the producer is connected and its window has room; otherwise gives it
+    /// back (the caller spools it).
+    pub fn try_submit(&self, frame: Frame) -> Result<(), Frame> {
+        if !self.stats.connected.load(Ordering::Acquire) {
+            return Err(frame);
+        }
+        self.tx.try_send(frame).map_err(|e| e.into_inner())
+    }
+
+    /// Resolves when the window may have room again or the connection state changed.
+    pub async fn room(&self) {
+        self.room.notified().await
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.stats.connected.load(Ordering::Acquire)
+    }
+
+    pub fn stats(&self) -> &Arc<ProducerStats> {
+        &self.stats
+    }
+
+    /// Waits for the task to end (after shutdown) and returns the frames it could not publish.
+    pub async fn close(self) -> Vec<Frame> {
+        drop(self.tx);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+struct Pending {
+    frame: Frame,
+    envelope: Envelope,
+    generation: u64,
+    /// Chunk ranges of the payload (one when not chunked).
+    chunks: Vec<std::ops::Range<usize>>,
+    receipts: usize,
+    submitted: Instant,
+    sent: Instant,
+}
+
+impl Pending {
+    fn sequence_id(&self) -> u64 {
+        plan::sequence_id(self.frame.seq, self.generation)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum LinkError {
+    #[error("connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Codec(#[from] codec::CodecError),
+    #[error("broker: {0}")]
+    Broker(String),
+    #[error("timed out waiting for {0}")]
+    Timeout(&'static str),
+    #[error("connection closed by the broker")]
+    Closed,
+    #[error("shutting down")]
+    Shutdown,
+}
+
+/// A live connection: a writer half and decoded inbound commands from a reader task.
+struct Link {
+    writer: tokio::net::tcp::OwnedWriteHalf,
+    inbound: mpsc::Receiver<Result<BaseCommand, LinkError>>,
+    reader: tokio::task::JoinHandle<()>,
+    out: BytesMut,
+    max_message_size: usize,
+    producer_id: u64,
+    last_inbound: Instant,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl Link {
+    async fn flush(&mut self) -> Result<(), LinkError> {
+        if !self.out.is_empty() {
+            self.writer.write_all(&self.out).await?;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    async fn command(&mut self, cmd: BaseCommand) -> Result<(), LinkError> {
+        codec::encode_command(&cmd, &mut self.out);
+        self.flush().await
+    }
+
+    /// Waits for the response to request `id`, answering pings meanwhile.
+    async fn response(
+        &mut self,
+        what: &'static str,
+        matches: impl Fn(&BaseCommand) -> bool,
+    ) -> Result<BaseCommand, LinkError> {
+        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            let cmd = tokio::time::timeout_at(deadline, self.inbound.recv())
+                .await
+                .map_err(|_| LinkError::Timeout(what))?
+                .ok_or(LinkError::Closed)??;
+            if cmd.r#type == Type::Ping as i32 {
+                self.command(pong()).await?;
+                continue;
+            }
+            if let Some(e) = &cmd.error {
+                return Err(LinkError::Broker(format!(
+                    "{what}: {} ({})",
+                    e.message, e.error
+                )));
+            }
+            if matches(&cmd) {
+                return Ok(cmd);
+            }
+        }
+    }
+}
+
+fn pong() -> BaseCommand {
+    BaseCommand {
+        r#type: Type::Pong as i32,
+        pong: Some(CommandPong {}),
+        ..Default::default()
+    }
+}
+
+fn ping() -> BaseCommand {
+    BaseCommand {
+        r#type: Type::Ping as i32,
+        ping: Some(CommandPing {}),
+        ..Default::default()
+    }
+}
+
+/// `pulsar://host:port` -> `host:port`.
+fn host_port(url: &str) -> Result<String, LinkError> {
+    let rest = url.strip_prefix("pulsar://").ok_or_else(|| {
+        LinkError::Broker(format!(
+            "unsupported service URL `{url}` (pulsar+ssl:// is not built yet)"
+        ))
+    })?;
+    let rest = rest.trim_end_matches('/');
+    Ok(if rest.contains(':') {
+        rest.to_string()
+    } else {
+        format!("{rest}:6650")
+    })
+}
+
+struct Task {
+    cfg: ProducerConfig,
+    rx: mpsc::Receiver<Frame>,
+    acks: mpsc::UnboundedSender<Ack>,
+    stats: Arc<ProducerStats>,
+    room: Arc<Notify>,
+    pending: VecDeque<Pending>,
+    pending_bytes: usize,
+    shutdown: watch::Receiver<bool>,
+    /// The broker's last persisted sequence id at producer creation (None: it had none).
+    broker_last: Option<u64>,
+    next_request: u64,
+}
+
+impl Task {
+    async fn run(mut self) -> Vec<Frame> {
+        let seed = std::process::id() as u64
+            ^ self.cfg.producer_name.len() as u64
+            ^ rigd_drivers::realtime_ns() as u64;
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10), seed);
+        let mut last_logged_error = String::new();
+        loop {
+            if *self.shutdown.borrow() {
+                break;
+            }
+            let result = match self.establish().await {
+                Ok(link) => {
+                    backoff.reset();
+                    if !last_logged_error.is_empty()
+                        || self.stats.reconnects.load(Ordering::Relaxed) == 0
+                    {
+                        tracing::info!(topic = %self.cfg.topic, producer = %self.cfg.producer_name,
+                            broker_last_sequence_id = ?self.broker_last, "uplink connected");
+                    }
+                    last_logged_error.clear();
+                    self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                    self.stats.connected.store(true, Ordering::Release);
+                    self.room.notify_waiters();
+                    let r = self.serve(link).await;
+                    self.stats.connected.store(false, Ordering::Release);
+                    self.room.notify_waiters();
+                    r
+                }
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(LinkError::Shutdown) => break,
+                Err(e) => {
+                    let msg = e.to_string();
+                    if msg != last_logged_error {
+                        tracing::warn!(topic = %self.cfg.topic, error = %msg, in_flight = self.pending.len(),
+                            "uplink down; frames go to the spool until it is back");
+                        last_logged_error = msg.clone();
+                    }
+                    if let Ok(mut l) = self.stats.last_error.lock() {
+                        *l = msg;
+                    }
+                }
+                Ok(()) => {}
+            }
+            let delay = backoff.next_delay();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.shutdown.changed() => {}
+            }
+        }
+        self.stats.connected.store(false, Ordering::Release);
+        self.rx.close();
+        let mut left: Vec<Frame> = self.pending.drain(..).map(|p| p.frame).collect();
+        while let Ok(f) = self.rx.try_recv() {
+            left.push(f);
+        }
+        self.stats.in_flight.store(0, Ordering::Relaxed);
+        left
+    }
+
+    fn request_id(&mut self) -> u64 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    async fn open(&mut self, addr: &str, proxy_to: Option<String>) -> Result<Link, LinkError> {
+        let stream = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| LinkError::Timeout("TCP connect"))?
+            .map_err(|source| LinkError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+        stream.set_nodelay(true)?;
+        let (mut read, writer) = stream.into_split();
+        let (tx, inbound) = mpsc::channel(1024);
+        let reader = tokio::spawn(async move {
+            let mut buf = BytesMut::with_capacity(64 << 10);
+            loop {
+                match read.read_buf(&mut buf).await {
+                    Ok(0) => {
+                        let _ = tx.send(Err(LinkError::Closed)).await;
+                        return;
+                    }
+                    Ok(_) => loop {
+                        match codec::decode(&mut buf) {
+                            Ok(Some(cmd)) => {
+                                if tx.send(Ok(cmd)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                let _ = tx.send(Err(e.into())).await;
+                                return;
+                            }
+                        }
+                    },
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                }
+            }
+        });
+        let mut link = Link {
+            writer,
+            inbound,
+            reader,
+            out: BytesMut::new(),
+            max_message_size: 5 << 20,
+            producer_id: 1,
+            last_inbound: Instant::now(),
+        };
+        let connect = CommandConnect {
+            client_version: format!("rigd-{}", env!("CARGO_PKG_VERSION")),
+            protocol_version: Some(PROTOCOL_VERSION),
+            auth_method_name: self.cfg.token.as_ref().map(|_| "token".to_string()),
+            auth_data: self.cfg.token.as_ref().map(|t| t.as_bytes().to_vec()),
+            proxy_to_broker_url: proxy_to,
+            ..Default::default()
+        };
+        link.command(BaseCommand {
+            r#type: Type::Connect as i32,
+            connect: Some(connect),
+            ..Default::default()
+        })
+        .await?;
+        let connected = link
+            .response("CONNECTED", |c| c.connected.is_some())
+            .await?;
+        if let Some(size) = connected.connected.and_then(|c| c.max_message_size) {
+            link.max_message_size = size.max(64 << 10) as usize;
+        }
+        Ok(link)
+    }
+
+    /// Connects, looks the topic up (following redirects), and creates the producer.
+    async fn establish(&mut self) -> Result<Link, LinkError> {
+        let service = host_port(&self.cfg.url)?;
+        let mut link = self.open(&service, None).await?;
+
+        let id = self.request_id();
+        let topic = self.cfg.topic.clone();
+        link.command(BaseCommand {
+            r#type: Type::PartitionedMetadata as i32,
+            partition_metadata: Some(CommandPartitionedTopicMetadata {
+                topic: topic.clone(),
+                request_id: id,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await?;
+        let meta = link
+            .response("PARTITIONED_METADATA", |c| {
+                c.partition_metadata_response.is_some()
+            })
+            .await?;
+        if let Some(m) = meta.partition_metadata_response {
+            if let Some(msg) = m.message.filter(|_| m.response == Some(1)) {
+                return Err(LinkError::Broker(format!(
+                    "partitioned metadata of {topic}: {msg}"
+                )));
+            }
+            if m.partitions.unwrap_or(0) > 0 {
+                return Err(LinkError::Broker(format!(
+                    "{topic} is partitioned ({} partitions); rigd publishes one non-partitioned topic per source",
+                    m.partitions.unwrap_or(0)
+                )));
+            }
+        }
+
+        let mut authoritative = false;
+        for _hop in 0..8 {
+            let id = self.request_id();
+            link.command(BaseCommand {
+                r#type: Type::Lookup as i32,
+                lookup_topic: Some(CommandLookupTopic {
+                    topic: topic.clone(),
+                    request_id: id,
+                    authoritative: Some(authoritative),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await?;
+            let r = link
+                .response("LOOKUP", |c| c.lookup_topic_response.is_some())
+                .await?;
+            let r = r.lookup_topic_response.unwrap_or_default();
+            let broker = r.broker_service_url.clone().unwrap_or_default();
+            match r.response.and_then(|v| LookupType::try_from(v).ok()) {
+                Some(LookupType::Connect) => {
+                    if r.proxy_through_service_url() {
+                        link = self.open(&service, Some(host_port(&broker)?)).await?;
+                    } else if !broker.is_empty() && host_port(&broker)? != service {
+                        link = self.open(&host_port(&broker)?, None).await?;
+                    }
+                    return self.create_producer(link).await;
+                }
+                Some(LookupType::Redirect) => {
+                    authoritative = r.authoritative.unwrap_or(false);
+                    link = self.open(&host_port(&broker)?, None).await?;
+                }
+                _ => {
+                    return Err(LinkError::Broker(format!(
+                        "lookup of {topic} failed: {}",
+                        r.message.unwrap_or_else(|| "no reason given".into())
+                    )))
+                }
+            }
+        }
+        Err(LinkError::Broker(format!(
+            "lookup of {topic}: too many redirects"
+        )))
+    }
+
+    async fn create_producer(&mut self, mut link: Link) -> Result<Link, LinkError> {
+        let id = self.request_id();
+        link.command(BaseCommand {
+            r#type: Type::Producer as i32,
+            producer: Some(CommandProducer {
+                topic: self.cfg.topic.clone(),
+                producer_id: link.producer_id,
+                request_id: id,
+                producer_name: Some(self.cfg.producer_name.clone()),
+                user_provided_producer_name: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await?;
+        loop {
+            let r = link
+                .response("PRODUCER_SUCCESS", |c| c.producer_success.is_some())
+                .await?;
+            let s = r.producer_success.unwrap_or_default();
+            if s.producer_ready.unwrap_or(true) {
+                self.broker_last = s.last_sequence_id.filter(|v| *v >= 0).map(|v| v as u64);
+                break;
+            }
+        }
+        self.stats
+            .max_message_size
+            .store(link.max_message_size, Ordering::Relaxed);
+        Ok(link)
+    }
+
+    /// Resends what awaits a receipt, then publishes until the link fails or shutdown.
+    async fn serve(&mut self, mut link: Link) -> Result<(), LinkError> {
+        // Resend in order: each pending frame from its first chunk without a receipt.
+        let mut resend = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        self.stats.in_flight.store(0, Ordering::Relaxed);
+        for p in resend.drain(..) {
+            self.send(
+                &mut link,
+                p.frame,
+                Some((p.generation, p.receipts, p.submitted, p.envelope, p.chunks)),
+            )
+            .await?;
+        }
+        link.flush().await?;
+        let mut ping_timer = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            let window_open = self.pending.len() < self.cfg.max_in_flight
+                && self.pending_bytes < self.cfg.max_in_flight_bytes;
+            tokio::select! {
+                biased;
+                _ = self.shutdown.changed() => {
+                    return self.finish(link).await;
+                }
+                cmd = link.inbound.recv() => {
+                    let cmd = cmd.ok_or(LinkError::Closed)??;
+                    link.last_inbound = Instant::now();
+                    self.on_command(&mut link, cmd).await?;
+                }
+                frame = self.rx.recv(), if window_open => {
+                    let Some(frame) = frame else { return Err(LinkError::Shutdown) };
+                    self.send(&mut link, frame, None).await?;
+                    // Pipeline: take whatever else is already queued before flushing.
+                    while self.pending.len() < self.cfg.max_in_flight && self.pending_bytes < self.cfg.max_in_flight_bytes {
+                        match self.rx.try_recv() {
+                            Ok(f) => self.send(&mut link, f, None).await?,
+                            Err(_) => break,
+                        }
+                    }
+                    link.flush().await?;
+                    self.room.notify_waiters();
+                }
+                _ = ping_timer.tick() => {
+                    let idle = link.last_inbound.elapsed();
+                    if idle > DEAD_IDLE {
+                        return Err(LinkError::Timeout("any traffic from the broker"));
+                    }
+                    if idle > PING_IDLE {
+                        link.command(ping()).await?;
+                    }
+                    if let Some(front) = self.pending.front() {
+                        if front.sent.elapsed() > self.cfg.send_timeout {
+                            return Err(LinkError::Timeout("a send receipt"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// On shutdown: give outstanding receipts a moment, then hand the rest back.
+    async fn finish(&mut self, mut link: Link) -> Result<(), LinkError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while !self.pending.is_empty() {
+            match tokio::time::timeout_at(deadline, link.inbound.recv()).await {
+                Ok(Some(Ok(cmd))) => self.on_command(&mut link, cmd).await?,
+                _ => break,
+            }
+        }
+        Err(LinkError::Shutdown)
+    }
+
+    async fn on_command(&mut self, link: &mut Link, cmd: BaseCommand) -> Result<(), LinkError> {
+        if let Some(r) = cmd.send_receipt {
+            let Some(front) = self.pending.front_mut() else {
+                return Ok(());
+            };
+            let id = front.sequence_id();
+            if r.sequence_id < id {
+                return Ok(()); // a receipt for a chunk resent after a reconnect
+            }
+            if r.sequence_id > id {
+                return Err(LinkError::Broker(format!(
+                    "receipt for sequence id {} while {id} is pending",
+                    r.sequence_id
+                )));
+            }
+            front.receipts += 1;
+            if front.receipts >= front.chunks.len() {
+                self.complete_front(Outcome::Persisted);
+            }
+        } else if let Some(e) = cmd.send_error {
+            return Err(LinkError::Broker(format!(
+                "send error on sequence id {}: {} ({})",
+                e.sequence_id, e.message, e.error
+            )));
+        } else if cmd.close_producer.is_some() {
+            return Err(LinkError::Broker(
+                "broker closed the producer (topic moved or unloaded)".into(),
+            ));
+        } else if cmd.r#type == Type::Ping as i32 {
+            link.command(pong()).await?;
+        }
+        Ok(())
+    }
+
+    fn complete_front(&mut self, outcome: Outcome) {
+        if let Some(p) = self.pending.pop_front() {
+            self.pending_bytes -= p.frame.payload.len();
+            self.stats
+                .in_flight
+                .store(self.pending.len(), Ordering::Relaxed);
+            if outcome == Outcome::Persisted {
+                self.stats.published.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .published_bytes
+                    .fetch_add(p.frame.payload.len() as u64, Ordering::Relaxed);
+            }
+            let _ = self.acks.send(Ack {
+                seq: p.frame.seq,
+                outcome,
+                latency: p.submitted.elapsed(),
+            });
+            self.room.notify_waiters();
+        }
+    }
+
+    /// Writes a frame's SEND frames into the link's buffer. `resume` carries a pending frame's state
+    /// when it is resent after a reconnect.
+    #[allow(clippy::type_complexity)]
+    async fn send(
+        &mut self,
+        link: &mut Link,
+        frame: Frame,
+        resume: Option<(u64, usize, Instant, Envelope, Vec<std::ops::Range<usize>>)>,
+    ) -> Result<(), LinkError> {
+        let len = frame.payload.len();
+        let ack_now = |task: &mut Self, frame: Frame, outcome: Outcome| {
+            if let Outcome::Refused(reason) = &outcome {
+                task.stats.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(source = %frame.source, seq = frame.seq, bytes = len, reason = %reason, "frame refused by the uplink");
+            }
+            let _ = task.acks.send(Ack {
+                seq: frame.seq,
+                outcome,
+                latency: Duration::ZERO,
+            });
+        };
+        if len > self.cfg.max_frame_bytes {
+            let reason = format!(
+                "{len} bytes is above max-frame-bytes ({})",
+                self.cfg.max_frame_bytes
+            );
+            ack_now(self, frame, Outcome::Refused(reason));
+            return Ok(());
+        }
+        let resuming = resume.is_some();
+        let (mut generation, receipts, submitted, envelope, chunks) = match resume {
+            Some(r) => r,
+            None => {
+                let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
+                let max_chunk = link
+                    .max_message_size
+                    .saturating_sub(CHUNK_HEADROOM + envelope_size(&envelope))
+                    .max(1024);
+                (
+                    0,
+                    0,
+                    Instant::now(),
+                    envelope,
+                    plan::chunk_ranges(len, max_chunk),
+                )
+            }
+        };
+        // Decide against what the broker reported holding when this producer was created.
+        if let Some(last) = self.broker_last {
+            let id = plan::sequence_id(frame.seq, generation);
+            if id < last || (id == last && chunks.len() == 1) {
+                ack_now(self, frame, Outcome::AlreadyPersisted);
+                return Ok(());
+            }
+            if id == last && !resuming {
+                // A chunked frame from before a restart whose chunks may be partly persisted: its
+                // sequence id is spent (chunk 0 would be dropped), so it goes out under a new one.
+                // (Resuming after a reconnect instead resends the chunks without a receipt.)
+                generation += 1;
+                if generation > plan::MAX_GENERATION {
+                    ack_now(
+                        self,
+                        frame,
+                        Outcome::Refused("resent too many times under new sequence ids".into()),
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        let pending = Pending {
+            frame,
+            envelope,
+            generation,
+            chunks,
+            receipts,
+            submitted,
+            sent: Instant::now(),
+        };
+        let seq_id = pending.sequence_id();
+        let n = pending.chunks.len();
+        let mut metadata = MessageMetadata {
+            producer_name: self.cfg.producer_name.clone(),
+            sequence_id: seq_id,
+            publish_time: (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64,
+            properties: pending
+                .envelope
+                .properties
+                .iter()
+                .map(|(k, v)| KeyValue {
+                    key: k.clone(),
+                    value: v.clone(),
+                })
+                .collect(),
+            partition_key: Some(pending.envelope.key.clone()),
+            event_time: Some(pending.envelope.event_time_ms),
+            uncompressed_size: Some(len as u32),
+            ..Default::default()
+        };
+        if n > 1 {
+            metadata.uuid = Some(format!("{}-{}", self.cfg.producer_name, seq_id));
+            metadata.num_chunks_from_msg = Some(n as i32);
+            metadata.total_chunk_msg_size = Some(len as i32);
+        }
+        let payload: Bytes = pending.frame.payload.clone();
+        for (i, range) in pending.chunks.iter().enumerate().skip(pending.receipts) {
+            let cmd = BaseCommand {
+                r#type: Type::Send as i32,
+                send: Some(CommandSend {
+                    producer_id: link.producer_id,
+                    sequence_id: seq_id,
+                    num_messages: Some(1),
+                    is_chunk: Some(n > 1),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            if n > 1 {
+                metadata.chunk_id = Some(i as i32);
+            }
+            codec::encode_send(&cmd, &metadata, &payload[range.clone()], &mut link.out);
+            if link.out.len() >= 1 << 20 {
+                link.flush().await?;
+            }
+        }
+        self.pending_bytes += len;
+        self.pending.push_back(pending);
+        self.stats
+            .in_flight
+            .store(self.pending.len(), Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Bytes the metadata of a message takes besides the payload (properties dominate).
+fn envelope_size(e: &Envelope) -> usize {
+    e.key.len()
+        + e.properties
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 8)
+            .sum::<usize>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_urls_map_to_addresses() {
+        assert_eq!(
+            host_port("pulsar://127.0.0.1:6650").unwrap(),
+            "127.0.0.1:6650"
+        );
+        assert_eq!(host_port("pulsar://broker/").unwrap(), "broker:6650");
+        assert!(host_port("http://x").is_err());
+    }
+}

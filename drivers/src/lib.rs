@@ -1,0 +1,14 @@
+//! rigd capture sources: the [`Frame`] every source produces, the [`Source`] trait the daemon runs,
+//! the [`FrameClock`] that stamps frames, and one module per device kind.
+//!
+//! Sources run on their own threads (device APIs block) and hand frames to a [`FrameSink`], which
+//! assigns the per-source sequence number and passes them to the daemon's pipeline.
+
+mod clock;
+mod frame;
+mod source;
+pub mod synthetic;
+
+pub use clock::{monotonic_ns_now, realtime_ns, ClockState, FrameClock, Stamp, SystemClock};
+pub use frame::{Frame, Media, Modality};
+pub use source::{FrameSink, SinkClosed, Source, SourceError, SourceHealth, SourceState, StopFlag};

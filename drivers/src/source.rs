@@ -1,0 +1,208 @@
+//! The capture-source contract: a [`Source`] runs on its own thread and emits frames into a
+//! [`FrameSink`]; its [`SourceHealth`] is what status and metrics read.
+
+use bytes::Bytes;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+use crate::{Frame, Media, Stamp};
+
+/// Why a source stopped capturing. The daemon reopens the device with backoff unless `retryable`
+/// is false (a configuration problem that no retry can fix).
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("source {source_id}: device {device}: {message}")]
+    Device {
+        source_id: String,
+        device: String,
+        message: String,
+        retryable: bool,
+    },
+    #[error("source {source_id}: frame pipeline closed")]
+    PipelineClosed { source_id: String },
+}
+
+impl SourceError {
+    pub fn retryable(&self) -> bool {
+        match self {
+            SourceError::Device { retryable, .. } => *retryable,
+            SourceError::PipelineClosed { .. } => false,
+        }
+    }
+}
+
+/// A capture source. `run` captures until `stop` is raised (returning `Ok`) or the device fails.
+pub trait Source: Send {
+    fn id(&self) -> &str;
+    fn run(&mut self, sink: &mut FrameSink, stop: &StopFlag) -> Result<(), SourceError>;
+}
+
+/// A shared stop signal that blocking capture loops poll.
+#[derive(Debug, Clone, Default)]
+pub struct StopFlag(Arc<AtomicBool>);
+
+impl StopFlag {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+    pub fn is_raised(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+    /// Sleeps up to `d`, waking early (returning true) when the flag is raised.
+    pub fn sleep(&self, d: Duration) -> bool {
+        let step = Duration::from_millis(20);
+        let mut left = d;
+        while !left.is_zero() {
+            if self.is_raised() {
+                return true;
+            }
+            let s = left.min(step);
+            std::thread::sleep(s);
+            left -= s;
+        }
+        self.is_raised()
+    }
+}
+
+/// Running state of a source, as status shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceState {
+    Running,
+    Retrying,
+    Failed,
+}
+
+/// Counters and state of one source; written by its capture thread, read by status and metrics.
+#[derive(Debug)]
+pub struct SourceHealth {
+    frames: AtomicU64,
+    bytes: AtomicU64,
+    drops: AtomicU64,
+    last_frame_ns: AtomicI64,
+    state: AtomicU8,
+    reason: Mutex<String>,
+}
+
+impl Default for SourceHealth {
+    fn default() -> Self {
+        Self {
+            frames: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            drops: AtomicU64::new(0),
+            last_frame_ns: AtomicI64::new(0),
+            state: AtomicU8::new(0),
+            reason: Mutex::new(String::new()),
+        }
+    }
+}
+
+impl SourceHealth {
+    pub fn frames(&self) -> u64 {
+        self.frames.load(Ordering::Relaxed)
+    }
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+    pub fn drops(&self) -> u64 {
+        self.drops.load(Ordering::Relaxed)
+    }
+    /// Capture time (rig clock, ns) of the newest frame; 0 before the first.
+    pub fn last_frame_ns(&self) -> i64 {
+        self.last_frame_ns.load(Ordering::Relaxed)
+    }
+    /// Frames the device or driver lost (sequence gaps, xruns, bad records).
+    pub fn add_drops(&self, n: u64) {
+        self.drops.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn state(&self) -> SourceState {
+        match self.state.load(Ordering::Relaxed) {
+            0 => SourceState::Running,
+            1 => SourceState::Retrying,
+            _ => SourceState::Failed,
+        }
+    }
+    pub fn reason(&self) -> String {
+        self.reason.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+    pub fn set_state(&self, state: SourceState, reason: &str) {
+        let v = match state {
+            SourceState::Running => 0,
+            SourceState::Retrying => 1,
+            SourceState::Failed => 2,
+        };
+        self.state.store(v, Ordering::Relaxed);
+        if let Ok(mut r) = self.reason.lock() {
+            r.clear();
+            r.push_str(reason);
+        }
+    }
+}
+
+/// The pipeline closed: the daemon is shutting down.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("frame pipeline closed")]
+pub struct SinkClosed;
+
+/// Where a source puts its frames. Assigns the per-source sequence number.
+#[derive(Debug)]
+pub struct FrameSink {
+    source: Arc<str>,
+    next_seq: u64,
+    tx: mpsc::Sender<Frame>,
+    health: Arc<SourceHealth>,
+}
+
+impl FrameSink {
+    /// `first_seq` is the sequence number of the next frame (persisted by the daemon across restarts).
+    pub fn new(
+        source: Arc<str>,
+        first_seq: u64,
+        tx: mpsc::Sender<Frame>,
+        health: Arc<SourceHealth>,
+    ) -> Self {
+        Self {
+            source,
+            next_seq: first_seq,
+            tx,
+            health,
+        }
+    }
+
+    pub fn source(&self) -> &Arc<str> {
+        &self.source
+    }
+
+    pub fn health(&self) -> &Arc<SourceHealth> {
+        &self.health
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Hands one frame to the pipeline; blocks while the pipeline applies backpressure.
+    pub fn emit(&mut self, stamp: Stamp, media: Media, payload: Bytes) -> Result<(), SinkClosed> {
+        let len = payload.len() as u64;
+        let frame = Frame {
+            source: self.source.clone(),
+            seq: self.next_seq,
+            capture_ns: stamp.ns,
+            clock: stamp.state,
+            media,
+            payload,
+        };
+        self.tx.blocking_send(frame).map_err(|_| SinkClosed)?;
+        self.next_seq += 1;
+        self.health.frames.fetch_add(1, Ordering::Relaxed);
+        self.health.bytes.fetch_add(len, Ordering::Relaxed);
+        self.health.last_frame_ns.store(stamp.ns, Ordering::Relaxed);
+        Ok(())
+    }
+}

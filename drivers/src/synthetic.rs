@@ -1,0 +1,428 @@
+//! Deterministic synthetic sources for demos and tests: a camera of JPEG frames, a tone as PCM
+//! blocks aligned to buckets, and NMEA sentences. They emit exactly what the real drivers emit, so
+//! everything downstream runs for real.
+//!
+//! Camera frames carry a JPEG comment `rigd-synthetic v1 fnv1a64=<hex>` whose hash covers every byte
+//! after that comment segment, so a consumer can check a frame arrived byte-identical.
+
+use bytes::Bytes;
+use std::f64::consts::PI;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::{FrameClock, FrameSink, Media, Source, SourceError, StopFlag};
+
+/// Paces a loop at a fixed period against a monotonic clock; skips periods it fell behind on.
+struct Pacer {
+    period: Duration,
+    next: Instant,
+}
+
+impl Pacer {
+    fn new(period: Duration) -> Self {
+        Self {
+            period,
+            next: Instant::now() + period,
+        }
+    }
+    /// Waits for the next tick; false when stopped.
+    fn wait(&mut self, stop: &StopFlag) -> bool {
+        let now = Instant::now();
+        if self.next > now && stop.sleep(self.next - now) {
+            return false;
+        }
+        self.next += self.period;
+        let now = Instant::now();
+        if now > self.next + self.period {
+            let behind = (now - self.next).as_nanos() / self.period.as_nanos();
+            self.next += self.period * behind as u32;
+        }
+        !stop.is_raised()
+    }
+}
+
+fn closed(id: &str) -> SourceError {
+    SourceError::PipelineClosed {
+        source_id: id.to_string(),
+    }
+}
+
+/// A camera producing JPEG frames with a moving pattern and the frame number drawn in.
+pub struct SyntheticCamera {
+    id: String,
+    width: u32,
+    height: u32,
+    fps: f64,
+    frame_bytes: Option<usize>,
+    clock: Arc<dyn FrameClock>,
+    rgb: Vec<u8>,
+}
+
+impl SyntheticCamera {
+    pub fn new(
+        id: &str,
+        width: u32,
+        height: u32,
+        fps: f64,
+        frame_bytes: Option<usize>,
+        clock: Arc<dyn FrameClock>,
+    ) -> Self {
+        Self {
+            id: id.to_string(),
+            width,
+            height,
+            fps,
+            frame_bytes,
+            clock,
+            rgb: Vec::new(),
+        }
+    }
+
+    /// Renders and encodes frame `n`.
+    pub fn render(&mut self, n: u64) -> Vec<u8> {
+        let (w, h) = (self.width as usize, self.height as usize);
+        self.rgb.resize(w * h * 3, 0);
+        let shift = (n * 4) as usize;
+        for y in 0..h {
+            let row = &mut self.rgb[y * w * 3..(y + 1) * w * 3];
+            let g = (y * 255 / h.max(1)) as u8;
+            for (x, px) in row.chunks_exact_mut(3).enumerate() {
+                px[0] = ((x + shift) * 255 / w.max(1)) as u8;
+                px[1] = g;
+                px[2] = 96;
+            }
+        }
+        let scale = (h / 60).max(2);
+        draw_number(&mut self.rgb, w, h, n, scale);
+        let mut jpeg = Vec::with_capacity(w * h / 4);
+        let encoder = jpeg_encoder::Encoder::new(&mut jpeg, 80);
+        // Encoding an in-memory RGB buffer of the right length only fails on sizes above 65535.
+        if let Err(e) = encoder.encode(&self.rgb, w as u16, h as u16, jpeg_encoder::ColorType::Rgb)
+        {
+            tracing::warn!(source = %self.id, error = %e, "synthetic camera: encode failed");
+        }
+        tag_and_pad(jpeg, n, self.frame_bytes)
+    }
+}
+
+/// Inserts the checksum comment after SOI and pads with comment segments up to `target` bytes.
+fn tag_and_pad(jpeg: Vec<u8>, n: u64, target: Option<usize>) -> Vec<u8> {
+    const TAG_LEN: usize = 4 + 34; // FF FE len16 + "rigd-synthetic v1 fnv1a64=" + 16 hex
+    let body = &jpeg[2..];
+    let mut rest = Vec::with_capacity(target.unwrap_or(0).max(jpeg.len()));
+    if let Some(target) = target {
+        let mut pad = target.saturating_sub(jpeg.len() + TAG_LEN);
+        let mut state = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        while pad >= 5 {
+            let data = (pad - 4).min(65533);
+            rest.extend_from_slice(&[0xFF, 0xFE]);
+            rest.extend_from_slice(&((data + 2) as u16).to_be_bytes());
+            for _ in 0..data {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                rest.push(state as u8);
+            }
+            pad -= data + 4;
+        }
+    }
+    rest.extend_from_slice(body);
+    let tag = format!("rigd-synthetic v1 fnv1a64={:016x}", fnv1a64(&rest));
+    let mut out = Vec::with_capacity(2 + 4 + tag.len() + rest.len());
+    out.extend_from_slice(&[0xFF, 0xD8, 0xFF, 0xFE]);
+    out.extend_from_slice(&((tag.len() + 2) as u16).to_be_bytes());
+    out.extend_from_slice(tag.as_bytes());
+    out.extend_from_slice(&rest);
+    out
+}
+
+/// FNV-1a 64-bit; the synthetic camera's payload check (trivial to recompute in any language).
+pub fn fnv1a64(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in data {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+const DIGITS: [[u8; 5]; 10] = [
+    [0b111, 0b101, 0b101, 0b101, 0b111],
+    [0b010, 0b110, 0b010, 0b010, 0b111],
+    [0b111, 0b001, 0b111, 0b100, 0b111],
+    [0b111, 0b001, 0b111, 0b001, 0b111],
+    [0b101, 0b101, 0b111, 0b001, 0b001],
+    [0b111, 0b100, 0b111, 0b001, 0b111],
+    [0b111, 0b100, 0b111, 0b101, 0b111],
+    [0b111, 0b001, 0b010, 0b010, 0b010],
+    [0b111, 0b101, 0b111, 0b101, 0b111],
+    [0b111, 0b101, 0b111, 0b001, 0b111],
+];
+
+/// Draws `n` in white block digits at the top left.
+fn draw_number(rgb: &mut [u8], w: usize, h: usize, n: u64, scale: usize) {
+    let text = n.to_string();
+    for (i, ch) in text.bytes().enumerate() {
+        let glyph = DIGITS[(ch - b'0') as usize];
+        let x0 = scale * (1 + i * 4);
+        for (gy, bits) in glyph.iter().enumerate() {
+            for gx in 0..3 {
+                if bits & (0b100 >> gx) == 0 {
+                    continue;
+                }
+                for dy in 0..scale {
+                    for dx in 0..scale {
+                        let (x, y) = (x0 + gx * scale + dx, scale + gy * scale + dy);
+                        if x < w && y < h {
+                            let p = (y * w + x) * 3;
+                            rgb[p..p + 3].copy_from_slice(&[255, 255, 255]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Source for SyntheticCamera {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn run(&mut self, sink: &mut FrameSink, stop: &StopFlag) -> Result<(), SourceError> {
+        let mut pacer = Pacer::new(Duration::from_secs_f64(1.0 / self.fps));
+        let media = Media::Camera {
+            width: self.width,
+            height: self.height,
+        };
+        while pacer.wait(stop) {
+            let stamp = self.clock.now();
+            let jpeg = self.render(sink.next_seq());
+            sink.emit(stamp, media.clone(), Bytes::from(jpeg))
+                .map_err(|_| closed(&self.id))?;
+        }
+        Ok(())
+    }
+}
+
+/// A sine tone as interleaved S16LE PCM, one block per time bucket, stamped at the bucket start.
+pub struct SyntheticAudio {
+    id: String,
+    sample_rate: u32,
+    channels: u16,
+    tone_hz: f64,
+    bucket_ms: u32,
+    clock: Arc<dyn FrameClock>,
+}
+
+impl SyntheticAudio {
+    pub fn new(
+        id: &str,
+        sample_rate: u32,
+        channels: u16,
+        tone_hz: f64,
+        bucket_ms: u32,
+        clock: Arc<dyn FrameClock>,
+    ) -> Self {
+        Self {
+            id: id.to_string(),
+            sample_rate,
+            channels,
+            tone_hz,
+            bucket_ms,
+            clock,
+        }
+    }
+
+    /// Sample frames in one bucket.
+    pub fn frames_per_block(&self) -> u32 {
+        (self.sample_rate as u64 * self.bucket_ms as u64 / 1000) as u32
+    }
+
+    /// The PCM block of bucket `bucket`: the tone's phase follows absolute time, so blocks of
+    /// consecutive buckets join without a click.
+    pub fn block(&self, bucket: i64) -> Vec<u8> {
+        let frames = self.frames_per_block() as i64;
+        let mut out = Vec::with_capacity(frames as usize * self.channels as usize * 2);
+        let first = bucket * self.bucket_ms as i64 * self.sample_rate as i64 / 1000;
+        for i in 0..frames {
+            let t = (first + i) as f64 / self.sample_rate as f64;
+            let s = ((2.0 * PI * self.tone_hz * t).sin() * 8192.0) as i16;
+            for _ in 0..self.channels {
+                out.extend_from_slice(&s.to_le_bytes());
+            }
+        }
+        out
+    }
+}
+
+impl Source for SyntheticAudio {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn run(&mut self, sink: &mut FrameSink, stop: &StopFlag) -> Result<(), SourceError> {
+        let width_ns = self.bucket_ms as i64 * 1_000_000;
+        let now = self.clock.now();
+        let mut bucket = now.ns.div_euclid(width_ns) + 1;
+        let media = Media::Audio {
+            sample_rate: self.sample_rate,
+            channels: self.channels,
+            frames: self.frames_per_block(),
+        };
+        loop {
+            // A block is complete at the end of its bucket.
+            let end = (bucket + 1) * width_ns;
+            let now = self.clock.now();
+            if now.ns < end {
+                if stop.sleep(Duration::from_nanos((end - now.ns) as u64)) {
+                    return Ok(());
+                }
+                continue;
+            }
+            if stop.is_raised() {
+                return Ok(());
+            }
+            let stamp = crate::Stamp {
+                ns: bucket * width_ns,
+                state: now.state,
+            };
+            let block = self.block(bucket);
+            sink.emit(stamp, media.clone(), Bytes::from(block))
+                .map_err(|_| closed(&self.id))?;
+            bucket += 1;
+            // Fell behind by more than a bucket (suspended process): the lost blocks are drops.
+            let current = self.clock.now().ns.div_euclid(width_ns);
+            if current > bucket {
+                sink.health().add_drops((current - bucket) as u64);
+                bucket = current;
+            }
+        }
+    }
+}
+
+/// NMEA 0183 `$GPRMC` sentences with valid checksums at a fixed rate, one record per sentence.
+pub struct SyntheticSerial {
+    id: String,
+    rate_hz: f64,
+    clock: Arc<dyn FrameClock>,
+}
+
+impl SyntheticSerial {
+    pub fn new(id: &str, rate_hz: f64, clock: Arc<dyn FrameClock>) -> Self {
+        Self {
+            id: id.to_string(),
+            rate_hz,
+            clock,
+        }
+    }
+}
+
+/// The XOR checksum of an NMEA sentence body (between `$` and `*`).
+pub fn nmea_checksum(body: &[u8]) -> u8 {
+    body.iter().fold(0u8, |acc, b| acc ^ b)
+}
+
+/// A `$GPRMC` sentence for time `ns` (UTC) and sample `n`, without the trailing CRLF.
+pub fn rmc_sentence(ns: i64, n: u64) -> String {
+    let secs = ns.div_euclid(1_000_000_000);
+    let centis = ns.rem_euclid(1_000_000_000) / 10_000_000;
+    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    let lat = 4807.038 + (n % 1000) as f64 * 0.001;
+    let body = format!(
+        "GPRMC,{:02}{:02}{:02}.{:02},A,{:08.3},N,01131.000,E,022.4,084.4,{:02}{:02}{:02},003.1,W",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60,
+        centis,
+        lat,
+        d,
+        m,
+        y % 100
+    );
+    format!("${body}*{:02X}", nmea_checksum(body.as_bytes()))
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+impl Source for SyntheticSerial {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn run(&mut self, sink: &mut FrameSink, stop: &StopFlag) -> Result<(), SourceError> {
+        let mut pacer = Pacer::new(Duration::from_secs_f64(1.0 / self.rate_hz));
+        while pacer.wait(stop) {
+            let stamp = self.clock.now();
+            let line = rmc_sentence(stamp.ns, sink.next_seq());
+            sink.emit(stamp, Media::Serial { text: true }, Bytes::from(line))
+                .map_err(|_| closed(&self.id))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SystemClock;
+
+    #[test]
+    fn camera_frame_is_a_tagged_jpeg_of_the_requested_size() {
+        let mut cam = SyntheticCamera::new("c", 64, 48, 10.0, Some(100_000), Arc::new(SystemClock));
+        let jpeg = cam.render(7);
+        assert_eq!(&jpeg[..2], &[0xFF, 0xD8]);
+        assert_eq!(&jpeg[jpeg.len() - 2..], &[0xFF, 0xD9]);
+        assert!(
+            jpeg.len() >= 100_000 && jpeg.len() < 100_005,
+            "len {}",
+            jpeg.len()
+        );
+        let tag_len = u16::from_be_bytes([jpeg[4], jpeg[5]]) as usize;
+        let tag = std::str::from_utf8(&jpeg[6..4 + tag_len]).unwrap();
+        let hex = tag.strip_prefix("rigd-synthetic v1 fnv1a64=").unwrap();
+        assert_eq!(
+            u64::from_str_radix(hex, 16).unwrap(),
+            fnv1a64(&jpeg[4 + tag_len..])
+        );
+    }
+
+    #[test]
+    fn camera_frames_differ_per_number() {
+        let mut cam = SyntheticCamera::new("c", 64, 48, 10.0, None, Arc::new(SystemClock));
+        assert_ne!(cam.render(1), cam.render(2));
+    }
+
+    #[test]
+    fn audio_block_has_one_bucket_of_samples() {
+        let a = SyntheticAudio::new("a", 48_000, 2, 440.0, 33, Arc::new(SystemClock));
+        assert_eq!(a.frames_per_block(), 1584);
+        assert_eq!(a.block(1000).len(), 1584 * 2 * 2);
+    }
+
+    #[test]
+    fn nmea_sentence_checksum_and_date() {
+        // 2021-03-04T05:06:07.89Z
+        let s = rmc_sentence(1_614_834_367_890_000_000, 0);
+        assert!(s.starts_with("$GPRMC,050607.89,A,"), "{s}");
+        assert!(s.contains(",040321,"), "{s}");
+        let (body, sum) = s[1..].split_once('*').unwrap();
+        assert_eq!(
+            u8::from_str_radix(sum, 16).unwrap(),
+            nmea_checksum(body.as_bytes())
+        );
+    }
+}
