@@ -56,11 +56,11 @@ pub trait FrameClock: Send + Sync + 'static {
     /// Now on the rig clock.
     fn now(&self) -> Stamp;
     /// Maps a kernel CLOCK_REALTIME timestamp (ns) to the rig clock.
-    fn from_realtime(&self, realtime_ns: i64) -> Stamp;
+    fn map_realtime(&self, realtime_ns: i64) -> Stamp;
     /// Maps a kernel CLOCK_MONOTONIC timestamp (ns), as V4L2 and ALSA give, to the rig clock.
-    fn from_monotonic(&self, monotonic_ns: i64) -> Stamp {
+    fn map_monotonic(&self, monotonic_ns: i64) -> Stamp {
         let offset = realtime_ns() - monotonic_ns_now();
-        self.from_realtime(monotonic_ns + offset)
+        self.map_realtime(monotonic_ns + offset)
     }
 }
 
@@ -70,10 +70,10 @@ pub struct SystemClock;
 
 impl FrameClock for SystemClock {
     fn now(&self) -> Stamp {
-        self.from_realtime(realtime_ns())
+        self.map_realtime(realtime_ns())
     }
 
-    fn from_realtime(&self, realtime_ns: i64) -> Stamp {
+    fn map_realtime(&self, realtime_ns: i64) -> Stamp {
         Stamp {
             ns: realtime_ns,
             state: ClockState::Unsynced,
@@ -91,14 +91,6 @@ pub fn realtime_ns() -> i64 {
 
 /// CLOCK_MONOTONIC in nanoseconds.
 pub fn monotonic_ns_now() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec and CLOCK_MONOTONIC is always available on Linux.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
-    }
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
 }

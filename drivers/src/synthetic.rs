@@ -107,7 +107,7 @@ impl SyntheticCamera {
 
 /// Inserts the checksum comment after SOI and pads with comment segments up to `target` bytes.
 fn tag_and_pad(jpeg: Vec<u8>, n: u64, target: Option<usize>) -> Vec<u8> {
-    const TAG_LEN: usize = 4 + 34; // FF FE len16 + "rigd-synthetic v1 fnv1a64=" + 16 hex
+    const TAG_LEN: usize = 4 + 26 + 16; // FF FE len16 + "rigd-synthetic v1 fnv1a64=" + 16 hex
     let body = &jpeg[2..];
     let mut rest = Vec::with_capacity(target.unwrap_or(0).max(jpeg.len()));
     if let Some(target) = target {

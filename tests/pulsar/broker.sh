@@ -288,7 +288,8 @@ log_tail() {
   for f in "$DATA/logs/stdout.log" "$DATA/logs/pulsar.log"; do
     if [[ -s $f ]]; then
       log "---- last lines of $f ----"
-      tail -n "${1:-40}" "$f" >&2 || true
+      # (Jersey's JAXB/WADL warnings on stdout are harmless noise)
+      grep -v -e 'WadlFeature configure' -e 'WADL feature is disabled' "$f" | tail -n "${1:-40}" >&2 || true
     fi
   done
 }
@@ -333,6 +334,8 @@ start_locked() {
   mkdir -p "$DATA/conf"
   touch "$MARKER"
   tmp=$(mktemp "$DATA/conf/.standalone.conf.XXXXXX")
+  TMP_CONF=$tmp
+  trap 'rm -f "$TMP_CONF"' EXIT
   render_conf "$tmp"
 
   if pid=$(recorded_pid); then
@@ -373,6 +376,7 @@ start_locked() {
   fi
   mkdir -p "$DATA/logs" "$DATA/metadata" "$DATA/bookkeeper"
   mv "$tmp" "$CONF"
+  trap - EXIT
   cp "$HERE/log4j2.xml" "$DATA/conf/log4j2.xml"
   if [[ -n $TOKEN_KEY ]]; then
     printf '%s\n' "$ADMIN_TOKEN" >"$DATA/conf/admin.token"

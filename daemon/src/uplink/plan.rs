@@ -25,10 +25,7 @@ pub fn capture_seq(sequence_id: u64) -> u64 {
 /// (the whole payload) when it fits.
 pub fn chunk_ranges(len: usize, max_chunk: usize) -> Vec<Range<usize>> {
     let max_chunk = max_chunk.max(1);
-    if len <= max_chunk {
-        return vec![0..len];
-    }
-    (0..len.div_ceil(max_chunk))
+    (0..len.div_ceil(max_chunk).max(1))
         .map(|i| i * max_chunk..((i + 1) * max_chunk).min(len))
         .collect()
 }
@@ -87,10 +84,11 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)]
     fn chunks_cover_the_payload_exactly() {
-        assert_eq!(chunk_ranges(10, 100), vec![0..10]);
-        assert_eq!(chunk_ranges(0, 100), vec![0..0]);
-        assert_eq!(chunk_ranges(100, 100), vec![0..100]);
+        assert_eq!(chunk_ranges(10, 100), [0..10]);
+        assert_eq!(chunk_ranges(0, 100), [0..0]);
+        assert_eq!(chunk_ranges(100, 100), [0..100]);
         let r = chunk_ranges(250, 100);
         assert_eq!(r, vec![0..100, 100..200, 200..250]);
         let r = chunk_ranges(20 << 20, (5 << 20) - 4096);

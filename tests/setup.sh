@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what the test suite uses, idempotently: Debian packages, Python packages, the Pulsar
+# broker's jars (cached in ~/.m2 and ~/.cache/rigd-pulsar). Safe to run again; fast when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PKGS=(protobuf-compiler pkg-config socat curl ca-certificates openjdk-17-jre-headless maven)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest")
+if ! python3 -c 'import pulsar, PIL, pytest' 2>/dev/null; then
+  echo "setup: installing Python packages: ${PY_PKGS[*]}" >&2
+  python3 -m pip install -q "${PY_PKGS[@]}" >&2
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found; install Rust (rustup) first" >&2
+  exit 1
+fi
+
+# The broker's jars: resolved once from Maven Central, then cached.
+tests/pulsar/broker.sh fetch >&2
