@@ -96,8 +96,10 @@ pub fn main() -> ExitCode {
 fn init_logging() {
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("RIGD_LOG").unwrap_or_else(|_| "info".into());
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }
