@@ -2,8 +2,9 @@
 //! blocks aligned to buckets, and NMEA sentences. They emit exactly what the real drivers emit, so
 //! everything downstream runs for real.
 //!
-//! Camera frames carry a JPEG comment `rigd-synthetic v1 fnv1a64=<hex>` whose hash covers every byte
-//! after that comment segment, so a consumer can check a frame arrived byte-identical.
+//! Camera frames carry a JPEG comment `rigd-synthetic v1 crc32=<8 hex>` whose CRC-32 (zlib's)
+//! covers every byte after that comment segment, so a consumer can check a frame arrived
+//! byte-identical.
 
 use bytes::Bytes;
 use std::f64::consts::PI;
@@ -107,7 +108,7 @@ impl SyntheticCamera {
 
 /// Inserts the checksum comment after SOI and pads with comment segments up to `target` bytes.
 fn tag_and_pad(jpeg: Vec<u8>, n: u64, target: Option<usize>) -> Vec<u8> {
-    const TAG_LEN: usize = 4 + 26 + 16; // FF FE len16 + "rigd-synthetic v1 fnv1a64=" + 16 hex
+    const TAG_LEN: usize = 4 + 24 + 8; // FF FE len16 + "rigd-synthetic v1 crc32=" + 8 hex
     let body = &jpeg[2..];
     let mut rest = Vec::with_capacity(target.unwrap_or(0).max(jpeg.len()));
     if let Some(target) = target {
@@ -127,23 +128,13 @@ fn tag_and_pad(jpeg: Vec<u8>, n: u64, target: Option<usize>) -> Vec<u8> {
         }
     }
     rest.extend_from_slice(body);
-    let tag = format!("rigd-synthetic v1 fnv1a64={:016x}", fnv1a64(&rest));
+    let tag = format!("rigd-synthetic v1 crc32={:08x}", crc32fast::hash(&rest));
     let mut out = Vec::with_capacity(2 + 4 + tag.len() + rest.len());
     out.extend_from_slice(&[0xFF, 0xD8, 0xFF, 0xFE]);
     out.extend_from_slice(&((tag.len() + 2) as u16).to_be_bytes());
     out.extend_from_slice(tag.as_bytes());
     out.extend_from_slice(&rest);
     out
-}
-
-/// FNV-1a 64-bit; the synthetic camera's payload check (trivial to recompute in any language).
-pub fn fnv1a64(data: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in data {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 const DIGITS: [[u8; 5]; 10] = [
@@ -393,10 +384,10 @@ mod tests {
         );
         let tag_len = u16::from_be_bytes([jpeg[4], jpeg[5]]) as usize;
         let tag = std::str::from_utf8(&jpeg[6..4 + tag_len]).unwrap();
-        let hex = tag.strip_prefix("rigd-synthetic v1 fnv1a64=").unwrap();
+        let hex = tag.strip_prefix("rigd-synthetic v1 crc32=").unwrap();
         assert_eq!(
-            u64::from_str_radix(hex, 16).unwrap(),
-            fnv1a64(&jpeg[4 + tag_len..])
+            u32::from_str_radix(hex, 16).unwrap(),
+            crc32fast::hash(&jpeg[4 + tag_len..])
         );
     }
 
