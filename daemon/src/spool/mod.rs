@@ -1,46 +1,64 @@
 //! The spool: frames that could not be published yet (or every frame, in `always` mode), kept on
-//! disk in a sled store until the broker acknowledges them.
+//! disk until the broker acknowledges them.
 //!
-//! On-disk format: one sled database at `spool.path`. Tree `f:{source}` maps the big-endian `seq`
-//! to a record ([`record`] format, crc32c-checked). Tree `meta` holds `seq:{source}` (the next
-//! capture sequence, u64 LE) and `clean` (1 after a clean shutdown). Tree `quarantine` keeps records
-//! that failed their checksum, under `{source}/{seq}`.
+//! On-disk format, under `spool.path`:
+//! - `segments/{id:016x}.seg`: append-only files of [`record`]s (self-describing: source, seq,
+//!   crc32c). Only the newest segment is written; a segment whose records are all removed is deleted,
+//!   so space comes back as the spool drains.
+//! - `index/`: a sled database. Tree `i:{source}` maps big-endian `seq` to the record's location
+//!   (segment u64, offset u64, length u32, capture_ns i64, little-endian); tree `meta` holds `seq:{source}` (next
+//!   capture sequence) and `clean` (1 after a clean shutdown).
+//! - `quarantine/`: records that failed their checksum, one file each, kept for inspection.
+//! - `LOCK`: held (flock) by the process that has the spool open.
 //!
 //! Invariants:
-//! - A record is removed only after the broker's receipt for it (or a counted capacity drop).
-//! - Records of one source are read back in `seq` order, which is capture order.
-//! - A frame is durable once a group commit (`fsync-ms`) that started after its append completes;
-//!   [`Spool::durable_epoch`] tells the caller which appends are durable.
-//! - Opening never fails because of damaged contents: a store sled cannot open is moved aside to
-//!   `{path}.corrupt-{unix time}` and a fresh one is started; a record that fails its checksum is
-//!   moved to `quarantine` and counted. Both are reported in status.
-//! - Sequence numbers never repeat: after an unclean shutdown the next sequence jumps by
-//!   [`CRASH_SEQ_MARGIN`], past anything published in the last commit window.
+//! - A record is removed only after the broker's receipt for it, or by a counted capacity drop.
+//! - A source's records are read back in `seq` order, which is capture order.
+//! - A commit writes segment data (fdatasync) before the index (sled flush): an index entry that
+//!   survives a power cut points at data that survived too, unless the data was torn, which its
+//!   checksum reveals.
+//! - Opening never fails because of damaged contents: an index sled cannot open is moved aside and
+//!   rebuilt from the segments; a record that fails its checksum is quarantined and counted.
+//! - Sequence numbers never repeat for published frames: in `on-outage` mode an unclean shutdown
+//!   makes the next sequence jump by [`CRASH_SEQ_MARGIN`], past anything published but not yet
+//!   committed; in `always` mode nothing is published before it is committed, so no jump is needed.
 
 pub mod record;
 
 use bytes::Bytes;
 use rigd_drivers::Frame;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::config::{SpoolConfig, WhenFull};
+use crate::config::{SpoolConfig, SpoolMode, WhenFull};
 
-/// After an unclean shutdown, sequence numbers resume this far above the last committed one: more
-/// than any source captures between two group commits.
+/// After an unclean shutdown in `on-outage` mode, sequence numbers resume this far above the last
+/// committed one: more than any source captures between two group commits.
 pub const CRASH_SEQ_MARGIN: u64 = 1 << 20;
+
+const MAX_SEGMENT: u64 = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpoolError {
-    #[error("spool {path}: {source}")]
-    Store { path: PathBuf, source: sled::Error },
-    #[error("spool {path}: {message}")]
-    Io { path: PathBuf, message: String },
+    #[error("spool {path}: index: {source}")]
+    Index { path: PathBuf, source: sled::Error },
+    #[error("spool {path}: {op}: {source}")]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: std::io::Error,
+    },
+    #[error("spool {path} is in use by another process (a running rigd?); stop it, or copy the directory and work on the copy")]
+    Locked { path: PathBuf },
 }
 
-/// Per-source spool counters (status and metrics).
+/// Per-source spool counters (status and metrics). `pushed` and `popped` are the queue depth as two
+/// counters; `records` and `bytes` are what is stored now.
 #[derive(Debug, Default)]
 pub struct SourceSpoolStats {
     pub records: AtomicU64,
@@ -49,6 +67,7 @@ pub struct SourceSpoolStats {
     pub popped: AtomicU64,
     pub dropped: AtomicU64,
     pub quarantined: AtomicU64,
+    /// Capture time of the oldest stored record (ns), 0 when empty.
     pub oldest_ns: AtomicU64,
 }
 
@@ -56,169 +75,326 @@ pub struct SourceSpoolStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Appended {
     Stored,
-    /// Stored after dropping this many of the source's oldest records to make room.
+    /// Stored after dropping this many older frames (of any source) to make room.
     StoredDroppingOldest(u64),
-    /// Not stored: the spool is full and `when-full = drop-newest`.
+    /// Not stored: the spool is full and `when-full = drop-newest` (or nothing older to drop).
     DroppedNewest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Location {
+    segment: u64,
+    offset: u64,
+    len: u32,
+    /// Capture time of the frame, so the oldest age is known without reading the record.
+    capture_ns: i64,
+}
+
+impl Location {
+    fn encode(&self) -> [u8; 28] {
+        let mut b = [0u8; 28];
+        b[..8].copy_from_slice(&self.segment.to_le_bytes());
+        b[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        b[16..20].copy_from_slice(&self.len.to_le_bytes());
+        b[20..].copy_from_slice(&self.capture_ns.to_le_bytes());
+        b
+    }
+    fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != 28 {
+            return None;
+        }
+        Some(Location {
+            segment: u64::from_le_bytes(b[..8].try_into().ok()?),
+            offset: u64::from_le_bytes(b[8..16].try_into().ok()?),
+            len: u32::from_le_bytes(b[16..20].try_into().ok()?),
+            capture_ns: i64::from_le_bytes(b[20..].try_into().ok()?),
+        })
+    }
+}
+
+struct Writer {
+    id: u64,
+    file: BufWriter<File>,
+    len: u64,
+    /// Bytes of the active segment known to be in the file (not in the buffer).
+    flushed: u64,
+}
+
+/// Mutable state behind one lock: the writer, segment bookkeeping, open read handles.
+struct Segments {
+    writer: Option<Writer>,
+    /// Per segment: (file size, live records).
+    info: BTreeMap<u64, (u64, u64)>,
+    readers: HashMap<u64, Arc<File>>,
 }
 
 pub struct Spool {
     path: PathBuf,
-    db: sled::Db,
+    _lock: File,
+    index: sled::Db,
     meta: sled::Tree,
-    quarantine: sled::Tree,
     trees: Mutex<HashMap<Arc<str>, sled::Tree>>,
     stats: Mutex<HashMap<Arc<str>, Arc<SourceSpoolStats>>>,
-    total_bytes: AtomicU64,
+    segs: Mutex<Segments>,
+    disk_bytes: AtomicU64,
+    segment_size: u64,
     max_bytes: u64,
     free_reserve: u64,
     when_full: WhenFull,
     unclean_start: bool,
-    /// Stores moved aside at open because sled could not read them.
-    pub moved_aside: Vec<PathBuf>,
+    mode: SpoolMode,
+    quarantined: AtomicU64,
     epoch: AtomicU64,
     durable: tokio::sync::watch::Sender<u64>,
     free_bytes: AtomicU64,
 }
 
 impl Spool {
-    /// Opens (or creates) the spool; damaged stores and records are set aside, never fatal.
+    /// Opens (or creates) the spool; damaged contents are set aside, never fatal.
     pub fn open(cfg: &SpoolConfig) -> Result<Arc<Self>, SpoolError> {
         let path = cfg.path.clone();
-        std::fs::create_dir_all(&path).map_err(|e| SpoolError::Io {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
-        let mut moved_aside = Vec::new();
-        let db = match open_db(&path) {
+        let io = |op: &'static str| {
+            let path = path.clone();
+            move |source| SpoolError::Io { path, op, source }
+        };
+        for d in ["segments", "quarantine"] {
+            std::fs::create_dir_all(path.join(d)).map_err(io("create directory"))?;
+        }
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path.join("LOCK"))
+            .map_err(io("open LOCK"))?;
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Err(SpoolError::Locked { path });
+        }
+        let mut rebuild = false;
+        let index_path = path.join("index");
+        let index = match open_index(&index_path) {
             Ok(db) => db,
             Err(e) => {
-                let aside = PathBuf::from(format!(
-                    "{}.corrupt-{}",
-                    path.display(),
+                let aside = path.join(format!(
+                    "index.corrupt-{}",
                     rigd_drivers::realtime_ns() / 1_000_000_000
                 ));
                 tracing::error!(spool = %path.display(), error = %e, moved_to = %aside.display(),
-                    "spool store unreadable; moved aside, starting a fresh one");
-                std::fs::rename(&path, &aside).map_err(|e| SpoolError::Io {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?;
-                std::fs::create_dir_all(&path).map_err(|e| SpoolError::Io {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?;
-                moved_aside.push(aside);
-                open_db(&path).map_err(|source| SpoolError::Store {
+                    "spool index unreadable; moved aside, rebuilding it from the segments");
+                std::fs::rename(&index_path, &aside).map_err(io("move the damaged index aside"))?;
+                rebuild = true;
+                open_index(&index_path).map_err(|source| SpoolError::Index {
                     path: path.clone(),
                     source,
                 })?
             }
         };
-        let store = |source| SpoolError::Store {
+        let ix = |source| SpoolError::Index {
             path: path.clone(),
             source,
         };
-        let meta = db.open_tree("meta").map_err(store)?;
-        let quarantine = db.open_tree("quarantine").map_err(store)?;
+        let meta = index.open_tree("meta").map_err(ix)?;
         let unclean_start = meta
             .get("clean")
-            .map_err(store)?
+            .map_err(ix)?
             .is_some_and(|v| v.as_ref() != [1]);
-        meta.insert("clean", &[0u8][..]).map_err(store)?;
-        db.flush().map_err(store)?;
+        meta.insert("clean", &[0u8][..]).map_err(ix)?;
+        index.flush().map_err(ix)?;
+        let quarantined = std::fs::read_dir(path.join("quarantine"))
+            .map(|d| d.count() as u64)
+            .unwrap_or(0);
         let (durable, _) = tokio::sync::watch::channel(0);
         let spool = Spool {
             path: path.clone(),
-            db,
+            _lock: lock,
+            index,
             meta,
-            quarantine,
             trees: Mutex::new(HashMap::new()),
             stats: Mutex::new(HashMap::new()),
-            total_bytes: AtomicU64::new(0),
+            segs: Mutex::new(Segments {
+                writer: None,
+                info: BTreeMap::new(),
+                readers: HashMap::new(),
+            }),
+            disk_bytes: AtomicU64::new(0),
+            segment_size: MAX_SEGMENT.min(cfg.max_bytes.0 / 8).max(1 << 20),
             max_bytes: cfg.max_bytes.0,
             free_reserve: cfg.free_reserve.0,
             when_full: cfg.when_full,
             unclean_start,
-            moved_aside,
+            mode: cfg.mode,
+            quarantined: AtomicU64::new(quarantined),
             epoch: AtomicU64::new(0),
             durable,
             free_bytes: AtomicU64::new(u64::MAX),
         };
-        spool.scan()?;
+        spool.load(rebuild)?;
         spool.refresh_free_space();
         Ok(Arc::new(spool))
     }
 
-    /// Counts what is stored and quarantines records that fail their checksum.
-    fn scan(&self) -> Result<(), SpoolError> {
-        let store = |source| SpoolError::Store {
+    fn io(&self, op: &'static str) -> impl Fn(std::io::Error) -> SpoolError + '_ {
+        move |source| SpoolError::Io {
+            path: self.path.clone(),
+            op,
+            source,
+        }
+    }
+
+    fn ix(&self) -> impl Fn(sled::Error) -> SpoolError + '_ {
+        move |source| SpoolError::Index {
             path: self.path.clone(),
             source,
-        };
-        for name in self.db.tree_names() {
-            let Some(source) = name.strip_prefix(b"f:") else {
+        }
+    }
+
+    fn segment_path(&self, id: u64) -> PathBuf {
+        self.path.join("segments").join(format!("{id:016x}.seg"))
+    }
+
+    fn segs(&self) -> MutexGuard<'_, Segments> {
+        self.segs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads the segment list and the index; rebuilds the index from segments when asked.
+    fn load(&self, rebuild: bool) -> Result<(), SpoolError> {
+        let mut segs = self.segs();
+        for entry in
+            std::fs::read_dir(self.path.join("segments")).map_err(self.io("list segments"))?
+        {
+            let entry = entry.map_err(self.io("list segments"))?;
+            let name = entry.file_name();
+            let Some(id) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".seg"))
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            else {
+                continue;
+            };
+            let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+            segs.info.insert(id, (size, 0));
+            self.disk_bytes.fetch_add(size, Ordering::Relaxed);
+        }
+        if rebuild {
+            let ids: Vec<u64> = segs.info.keys().copied().collect();
+            drop(segs);
+            for id in ids {
+                self.rebuild_from(id)?;
+            }
+            segs = self.segs();
+        }
+        // Count what the index holds; entries pointing at a missing segment are stale.
+        for name in self.index.tree_names() {
+            let Some(source) = name.strip_prefix(b"i:") else {
                 continue;
             };
             let source: Arc<str> = String::from_utf8_lossy(source).into();
             let tree = self.tree(&source)?;
             let stats = self.stats(&source);
-            let mut bad = Vec::new();
+            let mut stale = Vec::new();
             for item in tree.iter() {
-                let (k, v) = match item {
-                    Ok(kv) => kv,
-                    Err(e) => {
-                        tracing::error!(source = %source, error = %e, "spool: unreadable entry; skipping the rest of this source");
-                        break;
-                    }
-                };
-                let seq = key_seq(&k);
-                match record::decode(&source, seq, Bytes::copy_from_slice(&v)) {
-                    Ok(f) => {
-                        if stats.records.load(Ordering::Relaxed) == 0 {
-                            stats
-                                .oldest_ns
-                                .store(f.capture_ns.max(0) as u64, Ordering::Relaxed);
+                let (k, v) = item.map_err(self.ix())?;
+                match Location::decode(&v).filter(|l| segs.info.contains_key(&l.segment)) {
+                    Some(loc) => {
+                        if let Some(i) = segs.info.get_mut(&loc.segment) {
+                            i.1 += 1;
                         }
                         stats.records.fetch_add(1, Ordering::Relaxed);
-                        stats.bytes.fetch_add(v.len() as u64, Ordering::Relaxed);
-                        self.total_bytes
-                            .fetch_add(v.len() as u64, Ordering::Relaxed);
+                        stats.bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
                     }
-                    Err(e) => bad.push((k, v, e)),
+                    None => stale.push(k),
                 }
             }
-            for (k, v, e) in bad {
-                self.quarantine_record(&source, &tree, &k, &v, &e)
-                    .map_err(store)?;
+            for k in stale {
+                tracing::error!(source = %source, seq = key_seq(&k), "spool: record lost (its segment is gone); counted as quarantined");
+                tree.remove(k).map_err(self.ix())?;
+                stats.quarantined.fetch_add(1, Ordering::Relaxed);
+                self.quarantined.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let q = self.quarantine.len() as u64;
+        // Segments nothing points to any more are deleted; a new segment is started for writing.
+        let empty: Vec<u64> = segs
+            .info
+            .iter()
+            .filter(|(_, (_, live))| *live == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in empty {
+            self.delete_segment(&mut segs, id);
+        }
+        drop(segs);
+        for (source, _) in self.all_stats() {
+            self.update_oldest(&source)?;
+        }
+        let q = self.quarantined();
         if q > 0 {
-            tracing::warn!(spool = %self.path.display(), quarantined = q, "spool holds quarantined records");
+            tracing::warn!(spool = %self.path.display(), quarantined = q, "spool has quarantined records (see the quarantine/ directory)");
         }
         Ok(())
     }
 
-    fn quarantine_record(
-        &self,
-        source: &Arc<str>,
-        tree: &sled::Tree,
-        k: &[u8],
-        v: &[u8],
-        e: &record::RecordError,
-    ) -> sled::Result<()> {
-        let seq = key_seq(k);
-        tracing::error!(source = %source, seq, error = %e, "spool: corrupt record quarantined");
-        let mut qk = source.as_bytes().to_vec();
-        qk.push(b'/');
-        qk.extend_from_slice(&seq.to_be_bytes());
-        self.quarantine.insert(qk, v)?;
-        tree.remove(k)?;
-        self.stats(source)
-            .quarantined
-            .fetch_add(1, Ordering::Relaxed);
+    /// Re-inserts every valid record of segment `id` into the index (index rebuild).
+    fn rebuild_from(&self, id: u64) -> Result<(), SpoolError> {
+        let data = std::fs::read(self.segment_path(id)).map_err(self.io("read segment"))?;
+        let mut at = 0usize;
+        while at + record::PREFIX <= data.len() {
+            let Ok(total) = record::total_len(&data[at..at + record::PREFIX]) else {
+                break;
+            };
+            if at + total > data.len() {
+                break;
+            }
+            match record::decode(Bytes::copy_from_slice(&data[at..at + total])) {
+                Ok(f) => {
+                    let loc = Location {
+                        segment: id,
+                        offset: at as u64,
+                        len: total as u32,
+                        capture_ns: f.capture_ns,
+                    };
+                    self.tree(&f.source)?
+                        .insert(f.seq.to_be_bytes(), &loc.encode()[..])
+                        .map_err(self.ix())?;
+                }
+                Err(e) => {
+                    self.quarantine_bytes(
+                        "rebuild",
+                        id,
+                        at as u64,
+                        &data[at..at + total],
+                        &e.to_string(),
+                    );
+                }
+            }
+            at += total;
+        }
+        if at < data.len() {
+            tracing::warn!(
+                segment = id,
+                torn_bytes = data.len() - at,
+                "spool: torn tail of a segment ignored"
+            );
+        }
         Ok(())
+    }
+
+    fn quarantine_bytes(&self, source: &str, segment: u64, offset: u64, bytes: &[u8], why: &str) {
+        let name = format!("{source}-{segment:016x}-{offset}.bad");
+        let _ = std::fs::write(self.path.join("quarantine").join(&name), bytes);
+        self.quarantined.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(source, segment, offset, reason = why, file = %name, "spool: corrupt record quarantined");
+    }
+
+    fn delete_segment(&self, segs: &mut Segments, id: u64) {
+        if segs.writer.as_ref().is_some_and(|w| w.id == id) {
+            return;
+        }
+        if let Some((size, _)) = segs.info.remove(&id) {
+            self.disk_bytes.fetch_sub(size, Ordering::Relaxed);
+        }
+        segs.readers.remove(&id);
+        if let Err(e) = std::fs::remove_file(self.segment_path(id)) {
+            tracing::warn!(segment = id, error = %e, "spool: cannot delete a drained segment");
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -236,12 +412,9 @@ impl Spool {
             return Ok(t.clone());
         }
         let t = self
-            .db
-            .open_tree(format!("f:{source}"))
-            .map_err(|source| SpoolError::Store {
-                path: self.path.clone(),
-                source,
-            })?;
+            .index
+            .open_tree(format!("i:{source}"))
+            .map_err(self.ix())?;
         trees.insert(source.clone(), t.clone());
         Ok(t)
     }
@@ -258,52 +431,43 @@ impl Spool {
         v
     }
 
+    /// Bytes the spool's segment files take on disk.
     pub fn total_bytes(&self) -> u64 {
-        self.total_bytes.load(Ordering::Relaxed)
+        self.disk_bytes.load(Ordering::Relaxed)
     }
 
     pub fn quarantined(&self) -> u64 {
-        self.quarantine.len() as u64
+        self.quarantined.load(Ordering::Relaxed)
     }
 
-    /// The first sequence number for a source's next frame.
+    /// The sequence number for a source's next frame.
     pub fn next_seq(&self, source: &Arc<str>) -> Result<u64, SpoolError> {
-        let store = |source| SpoolError::Store {
-            path: self.path.clone(),
-            source,
-        };
         let noted = self
             .meta
             .get(format!("seq:{source}"))
-            .map_err(store)?
+            .map_err(self.ix())?
             .map(|v| u64::from_le_bytes(v.as_ref().try_into().unwrap_or_default()))
             .unwrap_or(0);
         let stored = self
             .tree(source)?
             .last()
-            .map_err(store)?
+            .map_err(self.ix())?
             .map(|(k, _)| key_seq(&k) + 1)
             .unwrap_or(0);
         let next = noted.max(stored);
-        Ok(if self.unclean_start && next > 0 {
-            next + CRASH_SEQ_MARGIN
-        } else {
-            next
-        })
+        let jump = self.unclean_start && self.mode == SpoolMode::OnOutage && next > 0;
+        Ok(if jump { next + CRASH_SEQ_MARGIN } else { next })
     }
 
-    /// Records that `seq` was assigned (persisted with the next group commit).
+    /// Records the next sequence number of a source (durable with the next commit).
     pub fn note_seq(&self, source: &Arc<str>, next: u64) -> Result<(), SpoolError> {
         self.meta
             .insert(format!("seq:{source}"), &next.to_le_bytes()[..])
-            .map_err(|source| SpoolError::Store {
-                path: self.path.clone(),
-                source,
-            })?;
+            .map_err(self.ix())?;
         Ok(())
     }
 
-    /// The group-commit epoch an append made now will be durable in.
+    /// The commit epoch an append made now becomes durable in.
     pub fn current_epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
     }
@@ -313,21 +477,30 @@ impl Spool {
         self.durable.subscribe()
     }
 
-    /// One group commit: everything appended before the call is on disk when it returns.
+    /// One group commit: segment data first (fdatasync), then the index.
     pub fn commit(&self) -> Result<(), SpoolError> {
         let e = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
-        self.db.flush().map_err(|source| SpoolError::Store {
-            path: self.path.clone(),
-            source,
-        })?;
+        {
+            let mut segs = self.segs();
+            if let Some(w) = segs.writer.as_mut() {
+                w.file.flush().map_err(self.io("write segment"))?;
+                w.flushed = w.len;
+                w.file
+                    .get_ref()
+                    .sync_data()
+                    .map_err(self.io("fdatasync segment"))?;
+            }
+        }
+        self.index.flush().map_err(self.ix())?;
         self.durable.send_replace(e);
         Ok(())
     }
 
-    /// Reads statvfs for the free-space reserve; called periodically, not per frame.
+    /// Reads free space for the reserve; called periodically, not per frame.
     pub fn refresh_free_space(&self) {
-        if let Some(free) = free_space(&self.path) {
-            self.free_bytes.store(free, Ordering::Relaxed);
+        if let Ok(st) = rustix::fs::statvfs(&self.path) {
+            self.free_bytes
+                .store(st.f_bavail.saturating_mul(st.f_frsize), Ordering::Relaxed);
         }
     }
 
@@ -338,53 +511,75 @@ impl Spool {
 
     /// Stores a frame, applying the capacity policy.
     pub fn append(&self, frame: &Frame) -> Result<Appended, SpoolError> {
-        let store = |source| SpoolError::Store {
-            path: self.path.clone(),
-            source,
-        };
         let rec = record::encode(frame);
         let len = rec.len() as u64;
-        let tree = self.tree(&frame.source)?;
-        let stats = self.stats(&frame.source);
         let mut dropped = 0;
-        if self.full(len) {
-            match self.when_full {
-                WhenFull::DropNewest => {
-                    stats.dropped.fetch_add(1, Ordering::Relaxed);
+        while self.full(len) {
+            if self.when_full == WhenFull::DropNewest {
+                self.stats(&frame.source)
+                    .dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(Appended::DroppedNewest);
+            }
+            match self.drop_oldest_segment()? {
+                Some(n) => dropped += n,
+                None => {
+                    self.stats(&frame.source)
+                        .dropped
+                        .fetch_add(1, Ordering::Relaxed);
                     return Ok(Appended::DroppedNewest);
-                }
-                WhenFull::DropOldest => {
-                    while self.full(len) {
-                        let Some((k, v)) = tree.pop_min().map_err(store)? else {
-                            break;
-                        };
-                        self.account_removed(&stats, v.len() as u64);
-                        stats.dropped.fetch_add(1, Ordering::Relaxed);
-                        let _ = k;
-                        dropped += 1;
-                    }
-                    if self.full(len) {
-                        // Nothing of this source left to drop: the others hold the space.
-                        stats.dropped.fetch_add(1, Ordering::Relaxed);
-                        return Ok(Appended::DroppedNewest);
-                    }
                 }
             }
         }
-        let old = tree.insert(frame.seq.to_be_bytes(), rec).map_err(store)?;
-        if let Some(old) = old {
-            // Re-spooling a frame that is already stored (returned by the uplink at shutdown).
-            self.account_removed(&stats, old.len() as u64);
+        let loc = {
+            let mut segs = self.segs();
+            let roll = segs
+                .writer
+                .as_ref()
+                .is_none_or(|w| w.len > 0 && w.len + len > self.segment_size);
+            if roll {
+                self.roll(&mut segs)?;
+            }
+            let Some(w) = segs.writer.as_mut() else {
+                return Err(SpoolError::Io {
+                    path: self.path.clone(),
+                    op: "open segment",
+                    source: std::io::ErrorKind::Other.into(),
+                });
+            };
+            let loc = Location {
+                segment: w.id,
+                offset: w.len,
+                len: len as u32,
+                capture_ns: frame.capture_ns,
+            };
+            w.file.write_all(&rec).map_err(self.io("write segment"))?;
+            w.len += len;
+            let id = w.id;
+            if let Some(i) = segs.info.get_mut(&id) {
+                i.0 += len;
+                i.1 += 1;
+            }
+            loc
+        };
+        self.disk_bytes.fetch_add(len, Ordering::Relaxed);
+        let old = self
+            .tree(&frame.source)?
+            .insert(frame.seq.to_be_bytes(), &loc.encode()[..])
+            .map_err(self.ix())?;
+        let stats = self.stats(&frame.source);
+        if let Some(old) = old.and_then(|o| Location::decode(&o)) {
+            // The same frame spooled again (returned by the uplink at shutdown): the old copy is dead.
+            self.release(&stats, old);
         }
         if stats.records.load(Ordering::Relaxed) == 0 {
             stats
                 .oldest_ns
-                .store(frame.capture_ns.max(0) as u64, Ordering::Relaxed);
+                .store(frame.capture_ns.max(1) as u64, Ordering::Relaxed);
         }
         stats.records.fetch_add(1, Ordering::Relaxed);
         stats.bytes.fetch_add(len, Ordering::Relaxed);
         stats.pushed.fetch_add(1, Ordering::Relaxed);
-        self.total_bytes.fetch_add(len, Ordering::Relaxed);
         Ok(if dropped > 0 {
             Appended::StoredDroppingOldest(dropped)
         } else {
@@ -392,69 +587,211 @@ impl Spool {
         })
     }
 
-    fn account_removed(&self, stats: &SourceSpoolStats, len: u64) {
-        stats.records.fetch_sub(1, Ordering::Relaxed);
-        stats.bytes.fetch_sub(len, Ordering::Relaxed);
-        stats.popped.fetch_add(1, Ordering::Relaxed);
-        self.total_bytes.fetch_sub(len, Ordering::Relaxed);
+    fn roll(&self, segs: &mut Segments) -> Result<(), SpoolError> {
+        if let Some(mut w) = segs.writer.take() {
+            w.file.flush().map_err(self.io("write segment"))?;
+            w.file
+                .get_ref()
+                .sync_data()
+                .map_err(self.io("fdatasync segment"))?;
+            let id = w.id;
+            if segs.info.get(&id).is_some_and(|i| i.1 == 0) {
+                self.delete_segment(segs, id);
+            }
+        }
+        let id = segs.info.keys().next_back().map(|k| k + 1).unwrap_or(1);
+        let file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(self.segment_path(id))
+            .map_err(self.io("create segment"))?;
+        segs.info.insert(id, (0, 0));
+        segs.writer = Some(Writer {
+            id,
+            file: BufWriter::with_capacity(1 << 20, file),
+            len: 0,
+            flushed: 0,
+        });
+        Ok(())
     }
 
-    /// Up to `max` records of a source with `seq >= from`, in order. Corrupt ones are quarantined
-    /// and skipped.
+    /// A removed record's bookkeeping: counters, and the segment's deletion when it is empty.
+    fn release(&self, stats: &SourceSpoolStats, loc: Location) {
+        stats.records.fetch_sub(1, Ordering::Relaxed);
+        stats.bytes.fetch_sub(loc.len as u64, Ordering::Relaxed);
+        stats.popped.fetch_add(1, Ordering::Relaxed);
+        self.release_segment(loc);
+    }
+
+    /// One record of a segment is gone; the segment is deleted when none is left.
+    fn release_segment(&self, loc: Location) {
+        let mut segs = self.segs();
+        let empty = match segs.info.get_mut(&loc.segment) {
+            Some(i) => {
+                i.1 = i.1.saturating_sub(1);
+                i.1 == 0
+            }
+            None => false,
+        };
+        if empty {
+            self.delete_segment(&mut segs, loc.segment);
+        }
+    }
+
+    /// Drops every record of the oldest sealed segment (drop-oldest); returns how many, or None
+    /// when only the segment being written is left.
+    fn drop_oldest_segment(&self) -> Result<Option<u64>, SpoolError> {
+        let id = {
+            let segs = self.segs();
+            let active = segs.writer.as_ref().map(|w| w.id);
+            match segs.info.keys().copied().find(|id| Some(*id) != active) {
+                Some(id) => id,
+                None => return Ok(None),
+            }
+        };
+        let data = std::fs::read(self.segment_path(id)).unwrap_or_default();
+        let mut at = 0usize;
+        let mut n = 0;
+        while at + record::PREFIX <= data.len() {
+            let Ok(total) = record::total_len(&data[at..at + record::PREFIX]) else {
+                break;
+            };
+            if at + total > data.len() {
+                break;
+            }
+            if let Ok(f) = record::decode(Bytes::copy_from_slice(&data[at..at + total])) {
+                let tree = self.tree(&f.source)?;
+                let key = f.seq.to_be_bytes();
+                let here = tree
+                    .get(key)
+                    .map_err(self.ix())?
+                    .and_then(|v| Location::decode(&v))
+                    .is_some_and(|l| l.segment == id);
+                if here {
+                    tree.remove(key).map_err(self.ix())?;
+                    let stats = self.stats(&f.source);
+                    stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    stats.records.fetch_sub(1, Ordering::Relaxed);
+                    stats.bytes.fetch_sub(total as u64, Ordering::Relaxed);
+                    stats.popped.fetch_add(1, Ordering::Relaxed);
+                    n += 1;
+                }
+            }
+            at += total;
+        }
+        {
+            let mut segs = self.segs();
+            self.delete_segment(&mut segs, id);
+        }
+        for (source, _) in self.all_stats() {
+            self.update_oldest(&source)?;
+        }
+        Ok(Some(n))
+    }
+
+    /// Up to `max` records of a source with `seq >= from`, in order. Records that cannot be read
+    /// or fail their checksum are quarantined, counted and skipped.
     pub fn read_from(
         &self,
         source: &Arc<str>,
         from: u64,
         max: usize,
     ) -> Result<Vec<Frame>, SpoolError> {
-        let store = |source| SpoolError::Store {
-            path: self.path.clone(),
-            source,
-        };
         let tree = self.tree(source)?;
         let mut out = Vec::new();
-        let mut bad = Vec::new();
+        let mut bytes = 0usize;
         for item in tree.range(from.to_be_bytes()..) {
-            let (k, v) = item.map_err(store)?;
-            match record::decode(source, key_seq(&k), Bytes::copy_from_slice(&v)) {
-                Ok(f) => out.push(f),
-                Err(e) => bad.push((k, v, e)),
+            let (k, v) = item.map_err(self.ix())?;
+            let seq = key_seq(&k);
+            let loc = Location::decode(&v);
+            let result = match loc {
+                None => Err("bad index entry".to_string()),
+                Some(loc) => match self.read_at(loc) {
+                    Err(e) => Err(format!(
+                        "cannot read {} bytes at {}: {e}",
+                        loc.len, loc.offset
+                    )),
+                    Ok(b) => match record::decode(Bytes::from(b)) {
+                        Err(e) => Err(e.to_string()),
+                        Ok(f) if f.seq != seq || f.source != *source => Err(format!(
+                            "record is {}/{} where the index expects {source}/{seq}",
+                            f.source, f.seq
+                        )),
+                        Ok(f) => Ok(f),
+                    },
+                },
+            };
+            match result {
+                Ok(f) => {
+                    bytes += f.payload.len();
+                    out.push(f);
+                }
+                Err(why) => {
+                    let (segment, offset) = loc.map(|l| (l.segment, l.offset)).unwrap_or_default();
+                    let raw = loc.and_then(|l| self.read_at(l).ok()).unwrap_or_default();
+                    self.quarantine_bytes(&format!("{source}-{seq}"), segment, offset, &raw, &why);
+                    tree.remove(&k).map_err(self.ix())?;
+                    let stats = self.stats(source);
+                    stats.quarantined.fetch_add(1, Ordering::Relaxed);
+                    stats.records.fetch_sub(1, Ordering::Relaxed);
+                    if let Some(loc) = loc {
+                        stats.bytes.fetch_sub(loc.len as u64, Ordering::Relaxed);
+                        self.release_segment(loc);
+                    }
+                }
             }
-            if out.len() >= max {
+            if out.len() >= max || bytes >= 32 << 20 {
                 break;
             }
         }
-        for (k, v, e) in bad {
-            let len = v.len() as u64;
-            self.quarantine_record(source, &tree, &k, &v, &e)
-                .map_err(store)?;
-            let stats = self.stats(source);
-            stats.records.fetch_sub(1, Ordering::Relaxed);
-            stats.bytes.fetch_sub(len, Ordering::Relaxed);
-            self.total_bytes.fetch_sub(len, Ordering::Relaxed);
-        }
         Ok(out)
+    }
+
+    /// Refreshes a source's oldest capture time from the index.
+    fn update_oldest(&self, source: &Arc<str>) -> Result<(), SpoolError> {
+        let first = self.tree(source)?.first().map_err(self.ix())?;
+        let oldest = first
+            .and_then(|(_, v)| Location::decode(&v))
+            .map(|l| l.capture_ns.max(1) as u64);
+        self.stats(source)
+            .oldest_ns
+            .store(oldest.unwrap_or(0), Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn read_at(&self, loc: Location) -> std::io::Result<Vec<u8>> {
+        let file = {
+            let mut segs = self.segs();
+            if let Some(w) = segs.writer.as_mut().filter(|w| w.id == loc.segment) {
+                if loc.offset + loc.len as u64 > w.flushed {
+                    w.file.flush()?;
+                    w.flushed = w.len;
+                }
+            }
+            match segs.readers.get(&loc.segment) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = Arc::new(File::open(self.segment_path(loc.segment))?);
+                    segs.readers.insert(loc.segment, f.clone());
+                    f
+                }
+            }
+        };
+        let mut buf = vec![0u8; loc.len as usize];
+        file.read_exact_at(&mut buf, loc.offset)?;
+        Ok(buf)
     }
 
     /// Removes a record after its receipt. Missing records (dropped meanwhile) are fine.
     pub fn remove(&self, source: &Arc<str>, seq: u64) -> Result<(), SpoolError> {
         let tree = self.tree(source)?;
-        let stats = self.stats(source);
-        if let Some(v) = tree
+        if let Some(loc) = tree
             .remove(seq.to_be_bytes())
-            .map_err(|source| SpoolError::Store {
-                path: self.path.clone(),
-                source,
-            })?
+            .map_err(self.ix())?
+            .and_then(|v| Location::decode(&v))
         {
-            self.account_removed(&stats, v.len() as u64);
-            let next_oldest = tree.first().ok().flatten().and_then(|(_, v)| {
-                v.get(8..16)
-                    .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()).max(0) as u64)
-            });
-            stats
-                .oldest_ns
-                .store(next_oldest.unwrap_or(0), Ordering::Relaxed);
+            self.release(&self.stats(source), loc);
+            self.update_oldest(source)?;
         }
         Ok(())
     }
@@ -464,38 +801,38 @@ impl Spool {
         let tree = self.tree(source)?;
         let stats = self.stats(source);
         let mut n = 0;
-        while let Some((_, v)) = tree.pop_min().map_err(|source| SpoolError::Store {
-            path: self.path.clone(),
-            source,
-        })? {
-            self.account_removed(&stats, v.len() as u64);
+        while let Some((_, v)) = tree.pop_min().map_err(self.ix())? {
+            if let Some(loc) = Location::decode(&v) {
+                self.release(&stats, loc);
+            }
             stats.dropped.fetch_add(1, Ordering::Relaxed);
             n += 1;
         }
+        stats.oldest_ns.store(0, Ordering::Relaxed);
         Ok(n)
     }
 
     /// Marks a clean shutdown and commits.
     pub fn close(&self) -> Result<(), SpoolError> {
-        self.meta
-            .insert("clean", &[1u8][..])
-            .map_err(|source| SpoolError::Store {
-                path: self.path.clone(),
-                source,
-            })?;
+        self.meta.insert("clean", &[1u8][..]).map_err(self.ix())?;
         self.commit()
     }
 }
 
-fn open_db(path: &Path) -> sled::Result<sled::Db> {
+fn open_index(path: &Path) -> sled::Result<sled::Db> {
     // sled panics on some damaged files instead of returning an error: treat a panic as damage.
     let p = path.to_path_buf();
-    match std::panic::catch_unwind(move || {
-        sled::Config::new().path(p).cache_capacity(32 << 20).open()
-    }) {
+    let opened = std::panic::catch_unwind(move || {
+        sled::Config::new()
+            .path(p)
+            .cache_capacity(16 << 20)
+            .flush_every_ms(None)
+            .open()
+    });
+    match opened {
         Ok(r) => r,
         Err(_) => Err(sled::Error::Unsupported(
-            "sled panicked while opening the store".into(),
+            "sled panicked while opening the index".into(),
         )),
     }
 }
@@ -504,7 +841,5 @@ fn key_seq(k: &[u8]) -> u64 {
     k.try_into().map(u64::from_be_bytes).unwrap_or(0)
 }
 
-fn free_space(path: &Path) -> Option<u64> {
-    let st = rustix::fs::statvfs(path).ok()?;
-    Some(st.f_bavail.saturating_mul(st.f_frsize))
-}
+#[cfg(test)]
+mod tests;

@@ -1,20 +1,23 @@
-//! Encoding of one spooled frame. Pure: no I/O.
+//! Encoding of one spooled frame as it sits in a segment file. Pure: no I/O.
 //!
-//! Layout (all integers little-endian):
+//! Layout (integers little-endian):
 //! ```text
-//! magic "RGS1" | crc32c u32 (over every byte after it) | capture_ns i64 | clock u8 | media tag u8 |
+//! magic "RGR1" | len u32 (bytes after the crc) | crc32c u32 (over those bytes) |
+//! seq u64 | source_len u8 | source | capture_ns i64 | clock u8 | media tag u8 |
 //! media fields (camera: width u32, height u32; audio: rate u32, channels u16, frames u32;
 //! serial: text u8) | payload
 //! ```
-//! The key (source tree + big-endian seq) carries the sequence number, so a record that decodes is
-//! the frame exactly as captured.
+//! A record names its source and sequence, so segments are self-describing: the index can be
+//! rebuilt from them alone.
 
 use bytes::Bytes;
 use rigd_drivers::{ClockState, Frame, Media};
-use std::sync::Arc;
 
-const MAGIC: &[u8; 4] = b"RGS1";
-const HEADER: usize = 4 + 4 + 8 + 1 + 1;
+pub const MAGIC: &[u8; 4] = b"RGR1";
+/// Bytes before the checksummed part: magic, len, crc.
+pub const PREFIX: usize = 12;
+/// Largest record accepted when reading (a frame is at most 1 GiB by config validation).
+pub const MAX_LEN: usize = (1 << 30) + 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
@@ -22,6 +25,8 @@ pub enum RecordError {
     Truncated(usize),
     #[error("bad magic")]
     Magic,
+    #[error("length {0} out of range")]
+    Length(usize),
     #[error("checksum mismatch (stored {stored:08x}, computed {computed:08x})")]
     Checksum { stored: u32, computed: u32 },
     #[error("unknown {0}")]
@@ -29,9 +34,14 @@ pub enum RecordError {
 }
 
 pub fn encode(frame: &Frame) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + 16 + frame.payload.len());
+    let src = frame.source.as_bytes();
+    let src_len = src.len().min(255);
+    let mut out = Vec::with_capacity(PREFIX + 8 + 1 + src_len + 32 + frame.payload.len());
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&frame.seq.to_le_bytes());
+    out.push(src_len as u8);
+    out.extend_from_slice(&src[..src_len]);
     out.extend_from_slice(&frame.capture_ns.to_le_bytes());
     out.push(frame.clock.as_u8());
     match &frame.media {
@@ -56,72 +66,100 @@ pub fn encode(frame: &Frame) -> Vec<u8> {
         }
     }
     out.extend_from_slice(&frame.payload);
-    let crc = crc32c::crc32c(&out[8..]);
-    out[4..8].copy_from_slice(&crc.to_le_bytes());
+    let len = (out.len() - PREFIX) as u32;
+    out[4..8].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32c::crc32c(&out[PREFIX..]);
+    out[8..12].copy_from_slice(&crc.to_le_bytes());
     out
 }
 
-/// Decodes a record; `bytes` is the stored value (shared, so the payload is not copied).
-pub fn decode(source: &Arc<str>, seq: u64, bytes: Bytes) -> Result<Frame, RecordError> {
-    if bytes.len() < HEADER {
-        return Err(RecordError::Truncated(bytes.len()));
+/// The total size of the record starting with this 12-byte prefix.
+pub fn total_len(prefix: &[u8]) -> Result<usize, RecordError> {
+    if prefix.len() < PREFIX {
+        return Err(RecordError::Truncated(prefix.len()));
     }
-    if &bytes[..4] != MAGIC {
+    if &prefix[..4] != MAGIC {
         return Err(RecordError::Magic);
     }
-    let stored = u32::from_le_bytes(bytes[4..8].try_into().unwrap_or_default());
-    let computed = crc32c::crc32c(&bytes[8..]);
+    let len = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]) as usize;
+    if !(10..=MAX_LEN).contains(&len) {
+        return Err(RecordError::Length(len));
+    }
+    Ok(PREFIX + len)
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
+        let s = self
+            .b
+            .get(self.at..self.at + n)
+            .ok_or(RecordError::Truncated(self.b.len()))?;
+        self.at += n;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, RecordError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, RecordError> {
+        let s = self.take(2)?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, RecordError> {
+        let s = self.take(4)?;
+        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, RecordError> {
+        let s = self.take(8)?;
+        Ok(u64::from_le_bytes(s.try_into().unwrap_or_default()))
+    }
+}
+
+/// Decodes a whole record; the payload shares `bytes` (no copy).
+pub fn decode(bytes: Bytes) -> Result<Frame, RecordError> {
+    let total = total_len(&bytes)?;
+    if bytes.len() < total {
+        return Err(RecordError::Truncated(bytes.len()));
+    }
+    let stored = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+    let computed = crc32c::crc32c(&bytes[PREFIX..total]);
     if stored != computed {
         return Err(RecordError::Checksum { stored, computed });
     }
-    let capture_ns = i64::from_le_bytes(bytes[8..16].try_into().unwrap_or_default());
-    let clock = ClockState::from_u8(bytes[16]).ok_or(RecordError::Unknown("clock state"))?;
-    let u32_at = |at: usize| -> Result<u32, RecordError> {
-        bytes
-            .get(at..at + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .ok_or(RecordError::Truncated(bytes.len()))
+    let mut r = Reader {
+        b: &bytes[..total],
+        at: PREFIX,
     };
-    let (media, body) = match bytes[17] {
-        1 => (
-            Media::Camera {
-                width: u32_at(18)?,
-                height: u32_at(22)?,
-            },
-            26,
-        ),
-        2 => {
-            let channels = bytes
-                .get(22..24)
-                .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                .ok_or(RecordError::Truncated(bytes.len()))?;
-            (
-                Media::Audio {
-                    sample_rate: u32_at(18)?,
-                    channels,
-                    frames: u32_at(24)?,
-                },
-                28,
-            )
-        }
-        3 => (
-            Media::Serial {
-                text: *bytes.get(18).ok_or(RecordError::Truncated(bytes.len()))? != 0,
-            },
-            19,
-        ),
+    let seq = r.u64()?;
+    let src_len = r.u8()? as usize;
+    let source = String::from_utf8_lossy(r.take(src_len)?).into_owned();
+    let capture_ns = r.u64()? as i64;
+    let clock = ClockState::from_u8(r.u8()?).ok_or(RecordError::Unknown("clock state"))?;
+    let media = match r.u8()? {
+        1 => Media::Camera {
+            width: r.u32()?,
+            height: r.u32()?,
+        },
+        2 => Media::Audio {
+            sample_rate: r.u32()?,
+            channels: r.u16()?,
+            frames: r.u32()?,
+        },
+        3 => Media::Serial { text: r.u8()? != 0 },
         _ => return Err(RecordError::Unknown("media kind")),
     };
-    if body > bytes.len() {
-        return Err(RecordError::Truncated(bytes.len()));
-    }
+    let body = r.at;
     Ok(Frame {
-        source: source.clone(),
+        source: source.into(),
         seq,
         capture_ns,
         clock,
         media,
-        payload: bytes.slice(body..),
+        payload: bytes.slice(body..total),
     })
 }
 
@@ -145,14 +183,28 @@ mod tests {
         ]
     }
 
+    fn sample() -> Frame {
+        Frame {
+            source: "gps".into(),
+            seq: 1,
+            capture_ns: 5,
+            clock: ClockState::Locked,
+            media: Media::Serial { text: true },
+            payload: Bytes::from_static(b"$GPRMC,1,2,3*00 and more bytes here"),
+        }
+    }
+
     proptest! {
         #[test]
         fn round_trip(seq in any::<u64>(), ns in any::<i64>(), clock in 0u8..4, media in media(),
-                      payload in proptest::collection::vec(any::<u8>(), 0..2048)) {
-            let source: Arc<str> = "cam".into();
-            let f = Frame { source: source.clone(), seq, capture_ns: ns, clock: ClockState::from_u8(clock).unwrap(),
-                            media, payload: Bytes::from(payload) };
-            let back = decode(&source, seq, Bytes::from(encode(&f))).unwrap();
+                      source in "[a-z0-9-]{1,40}", payload in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let f = Frame { source: source.as_str().into(), seq, capture_ns: ns,
+                            clock: ClockState::from_u8(clock).unwrap(), media, payload: Bytes::from(payload) };
+            let enc = encode(&f);
+            prop_assert_eq!(total_len(&enc[..PREFIX]).unwrap(), enc.len());
+            let back = decode(Bytes::from(enc)).unwrap();
+            prop_assert_eq!(&*back.source, &*f.source);
+            prop_assert_eq!(back.seq, f.seq);
             prop_assert_eq!(back.capture_ns, f.capture_ns);
             prop_assert_eq!(back.clock, f.clock);
             prop_assert_eq!(back.media, f.media);
@@ -160,22 +212,19 @@ mod tests {
         }
 
         #[test]
-        fn any_single_byte_flip_or_truncation_is_detected(flip in 0usize..64, bit in 0u8..8, cut in 0usize..64) {
-            let source: Arc<str> = "s".into();
-            let f = Frame { source: source.clone(), seq: 1, capture_ns: 5, clock: ClockState::Locked,
-                            media: Media::Serial { text: true }, payload: Bytes::from_static(b"$GPRMC,1,2,3*00 and more bytes here") };
-            let good = encode(&f);
+        fn any_bit_flip_or_truncation_is_detected(flip in 0usize..4096, bit in 0u8..8, cut in 0usize..4096) {
+            let good = encode(&sample());
             let mut bad = good.clone();
             let i = flip % bad.len();
             bad[i] ^= 1 << bit;
-            prop_assert!(decode(&source, 1, Bytes::from(bad)).is_err());
+            prop_assert!(decode(Bytes::from(bad)).is_err());
             let cut = cut % good.len();
-            prop_assert!(decode(&source, 1, Bytes::from(good[..cut].to_vec())).is_err());
+            prop_assert!(decode(Bytes::from(good[..cut].to_vec())).is_err());
         }
 
         #[test]
         fn garbage_never_panics(data in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let _ = decode(&"x".into(), 0, Bytes::from(data));
+            let _ = decode(Bytes::from(data));
         }
     }
 }

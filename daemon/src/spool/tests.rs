@@ -1,0 +1,307 @@
+use super::*;
+use crate::config::ByteSize;
+use rigd_drivers::{ClockState, Media};
+
+fn cfg(dir: &Path) -> SpoolConfig {
+    SpoolConfig {
+        path: dir.join("spool"),
+        free_reserve: ByteSize(0),
+        ..Default::default()
+    }
+}
+
+fn frame(source: &str, seq: u64, len: usize) -> Frame {
+    Frame {
+        source: source.into(),
+        seq,
+        capture_ns: 1_000_000_000 + seq as i64,
+        clock: ClockState::Unsynced,
+        media: Media::Serial { text: false },
+        payload: Bytes::from(vec![(seq % 251) as u8; len]),
+    }
+}
+
+fn seqs(spool: &Spool, source: &str) -> Vec<u64> {
+    spool
+        .read_from(&source.into(), 0, usize::MAX)
+        .unwrap()
+        .iter()
+        .map(|f| f.seq)
+        .collect()
+}
+
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir.join("spool/segments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn frames_come_back_in_order_and_drained_segments_are_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.max_bytes = ByteSize(16 << 20); // 2 MiB segments
+    let spool = Spool::open(&c).unwrap();
+    for seq in 0..40 {
+        spool.append(&frame("cam", seq, 200_000)).unwrap();
+        spool.append(&frame("gps", seq, 100)).unwrap();
+    }
+    spool.commit().unwrap();
+    assert_eq!(seqs(&spool, "cam"), (0..40).collect::<Vec<_>>());
+    let got = spool.read_from(&"cam".into(), 10, 3).unwrap();
+    assert_eq!(
+        got.iter().map(|f| f.seq).collect::<Vec<_>>(),
+        vec![10, 11, 12]
+    );
+    assert_eq!(got[0].payload, frame("cam", 10, 200_000).payload);
+    assert!(segment_files(dir.path()).len() >= 3);
+    for seq in 0..40 {
+        spool.remove(&"cam".into(), seq).unwrap();
+        spool.remove(&"gps".into(), seq).unwrap();
+    }
+    // Only the segment being written may remain, and nothing is accounted as stored.
+    assert!(segment_files(dir.path()).len() <= 1);
+    assert_eq!(
+        spool.stats(&"cam".into()).records.load(Ordering::Relaxed),
+        0
+    );
+    assert_eq!(
+        spool.stats(&"cam".into()).oldest_ns.load(Ordering::Relaxed),
+        0
+    );
+}
+
+#[test]
+fn contents_and_sequence_survive_a_clean_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let spool = Spool::open(&cfg(dir.path())).unwrap();
+        for seq in 0..5 {
+            spool.append(&frame("gps", seq, 10)).unwrap();
+        }
+        spool.note_seq(&"gps".into(), 7).unwrap();
+        spool.remove(&"gps".into(), 0).unwrap();
+        spool.close().unwrap();
+    }
+    let spool = Spool::open(&cfg(dir.path())).unwrap();
+    assert!(!spool.unclean_start());
+    assert_eq!(seqs(&spool, "gps"), vec![1, 2, 3, 4]);
+    assert_eq!(spool.next_seq(&"gps".into()).unwrap(), 7);
+    assert_eq!(
+        spool.stats(&"gps".into()).records.load(Ordering::Relaxed),
+        4
+    );
+}
+
+#[test]
+fn unclean_restart_jumps_the_sequence_only_in_on_outage_mode() {
+    for (mode, jump) in [
+        (SpoolMode::OnOutage, CRASH_SEQ_MARGIN),
+        (SpoolMode::Always, 0),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = cfg(dir.path());
+        c.mode = mode;
+        {
+            let spool = Spool::open(&c).unwrap();
+            spool.append(&frame("gps", 3, 10)).unwrap();
+            spool.note_seq(&"gps".into(), 4).unwrap();
+            spool.commit().unwrap();
+            // dropped without close(): a crash
+        }
+        let spool = Spool::open(&c).unwrap();
+        assert!(spool.unclean_start());
+        assert_eq!(spool.next_seq(&"gps".into()).unwrap(), 4 + jump, "{mode:?}");
+    }
+}
+
+#[test]
+fn a_second_process_cannot_open_a_live_spool() {
+    let dir = tempfile::tempdir().unwrap();
+    let _spool = Spool::open(&cfg(dir.path())).unwrap();
+    // flock locks belong to the open file description, so a second open in-process conflicts too.
+    assert!(matches!(
+        Spool::open(&cfg(dir.path())),
+        Err(SpoolError::Locked { .. })
+    ));
+}
+
+#[test]
+fn a_flipped_byte_quarantines_that_record_only() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let spool = Spool::open(&cfg(dir.path())).unwrap();
+        for seq in 0..10 {
+            spool.append(&frame("gps", seq, 1000)).unwrap();
+        }
+        spool.close().unwrap();
+    }
+    let seg = &segment_files(dir.path())[0];
+    let mut data = std::fs::read(seg).unwrap();
+    let rec = data.len() / 10;
+    data[rec * 4 + 500] ^= 0xff; // inside record 4's payload
+    std::fs::write(seg, data).unwrap();
+    let spool = Spool::open(&cfg(dir.path())).unwrap();
+    assert_eq!(seqs(&spool, "gps"), vec![0, 1, 2, 3, 5, 6, 7, 8, 9]);
+    assert_eq!(spool.quarantined(), 1);
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("spool/quarantine"))
+            .unwrap()
+            .count(),
+        1
+    );
+    drop(spool);
+    // The count survives a restart (the quarantined record is kept as a file).
+    assert_eq!(Spool::open(&cfg(dir.path())).unwrap().quarantined(), 1);
+}
+
+#[test]
+fn a_truncated_segment_loses_only_its_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let spool = Spool::open(&cfg(dir.path())).unwrap();
+        for seq in 0..10 {
+            spool.append(&frame("gps", seq, 1000)).unwrap();
+        }
+        spool.close().unwrap();
+    }
+    let seg = &segment_files(dir.path())[0];
+    let len = std::fs::metadata(seg).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(seg)
+        .unwrap()
+        .set_len(len - 1500)
+        .unwrap();
+    let spool = Spool::open(&cfg(dir.path())).unwrap();
+    assert_eq!(seqs(&spool, "gps"), (0..8).collect::<Vec<_>>());
+    assert_eq!(spool.quarantined(), 2);
+}
+
+#[test]
+fn a_destroyed_index_is_rebuilt_from_the_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let spool = Spool::open(&cfg(dir.path())).unwrap();
+        for seq in 0..6 {
+            spool.append(&frame("gps", seq, 100)).unwrap();
+            spool.append(&frame("cam", seq, 5000)).unwrap();
+        }
+        spool.close().unwrap();
+    }
+    for entry in std::fs::read_dir(dir.path().join("spool/index")).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_file() {
+            std::fs::write(&p, b"garbage garbage garbage garbage").unwrap();
+        }
+    }
+    let spool = Spool::open(&cfg(dir.path())).unwrap();
+    assert_eq!(seqs(&spool, "gps"), (0..6).collect::<Vec<_>>());
+    assert_eq!(seqs(&spool, "cam"), (0..6).collect::<Vec<_>>());
+}
+
+#[test]
+fn drop_oldest_keeps_the_spool_under_max_bytes_and_counts_every_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.max_bytes = ByteSize(8 << 20); // 1 MiB segments
+    let spool = Spool::open(&c).unwrap();
+    let n = 200;
+    for seq in 0..n {
+        spool.append(&frame("cam", seq, 100_000)).unwrap();
+        assert!(spool.total_bytes() <= 8 << 20);
+    }
+    let kept = seqs(&spool, "cam");
+    let dropped = spool.stats(&"cam".into()).dropped.load(Ordering::Relaxed);
+    assert!(dropped > 0);
+    assert_eq!(kept.len() as u64 + dropped, n);
+    // What is kept is the newest, contiguous.
+    assert_eq!(kept, (n - kept.len() as u64..n).collect::<Vec<_>>());
+}
+
+#[test]
+fn drop_newest_refuses_new_frames_when_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.max_bytes = ByteSize(2 << 20);
+    c.when_full = WhenFull::DropNewest;
+    let spool = Spool::open(&c).unwrap();
+    let mut refused = 0;
+    for seq in 0..100 {
+        if spool.append(&frame("cam", seq, 100_000)).unwrap() == Appended::DroppedNewest {
+            refused += 1;
+        }
+    }
+    let kept = seqs(&spool, "cam");
+    assert_eq!(kept, (0..kept.len() as u64).collect::<Vec<_>>());
+    assert_eq!(refused, 100 - kept.len() as u64);
+    assert_eq!(
+        spool.stats(&"cam".into()).dropped.load(Ordering::Relaxed),
+        refused
+    );
+}
+
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Append(u8, usize),
+        Drain(u8, usize),
+        Restart(bool),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u8..3, 1usize..20_000).prop_map(|(s, n)| Op::Append(s, n)),
+            2 => (0u8..3, 1usize..5).prop_map(|(s, n)| Op::Drain(s, n)),
+            1 => any::<bool>().prop_map(Op::Restart),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+        /// Any interleaving of appends, in-order drains and restarts (clean or not) returns exactly
+        /// the appended-and-not-drained frames of each source, in sequence order.
+        #[test]
+        fn spool_matches_a_queue_per_source(ops in proptest::collection::vec(op(), 1..60)) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut c = cfg(dir.path());
+            c.max_bytes = ByteSize(1 << 30);
+            let mut spool = Spool::open(&c).unwrap();
+            let mut model: Vec<std::collections::VecDeque<u64>> = vec![Default::default(); 3];
+            let mut next = [0u64; 3];
+            for op in ops {
+                match op {
+                    Op::Append(s, n) => {
+                        let name = format!("s{s}");
+                        spool.append(&frame(&name, next[s as usize], n)).unwrap();
+                        model[s as usize].push_back(next[s as usize]);
+                        next[s as usize] += 1;
+                    }
+                    Op::Drain(s, n) => {
+                        let name: Arc<str> = format!("s{s}").into();
+                        let got = spool.read_from(&name, 0, n).unwrap();
+                        for f in got {
+                            prop_assert_eq!(Some(f.seq), model[s as usize].pop_front());
+                            spool.remove(&name, f.seq).unwrap();
+                        }
+                    }
+                    Op::Restart(clean) => {
+                        if clean { spool.close().unwrap(); } else { spool.commit().unwrap(); }
+                        drop(spool);
+                        spool = Spool::open(&c).unwrap();
+                    }
+                }
+            }
+            for s in 0..3 {
+                let want: Vec<u64> = model[s].iter().copied().collect();
+                prop_assert_eq!(seqs(&spool, &format!("s{s}")), want);
+            }
+        }
+    }
+}
