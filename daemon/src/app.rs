@@ -34,6 +34,8 @@ pub struct Runtime {
     pub config: Config,
     pub started: Instant,
     pub clock: Arc<dyn FrameClock>,
+    /// The PTP port's clock and report, when `[clock].interface` is set.
+    pub ptp: Option<Arc<crate::clock::Ptp>>,
     pub sources: Vec<SourceEntry>,
     pub spool: Arc<Spool>,
 }
@@ -105,13 +107,17 @@ fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
 
 /// The daemon. Returns when SIGTERM/SIGINT has been handled and everything is flushed.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let clock: Arc<dyn FrameClock> = Arc::new(SystemClock);
-    if let Some(iface) = &config.clock.interface {
-        tracing::warn!(interface = %iface, "PTP is not built into this version; the clock stays unsynced");
-    }
     let spool = Spool::open(&config.spool).context("opening the spool")?;
     if spool.unclean_start() {
-        tracing::warn!(spool = %spool.path().display(), "previous run did not shut down cleanly; sequence numbers skip ahead");
+        let note = match config.spool.mode {
+            crate::config::SpoolMode::OnOutage => {
+                "sequence numbers skip ahead past frames that may have been published"
+            }
+            crate::config::SpoolMode::Always => {
+                "frames after the last commit were lost; nothing published is repeated"
+            }
+        };
+        tracing::warn!(spool = %spool.path().display(), "previous run did not shut down cleanly; {note}");
     }
     let token = config
         .pulsar
@@ -120,6 +126,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .map(read_token)
         .transpose()?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (clock, ptp, ptp_thread): (Arc<dyn FrameClock>, _, _) = match &config.clock.interface {
+        Some(_) => {
+            let (ptp, thread) = crate::clock::start(&config.clock, shutdown_rx.clone())
+                .context("starting the PTP clock task")?;
+            (ptp.clock.clone(), Some(ptp), Some(thread))
+        }
+        None => (Arc::new(SystemClock), None, None),
+    };
     let stop = StopFlag::new();
 
     let mut entries = Vec::new();
@@ -183,6 +197,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config: config.clone(),
         started: Instant::now(),
         clock,
+        ptp,
         sources: entries,
         spool: spool.clone(),
     });
@@ -220,6 +235,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let _ = l.await;
     }
     let _ = committer.await;
+    if let Some(t) = ptp_thread {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
     let _ = web.await;
     let s = spool.clone();
     tokio::task::spawn_blocking(move || s.close())
