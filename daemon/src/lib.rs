@@ -1,6 +1,6 @@
 //! rigd: the daemon's library. `main` only calls [`cli::main`].
 //!
-//! Map: [`config`] (TOML schema and validation), [`wire`] (bucket key and Pulsar properties),
+//! Map: [`config`] (TOML schema and validation), [`clock`] (the PTP-disciplined frame clock), [`wire`] (bucket key and Pulsar properties),
 //! [`uplink`] (Pulsar producer with chunking and dedup-safe sequence ids), [`spool`] (sled
 //! store-and-forward), [`pipeline`] (per-source lanes between capture, spool and uplink), [`app`]
 //! (wiring and shutdown order), [`status`] (what the web UI shows), [`lifecycle`] (signals).
@@ -9,6 +9,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod lifecycle;
 pub mod pipeline;

@@ -59,11 +59,7 @@ impl rigd_web::StatusSource for Runtime {
             rig: self.config.rig.id.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             uptime_s: self.started.elapsed().as_secs(),
-            clock: rigd_web::ClockStatus {
-                state: now.state.as_str().to_string(),
-                offset_ns: None,
-                master: None,
-            },
+            clock: self.clock_status(),
             sources,
             uplink,
             spool: rigd_web::SpoolStatus {
@@ -86,5 +82,36 @@ impl rigd_web::StatusSource for Runtime {
                 oldest_age_ms: age_ms(now.ns, oldest_ns as i64),
             },
         }
+    }
+}
+
+impl Runtime {
+    fn clock_status(&self) -> rigd_web::ClockStatus {
+        let raw = rigd_drivers::realtime_ns();
+        let at_raw = self.clock.map_realtime(raw);
+        let now = self.clock.now();
+        let mut c = rigd_web::ClockStatus {
+            state: now.state.as_str().to_string(),
+            now_ns: now.ns,
+            realtime_error_ns: at_raw.ns - raw,
+            ..Default::default()
+        };
+        if let Some(ptp) = &self.ptp {
+            let r = ptp.report();
+            c.offset_ns = r.offset_ns;
+            c.master = r.master;
+            c.port_state = Some(r.port_state);
+            c.path_delay_ns = r.path_delay_ns;
+            c.steps = ptp.clock.steps();
+            c.master_changes = r.master_changes;
+            c.frequency_ppm = r.frequency_ppm;
+            c.time_to_lock_s = r.time_to_lock_s;
+            c.locked_for_s = r.locked_for_s;
+            c.holdover_s = r.holdover_s;
+            c.estimated_drift_ns = r.estimated_drift_ns;
+            c.task_cpu_ms = Some(r.task_cpu_ns / 1_000_000);
+            c.error = r.error;
+        }
+        c
     }
 }

@@ -27,8 +27,35 @@ pub struct Status {
 pub struct ClockStatus {
     /// unsynced | locking | locked | holdover
     pub state: String,
+    /// Offset from the master at the last PTP sample (the filter's estimate).
     pub offset_ns: Option<i64>,
+    /// Grandmaster clock identity, as ptp4l prints it.
     pub master: Option<String>,
+    /// PTP port state (listening, slave, faulty, ...); absent without PTP.
+    pub port_state: Option<String>,
+    /// Mean path delay to the master.
+    pub path_delay_ns: Option<i64>,
+    /// Clock steps since start (slews are not counted).
+    pub steps: u64,
+    /// Grandmaster changes made by BMCA since start.
+    pub master_changes: u64,
+    /// Frequency correction applied to the local oscillator, ppm.
+    pub frequency_ppm: Option<f64>,
+    /// Seconds from start to the first lock.
+    pub time_to_lock_s: Option<f64>,
+    pub locked_for_s: Option<f64>,
+    pub holdover_s: Option<f64>,
+    /// In holdover: how far the clock may have drifted since the master was lost.
+    pub estimated_drift_ns: Option<i64>,
+    /// The rig clock's reading (frame time) when this status was made.
+    pub now_ns: i64,
+    /// The rig clock minus this host's CLOCK_REALTIME at the same instant. The true error only
+    /// when the grandmaster serves this host's CLOCK_REALTIME (as in the tests).
+    pub realtime_error_ns: i64,
+    /// CPU time used by the PTP task.
+    pub task_cpu_ms: Option<u64>,
+    /// Last failure of the PTP port, while it is being reopened.
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
