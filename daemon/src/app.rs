@@ -59,6 +59,16 @@ fn build_source(cfg: &SourceConfig, bucket_ms: u32, clock: Arc<dyn FrameClock>) 
             clock,
         )),
         SourceConfig::SyntheticSerial(c) => Box::new(SyntheticSerial::new(&c.id, c.rate_hz, clock)),
+        SourceConfig::Serial(c) => Box::new(rigd_drivers::serial::SerialSource::new(
+            &c.id,
+            c.settings(bucket_ms),
+            clock,
+        )),
+        SourceConfig::Alsa(c) => Box::new(rigd_drivers::audio::AudioSource::new(
+            &c.id,
+            c.settings(bucket_ms),
+            clock,
+        )),
     }
 }
 

@@ -145,7 +145,7 @@ fn default_unlock_threshold_ns() -> u64 {
     10_000
 }
 fn default_lock_samples() -> u32 {
-    8
+    16
 }
 fn default_holdover_timeout_s() -> u64 {
     600
@@ -240,6 +240,8 @@ pub enum SourceConfig {
     SyntheticCamera(SyntheticCameraConfig),
     SyntheticAudio(SyntheticAudioConfig),
     SyntheticSerial(SyntheticSerialConfig),
+    Serial(SerialSourceConfig),
+    Alsa(AlsaSourceConfig),
 }
 
 impl SourceConfig {
@@ -248,6 +250,8 @@ impl SourceConfig {
             SourceConfig::SyntheticCamera(c) => &c.id,
             SourceConfig::SyntheticAudio(c) => &c.id,
             SourceConfig::SyntheticSerial(c) => &c.id,
+            SourceConfig::Serial(c) => &c.id,
+            SourceConfig::Alsa(c) => &c.id,
         }
     }
 
@@ -256,6 +260,8 @@ impl SourceConfig {
             SourceConfig::SyntheticCamera(_) => "synthetic-camera",
             SourceConfig::SyntheticAudio(_) => "synthetic-audio",
             SourceConfig::SyntheticSerial(_) => "synthetic-serial",
+            SourceConfig::Serial(_) => "serial",
+            SourceConfig::Alsa(_) => "alsa",
         }
     }
 }
@@ -316,6 +322,185 @@ pub struct SyntheticSerialConfig {
 
 fn default_rate_hz() -> f64 {
     10.0
+}
+
+/// `kind = "serial"`: a serial sensor on a tty (rigd-drivers `serial` feature).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SerialSourceConfig {
+    pub id: String,
+    /// Device path, e.g. `/dev/ttyUSB0` or a udev symlink; required.
+    pub device: String,
+    #[serde(default = "default_baud")]
+    pub baud: u32,
+    /// `none` | `odd` | `even`.
+    #[serde(default)]
+    pub parity: rigd_drivers::serial::Parity,
+    /// `none` | `software` (XON/XOFF) | `hardware` (RTS/CTS).
+    #[serde(default)]
+    pub flow_control: rigd_drivers::serial::FlowControl,
+    #[serde(default = "default_data_bits")]
+    pub data_bits: u8,
+    #[serde(default = "default_stop_bits")]
+    pub stop_bits: u8,
+    /// `line` | `nmea` | `raw`.
+    #[serde(default)]
+    pub framing: rigd_drivers::serial::Framing,
+    /// Record delimiter of `line` framing (a `\r` before a `\n` delimiter is stripped too).
+    #[serde(default = "default_delimiter")]
+    pub delimiter: String,
+    /// Longer lines and sentences are dropped (counted); raw records are cut at this size.
+    #[serde(default = "default_max_record_bytes")]
+    pub max_record_bytes: ByteSize,
+}
+
+fn default_baud() -> u32 {
+    9600
+}
+fn default_data_bits() -> u8 {
+    8
+}
+fn default_stop_bits() -> u8 {
+    1
+}
+fn default_delimiter() -> String {
+    "\n".to_string()
+}
+fn default_max_record_bytes() -> ByteSize {
+    ByteSize(4096)
+}
+
+impl SerialSourceConfig {
+    pub fn settings(&self, bucket_ms: u32) -> rigd_drivers::serial::SerialSettings {
+        rigd_drivers::serial::SerialSettings {
+            device: self.device.clone(),
+            baud: self.baud,
+            parity: self.parity,
+            flow_control: self.flow_control,
+            data_bits: self.data_bits,
+            stop_bits: self.stop_bits,
+            framing: self.framing,
+            delimiter: self.delimiter.as_bytes().to_vec(),
+            max_record_bytes: self.max_record_bytes.0 as usize,
+            bucket_ms,
+        }
+    }
+
+    fn problems(&self, p: &mut Vec<String>, key: &str) {
+        if self.device.is_empty() {
+            p.push(format!("{key}.device: must not be empty"));
+        }
+        if !(50..=4_000_000).contains(&self.baud) {
+            p.push(format!(
+                "{key}.baud: {} must be between 50 and 4000000",
+                self.baud
+            ));
+        }
+        if !(5..=8).contains(&self.data_bits) {
+            p.push(format!(
+                "{key}.data-bits: {} must be 5, 6, 7 or 8",
+                self.data_bits
+            ));
+        }
+        if !(1..=2).contains(&self.stop_bits) {
+            p.push(format!(
+                "{key}.stop-bits: {} must be 1 or 2",
+                self.stop_bits
+            ));
+        }
+        if self.delimiter.is_empty() || self.delimiter.len() > 8 {
+            p.push(format!("{key}.delimiter: must be 1 to 8 bytes"));
+        }
+        if self.max_record_bytes.0 == 0 || self.max_record_bytes.0 > 1 << 20 {
+            p.push(format!(
+                "{key}.max-record-bytes: {} must be between 1 and 1MiB",
+                self.max_record_bytes.0
+            ));
+        }
+    }
+}
+
+/// `kind = "alsa"`: an ALSA capture device (rigd-drivers `audio` feature).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AlsaSourceConfig {
+    pub id: String,
+    /// ALSA PCM name (`default`, `hw:CARD=USB,DEV=0`, `plughw:1,0`, a pcm from asoundrc) or the
+    /// card's description as `arecord -L` shows it.
+    #[serde(default = "default_alsa_device")]
+    pub device: String,
+    #[serde(default = "default_sample_rate")]
+    pub sample_rate: u32,
+    #[serde(default = "default_channels")]
+    pub channels: u16,
+    /// Format the device is opened with: `i16` | `i32` | `f32`; frames are always S16LE.
+    #[serde(default)]
+    pub sample_format: rigd_drivers::audio::SampleFormat,
+    /// ALSA period in frames; absent: the device's default.
+    pub period_frames: Option<u32>,
+    /// A jump between the sample count and the stream's timestamps larger than this re-aligns
+    /// blocks to buckets (the lost blocks counted as drops); smaller drift is followed smoothly.
+    #[serde(default = "default_max_skew_ms")]
+    pub max_skew_ms: u32,
+}
+
+fn default_alsa_device() -> String {
+    "default".to_string()
+}
+fn default_max_skew_ms() -> u32 {
+    50
+}
+
+impl AlsaSourceConfig {
+    pub fn settings(&self, bucket_ms: u32) -> rigd_drivers::audio::AudioSettings {
+        rigd_drivers::audio::AudioSettings {
+            device: self.device.clone(),
+            sample_rate: self.sample_rate,
+            channels: self.channels,
+            sample_format: self.sample_format,
+            period_frames: self.period_frames,
+            max_skew_ms: self.max_skew_ms,
+            bucket_ms,
+        }
+    }
+
+    fn problems(&self, p: &mut Vec<String>, key: &str, bucket_ms: u32) {
+        if self.device.is_empty() {
+            p.push(format!("{key}.device: must not be empty"));
+        }
+        sample_rate_problems(p, key, self.sample_rate, bucket_ms);
+        if !(1..=32).contains(&self.channels) {
+            p.push(format!(
+                "{key}.channels: {} must be between 1 and 32",
+                self.channels
+            ));
+        }
+        if let Some(n) = self.period_frames {
+            if !(16..=self.sample_rate.max(16)).contains(&n) {
+                p.push(format!(
+                    "{key}.period-frames: {n} must be between 16 and one second of frames"
+                ));
+            }
+        }
+        if !(1..=60_000).contains(&self.max_skew_ms) {
+            p.push(format!(
+                "{key}.max-skew-ms: {} must be between 1 and 60000",
+                self.max_skew_ms
+            ));
+        }
+    }
+}
+
+fn sample_rate_problems(p: &mut Vec<String>, key: &str, rate: u32, bucket_ms: u32) {
+    if !(8_000..=384_000).contains(&rate) {
+        p.push(format!(
+            "{key}.sample-rate: {rate} must be between 8000 and 384000"
+        ));
+    } else if (rate as u64 * bucket_ms as u64) % 1000 != 0 {
+        p.push(format!(
+            "{key}.sample-rate: {rate} Hz does not give a whole number of samples per {bucket_ms} ms bucket"
+        ));
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -611,6 +796,8 @@ impl Config {
                     }
                     positive(&mut p, &key, "tone-hz", c.tone_hz);
                 }
+                SourceConfig::Serial(c) => c.problems(&mut p, &key),
+                SourceConfig::Alsa(c) => c.problems(&mut p, &key, self.rig.bucket_ms),
                 SourceConfig::SyntheticSerial(c) => {
                     positive(&mut p, &key, "rate-hz", c.rate_hz);
                     if c.rate_hz > 10_000.0 {
@@ -831,6 +1018,62 @@ mod tests {
         assert_eq!(ByteSize::parse("100").unwrap().0, 100);
         assert!(ByteSize::parse("8 parsecs").is_err());
         assert!(ByteSize::parse("-1").is_err());
+    }
+
+    #[test]
+    fn serial_and_alsa_sources_have_defaults() {
+        let c = Config::parse(
+            "[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\ndevice = \"/dev/ttyUSB0\"\n\
+             framing = \"nmea\"\n[[source]]\nid = \"mic\"\nkind = \"alsa\"\n",
+            "t",
+        )
+        .unwrap();
+        let SourceConfig::Serial(s) = &c.sources[0] else {
+            panic!("{:?}", c.sources[0])
+        };
+        let s = s.settings(33);
+        assert_eq!((s.baud, s.data_bits, s.stop_bits), (9600, 8, 1));
+        assert_eq!(s.framing, rigd_drivers::serial::Framing::Nmea);
+        assert_eq!(
+            (s.delimiter.as_slice(), s.max_record_bytes),
+            (&b"\n"[..], 4096)
+        );
+        let SourceConfig::Alsa(a) = &c.sources[1] else {
+            panic!("{:?}", c.sources[1])
+        };
+        let a = a.settings(33);
+        assert_eq!(
+            (a.device.as_str(), a.sample_rate, a.channels),
+            ("default", 48_000, 2)
+        );
+        assert_eq!(a.sample_format, rigd_drivers::audio::SampleFormat::I16);
+        assert_eq!(c.sources[1].kind(), "alsa");
+    }
+
+    #[test]
+    fn serial_and_alsa_problems_name_the_key() {
+        let p = problems(
+            "[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\ndevice = \"\"\nbaud = 0\n\
+             stop-bits = 3\nmax-record-bytes = \"2MiB\"\n[[source]]\nid = \"mic\"\nkind = \"alsa\"\n\
+             sample-rate = 44100\nchannels = 0\n",
+        );
+        assert_eq!(p.len(), 6, "{p:?}");
+        for key in [
+            "source[0].device",
+            "source[0].baud",
+            "source[0].stop-bits",
+            "source[0].max-record-bytes",
+            "source[1].sample-rate",
+            "source[1].channels",
+        ] {
+            assert!(p.iter().any(|l| l.contains(key)), "{key} missing: {p:?}");
+        }
+        let p = problems(
+            "[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\ndevice = \"/dev/ttyS0\"\nframing = \"json\"\n",
+        );
+        assert!(p[0].contains("source[0]") && p[0].contains("json"), "{p:?}");
+        let p = problems("[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\n");
+        assert!(p[0].contains("device"), "{p:?}");
     }
 
     #[test]

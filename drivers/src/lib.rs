@@ -4,11 +4,15 @@
 //! Sources run on their own threads (device APIs block) and hand frames to a [`FrameSink`], which
 //! assigns the per-source sequence number and passes them to the daemon's pipeline.
 
+pub mod audio;
 mod clock;
 mod frame;
+pub mod serial;
 mod source;
 pub mod synthetic;
 
 pub use clock::{monotonic_ns_now, realtime_ns, ClockState, FrameClock, Stamp, SystemClock};
 pub use frame::{Frame, Media, Modality};
-pub use source::{FrameSink, SinkClosed, Source, SourceError, SourceHealth, SourceState, StopFlag};
+pub use source::{
+    AudioLevel, FrameSink, SinkClosed, Source, SourceError, SourceHealth, SourceState, StopFlag,
+};

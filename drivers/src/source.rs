@@ -88,6 +88,8 @@ pub struct SourceHealth {
     last_frame_ns: AtomicI64,
     state: AtomicU8,
     reason: Mutex<String>,
+    /// The newest [`AudioLevel`] as two f32 bit patterns (rms high, peak low); 0 before the first.
+    audio_level: AtomicU64,
 }
 
 impl Default for SourceHealth {
@@ -99,6 +101,7 @@ impl Default for SourceHealth {
             last_frame_ns: AtomicI64::new(0),
             state: AtomicU8::new(0),
             reason: Mutex::new(String::new()),
+            audio_level: AtomicU64::new(0),
         }
     }
 }
@@ -142,6 +145,67 @@ impl SourceHealth {
             r.clear();
             r.push_str(reason);
         }
+    }
+}
+
+impl SourceHealth {
+    /// Records the level of the newest audio block (what the UI's level meter shows).
+    pub fn set_audio_level(&self, level: AudioLevel) {
+        let bits = (level.rms.to_bits() as u64) << 32 | level.peak.to_bits() as u64;
+        // A silent block is stored as the smallest positive rms so that 0 keeps meaning "none".
+        let bits = if bits == 0 { 1 << 32 } else { bits };
+        self.audio_level.store(bits, Ordering::Relaxed);
+    }
+
+    /// The level of the newest audio block; `None` for sources that emitted no audio yet.
+    pub fn audio_level(&self) -> Option<AudioLevel> {
+        match self.audio_level.load(Ordering::Relaxed) {
+            0 => None,
+            bits => Some(AudioLevel {
+                rms: f32::from_bits((bits >> 32) as u32),
+                peak: f32::from_bits(bits as u32),
+            }),
+        }
+    }
+}
+
+/// Level of one audio block, linear, 1.0 = full scale (all channels together).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AudioLevel {
+    pub rms: f32,
+    pub peak: f32,
+}
+
+impl AudioLevel {
+    /// The level of interleaved signed 16-bit samples.
+    pub fn of_s16(samples: &[i16]) -> Self {
+        if samples.is_empty() {
+            return Self {
+                rms: 0.0,
+                peak: 0.0,
+            };
+        }
+        let mut sum = 0u64;
+        let mut peak = 0u32;
+        for &s in samples {
+            let a = s.unsigned_abs() as u32;
+            sum += (a * a) as u64;
+            peak = peak.max(a);
+        }
+        Self {
+            rms: ((sum as f64 / samples.len() as f64).sqrt() / 32768.0) as f32,
+            peak: peak as f32 / 32768.0,
+        }
+    }
+
+    /// `rms` in dB relative to full scale (-inf for silence).
+    pub fn rms_dbfs(&self) -> f32 {
+        20.0 * self.rms.log10()
+    }
+
+    /// `peak` in dB relative to full scale (-inf for silence).
+    pub fn peak_dbfs(&self) -> f32 {
+        20.0 * self.peak.log10()
     }
 }
 
@@ -204,5 +268,27 @@ impl FrameSink {
         self.health.bytes.fetch_add(len, Ordering::Relaxed);
         self.health.last_frame_ns.store(stamp.ns, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod level_tests {
+    use super::*;
+
+    #[test]
+    fn level_of_full_scale_square_and_silence() {
+        let l = AudioLevel::of_s16(&[i16::MIN, i16::MIN, i16::MIN, i16::MIN]);
+        assert_eq!(l.peak, 1.0);
+        assert!((l.rms - 1.0).abs() < 1e-6);
+        let h = SourceHealth::default();
+        assert_eq!(h.audio_level(), None);
+        h.set_audio_level(AudioLevel::of_s16(&[0; 8]));
+        let silent = h.audio_level().expect("silence is a level");
+        assert_eq!(silent.peak, 0.0);
+        assert!(silent.rms < 1e-30);
+        h.set_audio_level(AudioLevel::of_s16(&[16384, -16384]));
+        let half = h.audio_level().unwrap();
+        assert!((half.rms_dbfs() + 6.02).abs() < 0.01, "{half:?}");
+        assert!((half.peak - 0.5).abs() < 1e-6);
     }
 }
