@@ -5,6 +5,7 @@
 //! assigns the per-source sequence number and passes them to the daemon's pipeline.
 
 pub mod audio;
+pub mod camera;
 mod clock;
 mod frame;
 pub mod serial;
