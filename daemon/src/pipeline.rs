@@ -143,9 +143,7 @@ impl Lane {
     }
 
     fn on_frame(&self, frame: Frame, producer: Option<&Producer>, st: &mut State) {
-        if let Err(e) = self.spool.note_seq(&self.source, frame.seq + 1) {
-            tracing::error!(source = %self.source, error = %e, "spool: cannot record the sequence number");
-        }
+        let next = frame.seq + 1;
         match (self.mode, producer) {
             (SpoolMode::OnOutage, Some(p)) if !st.backlog => {
                 if let Err(frame) = p.try_submit(frame) {
@@ -164,6 +162,12 @@ impl Lane {
                         .push_back((self.spool.current_epoch(), frame.seq));
                 }
             }
+        }
+        // After the append: a commit that persists this note also persists the record, so after a
+        // crash in `always` mode the next sequence follows the last durable frame (no gap, and the
+        // lost frames' numbers were never published).
+        if let Err(e) = self.spool.note_seq(&self.source, next) {
+            tracing::error!(source = %self.source, error = %e, "spool: cannot record the sequence number");
         }
     }
 

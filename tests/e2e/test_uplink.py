@@ -38,7 +38,7 @@ def test_large_frames_are_chunked_and_reassembled_byte_identical(broker, tmp_pat
         d.close()
     for source, size in sizes.items():
         topic = f"persistent://public/default/{rig}-{source}"
-        msgs = consume(broker, [topic], idle_timeout_s=10)
+        msgs = consume(broker, [topic], idle_timeout_s=10, consumer_type=pulsar.ConsumerType.Exclusive)
         assert len(msgs) >= 2, f"{source}: {len(msgs)} messages"
         assert_exactly_once_in_order(msgs, source)
         for m in msgs:
@@ -109,7 +109,7 @@ def test_kill9_and_restart_with_broker_dedup_loses_and_duplicates_nothing(broker
     # Frames captured in the last commit window before SIGTERM stay spooled for the next start: the
     # received ones must still be every seq from 0, once each.
     for source, topic in topics(ns, rig, ["cam", "gps", "still"]).items():
-        msgs = consume(broker, [topic], idle_timeout_s=8)
+        msgs = consume(broker, [topic], idle_timeout_s=8, consumer_type=pulsar.ConsumerType.Exclusive)
         seqs = assert_exactly_once_in_order(msgs, source)
         assert len(seqs) > 5, (source, len(seqs))
         if source == "still":

@@ -118,9 +118,12 @@ def consume(
     client: Optional["pulsar.Client"] = None,
     receiver_queue_size: int = 1000,
     max_pending_chunked_message: int = 100,
+    consumer_type: Optional["pulsar.ConsumerType"] = None,
     **client_kwargs: Any,
 ) -> list[dict[str, Any]]:
-    """Subscribe (Key_Shared, Earliest) to ``topics`` and return the received messages as dicts.
+    """Subscribe (Key_Shared unless ``consumer_type`` says otherwise, Earliest) to ``topics`` and
+    return the received messages as dicts. Key_Shared orders messages per key only; pass
+    ``pulsar.ConsumerType.Exclusive`` to check the order across keys.
 
     ``unsubscribe`` defaults to True when the subscription name was generated, False when given.
     Pass ``client`` to reuse an existing pulsar.Client (it is then not closed here).
@@ -149,7 +152,7 @@ def consume(
         consumer = client.subscribe(
             topics if len(topics) > 1 else topics[0],
             subscription,
-            consumer_type=pulsar.ConsumerType.KeyShared,
+            consumer_type=consumer_type or pulsar.ConsumerType.KeyShared,
             initial_position=pulsar.InitialPosition.Earliest,
             receiver_queue_size=receiver_queue_size,
             max_pending_chunked_message=max_pending_chunked_message,

@@ -298,8 +298,8 @@ mod model {
                     }
                 }
             }
-            for s in 0..3 {
-                let want: Vec<u64> = model[s].iter().copied().collect();
+            for (s, queue) in model.iter().enumerate() {
+                let want: Vec<u64> = queue.iter().copied().collect();
                 prop_assert_eq!(seqs(&spool, &format!("s{s}")), want);
             }
         }

@@ -1,0 +1,196 @@
+"""The spool across outages, power cuts, corruption and a full disk budget, against the real
+broker; the official Python client is the judge. These tests stop and restart the shared broker."""
+
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import pulsar
+
+from harness import BROKER_URL, ROOT, Rigd, consume, free_port, namespace_with_dedup, unique
+
+BROKER_SH = str(ROOT / "tests/pulsar/broker.sh")
+
+
+def broker_ctl(cmd):
+    r = subprocess.run([BROKER_SH, cmd], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def config(rig, url, ns="public/default", mode="on-outage", extra_spool="", sources=None):
+    sources = sources or """
+[[source]]
+id = "cam"
+kind = "synthetic-camera"
+width = 160
+height = 120
+fps = 15
+
+[[source]]
+id = "mic"
+kind = "synthetic-audio"
+channels = 1
+
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = 50
+"""
+    pulsar = f'[pulsar]\nurl = "{url}"\ntopic = "persistent://{ns}/{{rig}}-{{source}}"\n' if url else ""
+    return f"""
+[rig]
+id = "{rig}"
+{sources}
+{pulsar}
+[spool]
+path = "spool"
+mode = "{mode}"
+{extra_spool}
+
+[web]
+bind = "127.0.0.1:{{WEB_PORT}}"
+"""
+
+
+def received_seqs(ns, rig, source, idle=8):
+    """Seqs in delivery order on an Exclusive subscription (Key_Shared orders per key only)."""
+    msgs = consume(BROKER_URL, [f"persistent://{ns}/{rig}-{source}"], idle_timeout_s=idle,
+                   consumer_type=pulsar.ConsumerType.Exclusive)
+    return [int(m["properties"]["seq"]) for m in msgs]
+
+
+def test_broker_outage_of_30s_spools_and_drains_everything_once_in_order(broker, tmp_path):
+    ns = namespace_with_dedup(unique("outage"))
+    rig = unique("out")
+    d = Rigd(tmp_path, config(rig, broker, ns)).start()
+    try:
+        d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
+        time.sleep(3)
+        broker_stop_t = time.time()
+        subprocess.run([BROKER_SH, "stop"], check=True, capture_output=True)
+        s = d.wait_for(lambda s: not s["uplink"]["connected"] and s["spool"]["records"] > 50, timeout=30,
+                       what="frames spooling during the outage")
+        time.sleep(max(0, 30 - (time.time() - broker_stop_t)))
+        during = d.status()
+        assert during["spool"]["records"] > 30 * 50, during["spool"]  # gps alone spools 50/s
+        broker_ctl("start")
+        d.wait_for(lambda s: s["uplink"]["connected"] and s["spool"]["records"] == 0, timeout=120,
+                   what="spool drained after the outage")
+        time.sleep(2)
+        final = d.status()
+        assert d.stop() == 0
+    finally:
+        d.close()
+        broker_ctl("start")  # leave the shared broker running whatever happened
+    for src in final["sources"]:
+        seqs = received_seqs(ns, rig, src["id"])
+        assert len(seqs) == len(set(seqs)), f"{src['id']}: duplicates"
+        assert seqs == list(range(len(seqs))), f"{src['id']}: gaps or reordering"
+        assert len(seqs) >= src["frames"], (src["id"], len(seqs), src["frames"])
+    assert final["spool"]["dropped"] == 0
+
+
+def test_power_cuts_in_always_mode_during_outage_and_drain_lose_nothing(broker, tmp_path):
+    ns = namespace_with_dedup(unique("cut"))
+    rig = unique("cut")
+    d = Rigd(tmp_path, config(rig, broker, ns, mode="always", extra_spool="fsync-ms = 20"))
+    rnd = random.Random(7)
+    try:
+        d.start()
+        time.sleep(2)
+        subprocess.run([BROKER_SH, "stop"], check=True, capture_output=True)
+        for _ in range(3):  # power cuts during the outage
+            time.sleep(rnd.uniform(0.5, 2.5))
+            d.kill9()
+            d.start()
+        broker_ctl("start")
+        for _ in range(3):  # power cuts during the drain
+            d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
+            time.sleep(rnd.uniform(0.2, 1.5))
+            d.kill9()
+            d.start()
+        d.wait_for(lambda s: s["uplink"]["connected"] and s["spool"]["records"] < 10, timeout=120, what="drained")
+        time.sleep(1)
+        assert d.stop() == 0
+    finally:
+        d.close()
+        broker_ctl("start")
+    for source in ("cam", "mic", "gps"):
+        seqs = received_seqs(ns, rig, source)
+        assert len(seqs) == len(set(seqs)), f"{source}: duplicates"
+        assert seqs == list(range(len(seqs))), f"{source}: gaps: {sorted(set(range(max(seqs) + 1)) - set(seqs))[:10]}"
+
+
+def test_corrupt_and_truncated_spool_starts_quarantines_and_drains_the_rest(broker, tmp_path):
+    rig = unique("corrupt")
+    offline = Rigd(tmp_path, config(rig, None, extra_spool='max-bytes = "64MiB"'), name="offline").start()
+    time.sleep(4)
+    before = offline.status()
+    assert offline.stop() == 0
+    seg = sorted((tmp_path / "spool" / "segments").glob("*.seg"))[-1]
+    data = bytearray(seg.read_bytes())
+    rnd = random.Random(1)
+    for _ in range(5):  # flip bytes inside records
+        i = rnd.randrange(100, len(data) - 5000)
+        data[i] ^= 0x5A
+    seg.write_bytes(bytes(data[:-3000]))  # and tear the tail
+    online = Rigd(tmp_path, config(rig, broker), name="online").start()
+    try:
+        s = online.wait_for(lambda s: s["uplink"]["connected"] and s["spool"]["quarantined"] > 0, timeout=60,
+                            what="quarantine reported")
+        online.wait_for(lambda s: s["spool"]["records"] == 0, timeout=60, what="rest drained")
+        assert online.stop() == 0
+    finally:
+        online.close()
+    q = s["spool"]["quarantined"]
+    assert 1 <= q <= 8, q
+    assert len(list((tmp_path / "spool" / "quarantine").iterdir())) >= 1
+    total_before = sum(x["spooled_records"] for x in before["sources"])
+    total_received = 0
+    for src in before["sources"]:
+        seqs = received_seqs("public/default", rig, src["id"])
+        total_received += len([x for x in seqs if x < src["frames"]])
+    # Everything the offline run spooled arrived, except the damaged records.
+    assert total_before - q <= total_received <= total_before, (total_before, q, total_received)
+
+
+def test_small_spool_during_long_outage_drops_oldest_and_counts_exactly_what_is_missing(broker, tmp_path):
+    rig = unique("full")
+    sources = """
+[[source]]
+id = "cam"
+kind = "synthetic-camera"
+width = 160
+height = 120
+fps = 30
+frame-bytes = 200000
+"""
+    dead = f"pulsar://127.0.0.1:{free_port()}"
+    offline = Rigd(tmp_path, config(rig, dead, sources=sources, extra_spool='max-bytes = "8MiB"'), name="offline").start()
+    time.sleep(6)  # ~36 MB captured into an 8 MiB spool
+    s = offline.status()
+    assert offline.stop() == 0
+    after = Rigd(tmp_path, config(rig, None, sources=sources, extra_spool='max-bytes = "8MiB"'), name="inspect").start()
+    stopped = after.status()  # what the offline run left, before anything new is captured... approximately
+    assert after.stop() == 0
+    assert s["spool"]["bytes"] <= 8 << 20
+    assert s["spool"]["dropped"] > 0
+    # Drain it: publish what is left, then compare what arrived with what was captured.
+    online = Rigd(tmp_path, config(rig, broker, sources=sources, extra_spool='max-bytes = "8MiB"'), name="online").start()
+    try:
+        online.wait_for(lambda x: x["uplink"]["connected"] and x["spool"]["records"] == 0, timeout=60, what="drained")
+        final = online.status()
+        assert online.stop() == 0
+    finally:
+        online.close()
+    seqs = received_seqs("public/default", rig, "cam")
+    assert len(seqs) == len(set(seqs))
+    captured = s["sources"][0]["frames"] + stopped["sources"][0]["frames"]
+    old = [x for x in seqs if x < captured]
+    missing = captured - len(old)
+    dropped = final["spool"]["dropped"] + stopped["spool"]["dropped"] + s["spool"]["dropped"]
+    # drop-oldest: what is missing is a prefix, and every missing frame was counted as dropped.
+    assert old == list(range(missing, captured)), "drop-oldest must keep the newest frames"
+    assert missing == dropped, (missing, dropped)
