@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS=(protobuf-compiler pkg-config libasound2-dev socat curl ca-certificates openjdk-17-jre-headless maven)
+APT_PKGS=(protobuf-compiler pkg-config libasound2-dev socat curl ca-certificates openjdk-17-jre-headless maven linuxptp iproute2)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -29,7 +29,7 @@ impl Default for LockPolicy {
         Self {
             lock_threshold_ns: 1_000,
             unlock_threshold_ns: 10_000,
-            lock_samples: 8,
+            lock_samples: 16,
             sample_timeout_s: 5.0,
             holdover_timeout_s: 600.0,
             holdover_drift_ppb: 100.0,
