@@ -135,6 +135,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .as_deref()
         .map(read_token)
         .transpose()?;
+    let tls = match &config.pulsar.url {
+        Some(url) if url.starts_with("pulsar+ssl://") => Some(
+            crate::uplink::tls_config(config.pulsar.tls_ca_file.as_deref())
+                .map_err(|e| anyhow::anyhow!("pulsar.tls-ca-file: {e}"))?,
+        ),
+        _ => None,
+    };
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (clock, ptp, ptp_thread): (Arc<dyn FrameClock>, _, _) = match &config.clock.interface {
         Some(_) => {
@@ -169,6 +176,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     max_in_flight_bytes: config.pulsar.max_in_flight_bytes.0 as usize,
                     max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
                     send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
+                    tls: tls.clone(),
                 },
                 ack_tx,
                 shutdown_rx.clone(),

@@ -521,6 +521,9 @@ pub struct PulsarConfig {
     #[serde(default = "default_topic")]
     pub topic: String,
     pub token_file: Option<PathBuf>,
+    /// CA certificates (PEM) that sign the broker's certificate for `pulsar+ssl://`; absent: the
+    /// Mozilla root set.
+    pub tls_ca_file: Option<PathBuf>,
     #[serde(default)]
     pub compression: Compression,
     /// Messages awaiting a receipt, per source.
@@ -559,6 +562,7 @@ impl Default for PulsarConfig {
             url: None,
             topic: default_topic(),
             token_file: None,
+            tls_ca_file: None,
             compression: Compression::None,
             max_in_flight: default_max_in_flight(),
             max_in_flight_bytes: default_max_in_flight_bytes(),

@@ -175,3 +175,67 @@ bind = "127.0.0.1:{{WEB_PORT}}"
     assert total >= s["sources"][0]["frames"], (total, s["sources"][0]["frames"])
     # With 200 records/s and 33 ms buckets, each key holds several records and all 3 consumers work.
     assert sum(1 for v in received.values() if v) == 3, {i: len(v) for i, v in received.items()}
+
+
+def test_tls_and_token_authentication_against_a_broker_that_requires_them(tmp_path):
+    """A second broker with TLS on and token authentication required (self-signed CA made here)."""
+    import os
+    import subprocess
+
+    from harness import ROOT, free_port
+
+    sh = str(ROOT / "tests/pulsar/broker.sh")
+    tls, key = tmp_path / "tls", tmp_path / "token.key"
+    env = {**os.environ,
+           "PULSAR_DATA": str(tmp_path / "broker"), "PULSAR_PORT": str(free_port()),
+           "PULSAR_HTTP_PORT": str(free_port()), "PULSAR_BOOKIE_PORT": str(free_port()),
+           "PULSAR_TLS_PORT": str(free_port()), "PULSAR_HTTPS_PORT": str(free_port()),
+           "PULSAR_TLS_DIR": str(tls), "PULSAR_TOKEN_SECRET_KEY": str(key)}
+    run = lambda *a: subprocess.run([sh, *a], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    run("gen-tls", str(tls))
+    run("gen-token-key", str(key))
+    run("start")
+    try:
+        token = run("token", "rigd")
+        (tmp_path / "good.token").write_text(token + "\n")
+        (tmp_path / "bad.token").write_text(token[:-4] + "AAAA\n")
+        url = f"pulsar+ssl://127.0.0.1:{env['PULSAR_TLS_PORT']}"
+        rig = unique("tls")
+
+        def cfg(tok):
+            return f"""
+[rig]
+id = "{rig}"
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = 50
+[pulsar]
+url = "{url}"
+tls-ca-file = "{tls / 'ca.pem'}"
+token-file = "{tmp_path / tok}"
+[spool]
+path = "spool-{tok}"
+[web]
+bind = "127.0.0.1:{{WEB_PORT}}"
+"""
+        bad = Rigd(tmp_path, cfg("bad.token"), name="bad").start()
+        try:
+            s = bad.wait_for(lambda s: s["uplink"]["last_error"], timeout=60, what="an auth error")
+            assert not s["uplink"]["connected"]
+            assert bad.stop() == 0
+        finally:
+            bad.close()
+        good = Rigd(tmp_path, cfg("good.token"), name="good").start()
+        try:
+            good.wait_for(lambda s: s["uplink"]["connected"] and s["uplink"]["published"] > 50, timeout=60,
+                          what="publishing over TLS with a token")
+            assert good.stop() == 0
+        finally:
+            good.close()
+        msgs = consume(url, [f"persistent://public/default/{rig}-gps"], idle_timeout_s=5, token=token,
+                       tls_trust_certs_file_path=str(tls / "ca.pem"), consumer_type=pulsar.ConsumerType.Exclusive)
+        assert_exactly_once_in_order(msgs, "gps")
+        assert len(msgs) > 50
+    finally:
+        subprocess.run([sh, "stop"], env=env, capture_output=True)

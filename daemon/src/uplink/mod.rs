@@ -7,3 +7,34 @@ pub mod plan;
 mod producer;
 
 pub use producer::{Ack, Outcome, Producer, ProducerConfig, ProducerStats};
+
+/// Client TLS settings: the CA certificates of `ca_file` (PEM), or the Mozilla roots when absent.
+pub fn tls_config(
+    ca_file: Option<&std::path::Path>,
+) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            for cert in certs {
+                let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            if roots.is_empty() {
+                return Err(format!("{}: no certificates found", path.display()));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(std::sync::Arc::new(config))
+}

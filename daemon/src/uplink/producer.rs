@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify};
@@ -48,6 +49,8 @@ pub struct ProducerConfig {
     pub max_in_flight_bytes: usize,
     pub max_frame_bytes: usize,
     pub send_timeout: Duration,
+    /// Client TLS settings for `pulsar+ssl://` (see [`super::tls_config`]).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// What became of a submitted frame.
@@ -194,7 +197,7 @@ enum LinkError {
 
 /// A live connection: a writer half and decoded inbound commands from a reader task.
 struct Link {
-    writer: tokio::net::tcp::OwnedWriteHalf,
+    writer: tokio::io::WriteHalf<Box<dyn Conn>>,
     inbound: mpsc::Receiver<Result<BaseCommand, LinkError>>,
     reader: tokio::task::JoinHandle<()>,
     out: BytesMut,
@@ -268,19 +271,48 @@ fn ping() -> BaseCommand {
     }
 }
 
-/// `pulsar://host:port` -> `host:port`.
-fn host_port(url: &str) -> Result<String, LinkError> {
-    let rest = url.strip_prefix("pulsar://").ok_or_else(|| {
-        LinkError::Broker(format!(
-            "unsupported service URL `{url}` (pulsar+ssl:// is not built yet)"
-        ))
-    })?;
-    let rest = rest.trim_end_matches('/');
-    Ok(if rest.contains(':') {
-        rest.to_string()
-    } else {
-        format!("{rest}:6650")
-    })
+/// A byte stream to a broker: plain TCP or TLS.
+trait Conn: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Conn for T {}
+
+/// Where to connect: from `pulsar://host:port` or `pulsar+ssl://host:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Endpoint {
+    host: String,
+    port: u16,
+    tls: bool,
+}
+
+impl Endpoint {
+    fn parse(url: &str) -> Result<Self, LinkError> {
+        let (rest, tls, default_port) = if let Some(r) = url.strip_prefix("pulsar+ssl://") {
+            (r, true, 6651)
+        } else if let Some(r) = url.strip_prefix("pulsar://") {
+            (r, false, 6650)
+        } else {
+            return Err(LinkError::Broker(format!(
+                "unsupported service URL `{url}` (use pulsar:// or pulsar+ssl://)"
+            )));
+        };
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse()
+                    .map_err(|_| LinkError::Broker(format!("bad port in `{url}`")))?,
+            ),
+            None => (rest, default_port),
+        };
+        Ok(Endpoint {
+            host: host.trim_matches(['[', ']']).to_string(),
+            port,
+            tls,
+        })
+    }
+
+    fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
 }
 
 struct Task {
@@ -364,16 +396,37 @@ impl Task {
         self.next_request
     }
 
-    async fn open(&mut self, addr: &str, proxy_to: Option<String>) -> Result<Link, LinkError> {
-        let stream = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(addr))
+    async fn open(&mut self, ep: &Endpoint, proxy_to: Option<String>) -> Result<Link, LinkError> {
+        let addr = ep.addr();
+        let tcp = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(&addr))
             .await
             .map_err(|_| LinkError::Timeout("TCP connect"))?
             .map_err(|source| LinkError::Connect {
-                addr: addr.to_string(),
+                addr: addr.clone(),
                 source,
             })?;
-        stream.set_nodelay(true)?;
-        let (mut read, writer) = stream.into_split();
+        tcp.set_nodelay(true)?;
+        let stream: Box<dyn Conn> = if ep.tls {
+            let tls = self.cfg.tls.clone().ok_or_else(|| {
+                LinkError::Broker("pulsar+ssl:// without a TLS configuration".into())
+            })?;
+            let name = rustls_pki_types::ServerName::try_from(ep.host.clone())
+                .map_err(|e| LinkError::Broker(format!("TLS server name `{}`: {e}", ep.host)))?;
+            let s = tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                tokio_rustls::TlsConnector::from(tls).connect(name, tcp),
+            )
+            .await
+            .map_err(|_| LinkError::Timeout("TLS handshake"))?
+            .map_err(|source| LinkError::Connect {
+                addr: format!("{addr} (TLS)"),
+                source,
+            })?;
+            Box::new(s)
+        } else {
+            Box::new(tcp)
+        };
+        let (mut read, writer) = tokio::io::split(stream);
         let (tx, inbound) = mpsc::channel(1024);
         let reader = tokio::spawn(async move {
             let mut buf = BytesMut::with_capacity(64 << 10);
@@ -438,7 +491,7 @@ impl Task {
 
     /// Connects, looks the topic up (following redirects), and creates the producer.
     async fn establish(&mut self) -> Result<Link, LinkError> {
-        let service = host_port(&self.cfg.url)?;
+        let service = Endpoint::parse(&self.cfg.url)?;
         let mut link = self.open(&service, None).await?;
 
         let id = self.request_id();
@@ -490,19 +543,34 @@ impl Task {
                 .response("LOOKUP", |c| c.lookup_topic_response.is_some())
                 .await?;
             let r = r.lookup_topic_response.unwrap_or_default();
-            let broker = r.broker_service_url.clone().unwrap_or_default();
+            let broker = if service.tls {
+                r.broker_service_url_tls.clone()
+            } else {
+                r.broker_service_url.clone()
+            };
+            let broker = match broker.filter(|b| !b.is_empty()) {
+                Some(b) => Some(Endpoint::parse(&b)?),
+                None => None,
+            };
             match r.response.and_then(|v| LookupType::try_from(v).ok()) {
                 Some(LookupType::Connect) => {
-                    if r.proxy_through_service_url() {
-                        link = self.open(&service, Some(host_port(&broker)?)).await?;
-                    } else if !broker.is_empty() && host_port(&broker)? != service {
-                        link = self.open(&host_port(&broker)?, None).await?;
+                    match broker {
+                        Some(b) if r.proxy_through_service_url() => {
+                            link = self.open(&service, Some(b.addr())).await?;
+                        }
+                        Some(b) if b != service => link = self.open(&b, None).await?,
+                        _ => {}
                     }
                     return self.create_producer(link).await;
                 }
                 Some(LookupType::Redirect) => {
                     authoritative = r.authoritative.unwrap_or(false);
-                    link = self.open(&host_port(&broker)?, None).await?;
+                    let b = broker.ok_or_else(|| {
+                        LinkError::Broker(format!(
+                            "lookup of {topic}: redirect without a broker URL"
+                        ))
+                    })?;
+                    link = self.open(&b, None).await?;
                 }
                 _ => {
                     return Err(LinkError::Broker(format!(
@@ -822,12 +890,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn service_urls_map_to_addresses() {
-        assert_eq!(
-            host_port("pulsar://127.0.0.1:6650").unwrap(),
-            "127.0.0.1:6650"
-        );
-        assert_eq!(host_port("pulsar://broker/").unwrap(), "broker:6650");
-        assert!(host_port("http://x").is_err());
+    fn service_urls_map_to_endpoints() {
+        let e = Endpoint::parse("pulsar://127.0.0.1:6650").unwrap();
+        assert_eq!((e.addr(), e.tls), ("127.0.0.1:6650".to_string(), false));
+        let e = Endpoint::parse("pulsar+ssl://broker.example/").unwrap();
+        assert_eq!((e.addr(), e.tls), ("broker.example:6651".to_string(), true));
+        assert_eq!(Endpoint::parse("pulsar://[::1]:7000").unwrap().host, "::1");
+        assert!(Endpoint::parse("http://x").is_err());
+        assert!(Endpoint::parse("pulsar://x:notaport").is_err());
     }
 }
