@@ -24,6 +24,7 @@
 //!   committed; in `always` mode nothing is published before it is committed, so no jump is needed.
 
 pub mod record;
+pub mod snapshot;
 
 use bytes::Bytes;
 use rigd_drivers::Frame;
@@ -55,6 +56,8 @@ pub enum SpoolError {
     },
     #[error("spool {path} is in use by another process (a running rigd?); stop it, or copy the directory and work on the copy")]
     Locked { path: PathBuf },
+    #[error("{path} is not a spool directory (no segments/ in it)")]
+    NotSpool { path: PathBuf },
 }
 
 /// Per-source spool counters (status and metrics). `pushed` and `popped` are the queue depth as two
@@ -173,7 +176,8 @@ impl Spool {
         let index_path = path.join("index");
         let index = match open_index(&index_path) {
             Ok(db) => db,
-            Err(e) => {
+            Err(IndexOpen::Busy(source)) => return Err(SpoolError::Index { path, source }),
+            Err(IndexOpen::Damaged(e)) => {
                 let aside = path.join(format!(
                     "index.corrupt-{}",
                     rigd_drivers::realtime_ns() / 1_000_000_000
@@ -182,9 +186,11 @@ impl Spool {
                     "spool index unreadable; moved aside, rebuilding it from the segments");
                 std::fs::rename(&index_path, &aside).map_err(io("move the damaged index aside"))?;
                 rebuild = true;
-                open_index(&index_path).map_err(|source| SpoolError::Index {
-                    path: path.clone(),
-                    source,
+                open_index(&index_path).map_err(|e| match e {
+                    IndexOpen::Busy(source) | IndexOpen::Damaged(source) => SpoolError::Index {
+                        path: path.clone(),
+                        source,
+                    },
                 })?
             }
         };
@@ -819,22 +825,45 @@ impl Spool {
     }
 }
 
-fn open_index(path: &Path) -> sled::Result<sled::Db> {
-    // sled panics on some damaged files instead of returning an error: treat a panic as damage.
-    let p = path.to_path_buf();
-    let opened = std::panic::catch_unwind(move || {
-        sled::Config::new()
-            .path(p)
-            .cache_capacity(16 << 20)
-            .flush_every_ms(None)
-            .open()
-    });
-    match opened {
-        Ok(r) => r,
-        Err(_) => Err(sled::Error::Unsupported(
-            "sled panicked while opening the index".into(),
-        )),
+/// Opens the sled index. sled's own file lock can outlive a closed handle for a moment (its
+/// threads finish asynchronously), so a busy lock is waited for rather than mistaken for damage:
+/// treating it as damage would rebuild the index from segments and resurrect removed records.
+fn open_index(path: &Path) -> Result<sled::Db, IndexOpen> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let p = path.to_path_buf();
+        // sled panics on some damaged files instead of returning an error: a panic is damage.
+        let opened = std::panic::catch_unwind(move || {
+            sled::Config::new()
+                .path(p)
+                .cache_capacity(16 << 20)
+                .flush_every_ms(None)
+                .open()
+        });
+        match opened {
+            Ok(Ok(db)) => return Ok(db),
+            Ok(Err(e)) if e.to_string().contains("could not acquire lock") => {
+                if std::time::Instant::now() > deadline {
+                    return Err(IndexOpen::Busy(e));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Ok(Err(e)) => return Err(IndexOpen::Damaged(e)),
+            Err(_) => {
+                return Err(IndexOpen::Damaged(sled::Error::Unsupported(
+                    "sled panicked while opening the index".into(),
+                )))
+            }
+        }
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum IndexOpen {
+    #[error("index busy: {0}")]
+    Busy(sled::Error),
+    #[error("index damaged: {0}")]
+    Damaged(sled::Error),
 }
 
 fn key_seq(k: &[u8]) -> u64 {
