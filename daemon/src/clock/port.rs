@@ -520,6 +520,7 @@ async fn run_port(
         }
 
         let now_s = origin.elapsed().as_secs_f64();
+        let state_before = tracker.state();
         // Port state and master: BMCA and the announce-receipt timer change them.
         let pds = port.port_ds();
         let parent = instance.parent_ds();
@@ -547,13 +548,13 @@ async fn run_port(
         let adjustments = ptp.clock.adjustments();
         if is_receive && adjustments != last_adjustments && port.is_steering() {
             last_adjustments = adjustments;
-            if let Some(est) = port.port_current_ds_contribution() {
+            // A fresh filter (or one that just stepped) reports exactly 0: no information yet.
+            let estimate = port
+                .port_current_ds_contribution()
+                .filter(|e| e.offset_from_master.nanos_rounded() != 0);
+            if let Some(est) = estimate {
                 let offset = est.offset_from_master.nanos_rounded() as i64;
                 let delay = est.mean_delay.nanos_rounded() as i64;
-                // A fresh filter (or one that just stepped) reports exactly 0: no information yet.
-                if offset == 0 {
-                    continue;
-                }
                 note_transition(ptp, tracker.on_sample(now_s, offset), Some(offset));
                 ptp.update(|r| {
                     r.offset_ns = Some(offset);
@@ -563,6 +564,10 @@ async fn run_port(
                     r.fill_times(tracker, now_s);
                 });
             }
+        }
+        if tracker.state() != state_before {
+            // Holdover and lock times must show at once, not at the next tick.
+            ptp.update(|r| r.fill_times(tracker, now_s));
         }
     }
 }
