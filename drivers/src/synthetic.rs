@@ -57,7 +57,16 @@ pub struct SyntheticCamera {
     frame_bytes: Option<usize>,
     clock: Arc<dyn FrameClock>,
     rgb: Vec<u8>,
+    /// Pre-rendered frames cycled through for large images, so that the source itself costs
+    /// next to nothing (a real MJPEG camera hands over encoded bytes) and benchmarks measure rigd.
+    cache: Vec<Bytes>,
 }
+
+/// Frames of at least this many pixels or bytes are rendered once and cycled through.
+const CACHE_PIXELS: u64 = 1280 * 720;
+const CACHE_BYTES: usize = 1 << 20;
+/// Memory the cycled frames may take.
+const CACHE_BUDGET: usize = 64 << 20;
 
 impl SyntheticCamera {
     pub fn new(
@@ -76,6 +85,7 @@ impl SyntheticCamera {
             frame_bytes,
             clock,
             rgb: Vec::new(),
+            cache: Vec::new(),
         }
     }
 
@@ -186,10 +196,30 @@ impl Source for SyntheticCamera {
             width: self.width,
             height: self.height,
         };
+        let frame_bytes = self.frame_bytes.unwrap_or(0);
+        let cycle = if self.width as u64 * self.height as u64 >= CACHE_PIXELS
+            || frame_bytes >= CACHE_BYTES
+        {
+            (CACHE_BUDGET / frame_bytes.max(512 << 10)).clamp(1, 8) as u64
+        } else {
+            0
+        };
         while pacer.wait(stop) {
             let stamp = self.clock.now();
-            let jpeg = self.render(sink.next_seq());
-            sink.emit(stamp, media.clone(), Bytes::from(jpeg))
+            let seq = sink.next_seq();
+            let jpeg = if cycle == 0 {
+                Bytes::from(self.render(seq))
+            } else {
+                let i = (seq % cycle) as usize;
+                while self.cache.len() <= i {
+                    let n = self.cache.len() as u64;
+                    let frame = Bytes::from(self.render(n));
+                    self.cache.push(frame);
+                    self.rgb = Vec::new(); // the RGB canvas is not needed once the cache is full
+                }
+                self.cache[i].clone()
+            };
+            sink.emit(stamp, media.clone(), jpeg)
                 .map_err(|_| closed(&self.id))?;
         }
         Ok(())

@@ -1,0 +1,124 @@
+//! Spool write and drain throughput against the physical limit of the same disk: a raw sequential
+//! append of the same bytes with fdatasync at the same group-commit interval.
+//!
+//! usage: cargo bench -p rigd --bench spool -- DIR FRAME_BYTES TOTAL_BYTES [FSYNC_MS]
+//! prints JSON lines: raw write, spool write (with space used), spool drain (with space left).
+
+use bytes::Bytes;
+use rigd::config::{ByteSize, SpoolConfig};
+use rigd::spool::Spool;
+use rigd_drivers::{ClockState, Frame, Media};
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn du(path: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(path) {
+        for e in rd.flatten() {
+            let m = match e.metadata() {
+                Ok(m) => m,
+                Err(_) => continue,
+            };
+            total += if m.is_dir() { du(&e.path()) } else { m.len() };
+        }
+    }
+    total
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    if args.len() < 3 {
+        eprintln!("usage: spool DIR FRAME_BYTES TOTAL_BYTES [FSYNC_MS]");
+        std::process::exit(2);
+    }
+    let dir = Path::new(&args[0]);
+    let size: usize = args[1].parse().expect("FRAME_BYTES");
+    let total: u64 = args[2].parse().expect("TOTAL_BYTES");
+    let every = Duration::from_millis(args.get(3).map(|v| v.parse().expect("FSYNC_MS")).unwrap_or(50));
+    let n = (total / size as u64).max(1);
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).expect("bench dir");
+    let payload = Bytes::from((0..size).map(|i| (i * 31 % 251) as u8).collect::<Vec<_>>());
+
+    // Raw: the same payload bytes appended to one file, fdatasync every interval.
+    let mut raw = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(dir.join("raw.bin")).expect("raw"));
+    let start = Instant::now();
+    let mut last = start;
+    for _ in 0..n {
+        raw.write_all(&payload).expect("raw write");
+        if last.elapsed() >= every {
+            raw.flush().expect("flush");
+            raw.get_ref().sync_data().expect("fdatasync");
+            last = Instant::now();
+        }
+    }
+    raw.flush().expect("flush");
+    raw.get_ref().sync_data().expect("fdatasync");
+    let raw_secs = start.elapsed().as_secs_f64();
+    drop(raw);
+    let _ = std::fs::remove_file(dir.join("raw.bin"));
+    let bytes = n as f64 * size as f64;
+    println!(
+        "{{\"what\":\"raw-write\",\"frame_bytes\":{size},\"frames\":{n},\"secs\":{raw_secs:.3},\"mb_per_s\":{:.1}}}",
+        bytes / raw_secs / 1e6
+    );
+
+    let cfg = SpoolConfig {
+        path: dir.join("spool"),
+        max_bytes: ByteSize(total * 4 + (1 << 30)),
+        free_reserve: ByteSize(0),
+        ..Default::default()
+    };
+    let spool = Spool::open(&cfg).expect("open spool");
+    let source: std::sync::Arc<str> = "bench".into();
+    let start = Instant::now();
+    let mut last = start;
+    for seq in 0..n {
+        let frame = Frame {
+            source: source.clone(),
+            seq,
+            capture_ns: rigd_drivers::realtime_ns(),
+            clock: ClockState::Unsynced,
+            media: Media::Serial { text: false },
+            payload: payload.clone(),
+        };
+        spool.append(&frame).expect("append");
+        if last.elapsed() >= every {
+            spool.commit().expect("commit");
+            last = Instant::now();
+        }
+    }
+    spool.commit().expect("commit");
+    let secs = start.elapsed().as_secs_f64();
+    let used = du(&dir.join("spool"));
+    println!(
+        "{{\"what\":\"spool-write\",\"frame_bytes\":{size},\"frames\":{n},\"secs\":{secs:.3},\"mb_per_s\":{:.1},\"frames_per_s\":{:.0},\"ratio_to_raw\":{:.2},\"disk_bytes_per_byte\":{:.3}}}",
+        bytes / secs / 1e6,
+        n as f64 / secs,
+        raw_secs / secs,
+        used as f64 / bytes
+    );
+
+    let start = Instant::now();
+    let mut from = 0;
+    loop {
+        let batch = spool.read_from(&source, from, 64).expect("read");
+        if batch.is_empty() {
+            break;
+        }
+        for f in batch {
+            from = f.seq + 1;
+            spool.remove(&source, f.seq).expect("remove");
+        }
+    }
+    spool.commit().expect("commit");
+    let secs = start.elapsed().as_secs_f64();
+    let left = du(&dir.join("spool"));
+    println!(
+        "{{\"what\":\"spool-drain\",\"frame_bytes\":{size},\"frames\":{n},\"secs\":{secs:.3},\"mb_per_s\":{:.1},\"disk_bytes_left\":{left}}}",
+        bytes / secs / 1e6
+    );
+    drop(spool);
+    let _ = std::fs::remove_dir_all(dir);
+}

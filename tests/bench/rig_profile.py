@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The full rig profile of tests/bench/run.sh: rigd with a synthetic 1080p MJPEG camera at 30 fps,
+48 kHz stereo audio and a 100 Hz serial source publishing live to the broker; measures rigd's CPU
+(% of one core), peak RSS, publish rates, then the same during a broker outage and the drain after."""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness import Rigd, unique  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / TICK
+
+
+def status_kb(pid, key):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def quantile_from_metrics(text, name, source, q):
+    """p-quantile of a Prometheus histogram `name` for label source=..., or None."""
+    buckets = []
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{") and f'source="{source}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    buckets.sort()
+    total = buckets[-1][1]
+    for le, c in buckets:
+        if c >= q * total:
+            return le
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--secs", type=float, default=60)
+    ap.add_argument("--url", default="pulsar://127.0.0.1:6650")
+    a = ap.parse_args()
+    rig = unique("profile")
+    cfg = f"""
+[rig]
+id = "{rig}"
+[[source]]
+id = "front"
+kind = "synthetic-camera"
+width = 1920
+height = 1080
+fps = 30
+[[source]]
+id = "mic"
+kind = "synthetic-audio"
+sample-rate = 48000
+channels = 2
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = 100
+[pulsar]
+url = "{a.url}"
+[spool]
+path = "spool"
+[web]
+bind = "127.0.0.1:{{WEB_PORT}}"
+"""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Rigd(Path(tmp), cfg).start()
+        try:
+            d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="connected")
+            time.sleep(2)  # warm-up: caches filled, connections up
+            pid = d.proc.pid
+            s0, c0, t0 = d.status(), cpu_seconds(pid), time.time()
+            time.sleep(a.secs)
+            s1, c1, t1 = d.status(), cpu_seconds(pid), time.time()
+            cpu = 100 * (c1 - c0) / (t1 - t0)
+            rss = status_kb(pid, "VmHWM") / 1024
+            try:
+                metrics = d.get("/metrics").decode()
+            except OSError:
+                metrics = ""
+            print("| metric | value |")
+            print("|---|---|")
+            print(f"| window | {t1 - t0:.0f} s |")
+            print(f"| rigd CPU (% of one core) | {cpu:.1f} % |")
+            print(f"| rigd peak RSS (VmHWM) | {rss:.1f} MiB |")
+            for a0, a1 in zip(s0["sources"], s1["sources"]):
+                rate = (a1["frames"] - a0["frames"]) / (t1 - t0)
+                mbps = (a1["bytes"] - a0["bytes"]) / (t1 - t0) / 1e6
+                p99 = quantile_from_metrics(metrics, "rigd_capture_to_receipt_seconds", a1["id"], 0.99)
+                lat = f", capture-to-receipt p99 <= {p99 * 1e3:.1f} ms" if p99 else ""
+                print(f"| {a1['id']} ({a1['kind']}) | {rate:.1f} frames/s, {mbps:.2f} MB/s, drops {a1['drops']}{lat} |")
+            print(f"| published (all sources) | {s1['uplink']['published'] - s0['uplink']['published']} |")
+            assert d.stop() == 0
+        finally:
+            d.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One command for rigd's performance figures, side by side with the anchors on the same machine:
+#   tests/bench/run.sh           full run (about 10 minutes)
+#   tests/bench/run.sh --quick   smoke run for CI (small counts; no figure is meaningful)
+# Prints one markdown table per section; docs/PERFORMANCE.md holds a full run's output.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+
+tests/setup.sh
+cargo build --release --locked -p rigd >&2
+cargo bench --locked -p rigd --no-run >&2 2>/dev/null || cargo bench --locked -p rigd --no-run
+export PULSAR_DATA=${PULSAR_DATA:-$ROOT/target/pulsar-data}
+started=0
+if ! tests/pulsar/broker.sh status >/dev/null 2>&1; then tests/pulsar/broker.sh start >/dev/null; started=1; fi
+trap '[ "$started" = 1 ] && tests/pulsar/broker.sh stop >&2 || true' EXIT
+URL=pulsar://127.0.0.1:6650
+LIB=$(tests/pulsar/broker.sh fetch)
+JAVA_HOME=${JAVA_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}
+mkdir -p target/bench-java
+"$JAVA_HOME/bin/javac" -d target/bench-java -cp "$LIB/*" tests/bench/java/JavaProducer.java
+run_id=$(date +%s)
+
+echo "## Machine"
+echo
+echo "$(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ)"
+echo
+
+echo "## Uplink publish: rigd vs the official Java client (same broker, same run, no batching)"
+echo
+echo "| size | rigd msg/s | rigd MB/s | rigd p50/p99 ms | Java msg/s | Java MB/s | Java p50/p99 ms | rigd / Java |"
+echo "|---|---|---|---|---|---|---|---|"
+if [ $QUICK = 1 ]; then plan="100:2000 4096:1000 1048576:20 20971520:3"; else plan="100:200000 4096:100000 1048576:1000 20971520:40"; fi
+for p in $plan; do
+  size=${p%%:*}; count=${p##*:}
+  r=$(cargo bench --locked -q -p rigd --bench uplink -- "$URL" "persistent://public/default/bench-rigd-$run_id-$size" "$size" "$count" 2>/dev/null | grep '^{')
+  j=$("$JAVA_HOME/bin/java" -Xmx1g -cp "target/bench-java:$LIB/*" JavaProducer "$URL" "persistent://public/default/bench-java-$run_id-$size" "$size" "$count" false 500 2>/dev/null | grep '^{')
+  python3 - "$r" "$j" <<'PY'
+import json, sys
+r, j = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+size = r["size"]
+label = f"{size} B" if size < 1024 else (f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB")
+print(f"| {label} | {r['msg_per_s']:.0f} | {r['mb_per_s']:.1f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
+      f"{j['msg_per_s']:.0f} | {j['mb_per_s']:.1f} | {j['p50_ms']:.1f} / {j['p99_ms']:.1f} | {r['msg_per_s'] / j['msg_per_s']:.2f}x |")
+PY
+done
+echo
+
+echo "## Spool write and drain vs raw sequential write with fdatasync (group commit 50 ms)"
+echo
+echo "| frame | raw MB/s | spool MB/s | spool / raw | frames/s | disk bytes per byte | drain MB/s | left after drain |"
+echo "|---|---|---|---|---|---|---|---|"
+if [ $QUICK = 1 ]; then plan="4096:33554432 1048576:67108864"; else plan="4096:536870912 1048576:1073741824"; fi
+for p in $plan; do
+  size=${p%%:*}; total=${p##*:}
+  out=$(cargo bench --locked -q -p rigd --bench spool -- "$ROOT/target/bench-spool" "$size" "$total" 50 2>/dev/null | grep '^{')
+  python3 - "$out" <<'PY'
+import json, sys
+rows = {json.loads(l)["what"]: json.loads(l) for l in sys.argv[1].splitlines()}
+raw, w, d = rows["raw-write"], rows["spool-write"], rows["spool-drain"]
+size = w["frame_bytes"]
+label = f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB"
+print(f"| {label} | {raw['mb_per_s']:.0f} | {w['mb_per_s']:.0f} | {w['ratio_to_raw']:.2f} | {w['frames_per_s']:.0f} | "
+      f"{w['disk_bytes_per_byte']:.3f} | {d['mb_per_s']:.0f} | {d['disk_bytes_left'] / 1e6:.1f} MB |")
+PY
+done
+echo
+
+echo "## Full rig profile: 1080p MJPEG 30 fps + 48 kHz stereo + 100 Hz serial, publishing live"
+echo
+secs=60; [ $QUICK = 1 ] && secs=8
+python3 tests/bench/rig_profile.py --secs "$secs" --url "$URL"
