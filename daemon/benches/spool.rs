@@ -27,7 +27,10 @@ fn du(path: &Path) -> u64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     if args.len() < 3 {
         eprintln!("usage: spool DIR FRAME_BYTES TOTAL_BYTES [FSYNC_MS]");
         std::process::exit(2);
@@ -35,14 +38,21 @@ fn main() {
     let dir = Path::new(&args[0]);
     let size: usize = args[1].parse().expect("FRAME_BYTES");
     let total: u64 = args[2].parse().expect("TOTAL_BYTES");
-    let every = Duration::from_millis(args.get(3).map(|v| v.parse().expect("FSYNC_MS")).unwrap_or(50));
+    let every = Duration::from_millis(
+        args.get(3)
+            .map(|v| v.parse().expect("FSYNC_MS"))
+            .unwrap_or(50),
+    );
     let n = (total / size as u64).max(1);
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).expect("bench dir");
     let payload = Bytes::from((0..size).map(|i| (i * 31 % 251) as u8).collect::<Vec<_>>());
 
     // Raw: the same payload bytes appended to one file, fdatasync every interval.
-    let mut raw = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(dir.join("raw.bin")).expect("raw"));
+    let mut raw = std::io::BufWriter::with_capacity(
+        1 << 20,
+        std::fs::File::create(dir.join("raw.bin")).expect("raw"),
+    );
     let start = Instant::now();
     let mut last = start;
     for _ in 0..n {

@@ -12,7 +12,10 @@ use tokio::sync::{mpsc, watch};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     if args.len() < 4 {
         eprintln!("usage: uplink URL TOPIC SIZE COUNT [MAX_IN_FLIGHT]");
         std::process::exit(2);
@@ -20,7 +23,10 @@ async fn main() {
     let (url, topic) = (args[0].clone(), args[1].clone());
     let size: usize = args[2].parse().expect("SIZE");
     let count: u64 = args[3].parse().expect("COUNT");
-    let window: usize = args.get(4).map(|w| w.parse().expect("MAX_IN_FLIGHT")).unwrap_or(500);
+    let window: usize = args
+        .get(4)
+        .map(|w| w.parse().expect("MAX_IN_FLIGHT"))
+        .unwrap_or(500);
     let (ack_tx, mut acks) = mpsc::unbounded_channel();
     let (_stop_tx, stop) = watch::channel(false);
     let producer = Producer::spawn(
@@ -81,7 +87,10 @@ async fn main() {
     }
     let secs = start.elapsed().as_secs_f64();
     latencies.sort();
-    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)].as_secs_f64() * 1e3;
+    let pct = |p: f64| {
+        latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)].as_secs_f64()
+            * 1e3
+    };
     println!(
         "{{\"client\":\"rigd\",\"size\":{size},\"count\":{count},\"failed\":0,\"secs\":{secs:.3},\"msg_per_s\":{:.1},\"mb_per_s\":{:.2},\"p50_ms\":{:.3},\"p99_ms\":{:.3}}}",
         count as f64 / secs,
