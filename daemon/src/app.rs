@@ -156,6 +156,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut entries = Vec::new();
     let mut lanes = Vec::new();
     let mut captures = Vec::new();
+    let mut liveness = crate::notify::Liveness::new();
     for sc in &config.sources {
         let id: Arc<str> = sc.id().into();
         let (tx, rx) = mpsc::channel(CAPTURE_QUEUE);
@@ -184,6 +185,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             (p, ack_rx)
         });
         let lane_stats = Arc::new(LaneStats::default());
+        liveness.lane(id.clone(), lane_stats.clone());
+        liveness.capture(id.clone(), health.clone(), sc, config.rig.bucket_ms);
         entries.push(SourceEntry {
             id: id.clone(),
             kind: sc.kind(),
@@ -239,8 +242,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(rig = %config.rig.id, sources = config.sources.len(), web = %bind,
         uplink = config.pulsar.url.as_deref().unwrap_or("none (spooling everything)"),
         spool = %config.spool.path.display(), "rigd running");
+    // Every task has started: tell systemd, then keep STATUS= fresh and the watchdog fed.
+    let notifier = Arc::new(crate::notify::Notifier::from_env());
+    notifier.ready(&crate::notify::status_line(
+        &rigd_web::StatusSource::status(&*runtime),
+    ));
+    let supervisor = tokio::spawn(crate::notify::supervise(
+        notifier.clone(),
+        runtime.clone(),
+        liveness,
+    ));
 
     crate::lifecycle::wait_for_signal().await;
+    supervisor.abort();
+    notifier.stopping("stopping: capture stops, unacknowledged frames go to the spool");
     tracing::info!("shutting down: stopping capture, spooling what is unacknowledged");
 
     // Capture stops first, so the lanes see their channels close after the last frame.

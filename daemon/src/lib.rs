@@ -12,6 +12,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod lifecycle;
+pub mod notify;
 pub mod pipeline;
 pub mod spool;
 pub mod status;

@@ -27,6 +27,8 @@ pub struct LaneStats {
     pub already_persisted: AtomicU64,
     pub refused: AtomicU64,
     pub spool_dropped_logged: AtomicU64,
+    /// Beats on every turn of the lane loop, and at least once a second while idle (watchdog).
+    pub heartbeat: crate::lifecycle::Heartbeat,
 }
 
 pub struct Lane {
@@ -84,7 +86,10 @@ impl Lane {
             Some((p, a)) => (Some(p), Some(a)),
             None => (None, None),
         };
+        let mut beat = tokio::time::interval(Duration::from_secs(1));
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            self.stats.heartbeat.beat();
             let room = async {
                 match &producer {
                     Some(p) => p.room().await,
@@ -107,6 +112,7 @@ impl Lane {
                 }
                 _ = room => {}
                 _ = durable.changed() => {}
+                _ = beat.tick() => {}
             }
             if self.mode == SpoolMode::Always {
                 let durable_now = *durable.borrow();
