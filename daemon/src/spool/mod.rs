@@ -24,7 +24,6 @@
 //!   committed; in `always` mode nothing is published before it is committed, so no jump is needed.
 
 pub mod record;
-pub mod snapshot;
 
 use bytes::Bytes;
 use rigd_drivers::Frame;
