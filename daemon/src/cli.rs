@@ -94,8 +94,8 @@ pub fn main() -> ExitCode {
 }
 
 fn init_logging() {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("RIGD_LOG").unwrap_or_else(|_| "info,statime=warn".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RIGD_LOG")
+        .unwrap_or_else(|_| "info,statime=warn".into());
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
