@@ -16,8 +16,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
-PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest")
-if ! python3 -c 'import pulsar, PIL, pytest' 2>/dev/null; then
+PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest" "mcap")
+if ! python3 -c 'import pulsar, PIL, pytest, mcap' 2>/dev/null; then
   echo "setup: installing Python packages: ${PY_PKGS[*]}" >&2
   python3 -m pip install -q "${PY_PKGS[@]}" >&2
 fi

@@ -1,4 +1,5 @@
-//! The command line: `rigd run` and `rigd check`.
+//! The command line: `rigd run`, `rigd check`, and the offline tools `rigd spool`, `rigd replay`,
+//! `rigd tail` (thin: each calls into its library module).
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -29,6 +30,144 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Inspect a spool directory (of a stopped daemon, or a copy): `stat` or `verify`.
+    Spool {
+        #[command(subcommand)]
+        command: SpoolCommand,
+    },
+    /// Export a spool to files, to one MCAP file, or republish it to Pulsar.
+    Replay(ReplayArgs),
+    /// Follow a rig live on Pulsar: one line per time bucket with the sources that arrived in it.
+    Tail(TailArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct TailArgs {
+    /// The Pulsar cluster (pulsar://host:port).
+    #[arg(long, value_name = "URL")]
+    pulsar: String,
+    /// The rig to follow (`rig.id`).
+    #[arg(long, value_name = "ID", value_parser = rig_id)]
+    rig: String,
+    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}.
+    #[arg(long, value_name = "TEMPLATE", default_value = crate::replay::republish::DEFAULT_TOPIC)]
+    topic: String,
+    /// Follow only this source, and expect it in every bucket (repeatable; default: discover the
+    /// rig's topics and expect every source seen).
+    #[arg(long = "source", value_name = "S")]
+    sources: Vec<String>,
+    /// One JSON object per bucket line.
+    #[arg(long)]
+    json: bool,
+    /// Start with the oldest messages the topics hold instead of new ones.
+    #[arg(long)]
+    from_earliest: bool,
+    /// Stop after this many bucket lines.
+    #[arg(long, value_name = "N")]
+    max_buckets: Option<u64>,
+    /// Report a bucket once frames this many buckets newer have arrived (late frames are counted).
+    #[arg(long, value_name = "BUCKETS", default_value_t = 30)]
+    lag: i64,
+    /// File holding the Pulsar token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+fn rig_id(s: &str) -> Result<String, String> {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?}: a rig id is [a-z0-9-]+"))
+    }
+}
+
+fn read_token(path: Option<&PathBuf>) -> Result<Option<String>, ExitCode> {
+    match path {
+        None => Ok(None),
+        Some(f) => match std::fs::read_to_string(f) {
+            Ok(t) => Ok(Some(t.trim().to_string())),
+            Err(e) => {
+                eprintln!("rigd: --token-file {}: {e}", f.display());
+                Err(ExitCode::from(2))
+            }
+        },
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum SpoolCommand {
+    /// Per source: records, bytes, first and last capture time; quarantined records.
+    Stat(SpoolArgs),
+    /// Read every record back and check it: exit 1 when any is corrupt.
+    Verify(SpoolArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SpoolArgs {
+    /// The spool directory (`spool.path`); refused while a running rigd holds it.
+    #[arg(long, value_name = "DIR")]
+    spool: PathBuf,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// List records by reading every segment instead of the index (finds records already
+    /// published and removed, too; for a spool whose index is lost).
+    #[arg(long)]
+    scan: bool,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("output").required(true).args(["out", "mcap", "pulsar"])))]
+struct ReplayArgs {
+    /// The spool directory; refused while a running rigd holds it.
+    #[arg(long, value_name = "DIR")]
+    spool: PathBuf,
+    /// Only this source (repeatable; default: all).
+    #[arg(long = "source", value_name = "S")]
+    sources: Vec<String>,
+    /// Only frames captured at or after T (RFC 3339, or unix nanoseconds).
+    #[arg(long, value_name = "T", value_parser = crate::replay::time::parse)]
+    from: Option<i64>,
+    /// Only frames captured before T (RFC 3339, or unix nanoseconds).
+    #[arg(long, value_name = "T", value_parser = crate::replay::time::parse)]
+    to: Option<i64>,
+    /// Export to files under DIR: JPEG per camera frame, WAV per audio source, NDJSON per serial source.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Export to one MCAP file (a channel per source, Foxglove schemas).
+    #[arg(long, value_name = "FILE")]
+    mcap: Option<PathBuf>,
+    /// Republish to this Pulsar cluster (pulsar://host:port) with the rig's own topics, keys,
+    /// properties, producer names and sequence ids: a broker with deduplication drops what it holds.
+    #[arg(long, value_name = "URL", requires = "rig")]
+    pulsar: Option<String>,
+    /// The rig id the spool was captured under (`rig.id`; topic and producer names). Needed with --pulsar.
+    #[arg(long, value_name = "ID", value_parser = rig_id)]
+    rig: Option<String>,
+    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}.
+    #[arg(long, value_name = "TEMPLATE", default_value = crate::replay::republish::DEFAULT_TOPIC)]
+    topic: String,
+    /// File holding the Pulsar token (`pulsar.token-file`).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// CA certificates (PEM) for a pulsar+ssl:// URL (default: the Mozilla roots).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// With --pulsar: give up after this many seconds without progress (no connection, no receipt).
+    #[arg(long, value_name = "S", default_value_t = 60)]
+    timeout: u64,
+    /// Time-bucket width of the rig (`rig.bucket-ms`), for the bucket numbers in the output.
+    #[arg(long, value_name = "MS", default_value_t = 33, value_parser = clap::value_parser!(u32).range(1..))]
+    bucket_ms: u32,
+    /// List records by reading every segment instead of the index.
+    #[arg(long)]
+    scan: bool,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 fn load(path: Option<&PathBuf>) -> Result<Config, ConfigError> {
@@ -64,6 +203,9 @@ pub fn main() -> ExitCode {
             }
             Err(e) => report(&e),
         },
+        Command::Spool { command } => spool(command),
+        Command::Replay(args) => replay(args),
+        Command::Tail(args) => tail(args),
         Command::Run { config } => {
             let config = match load(config.as_ref()) {
                 Ok(c) => c,
@@ -91,6 +233,166 @@ pub fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Exit code and message for an offline tool's error.
+fn fail(e: &crate::replay::ReplayError) -> ExitCode {
+    eprintln!("rigd: {e}");
+    if let crate::replay::ReplayError::Spool(crate::spool::SpoolError::Locked { path }) = e {
+        let copy = std::env::temp_dir().join("rigd-spool-copy");
+        eprintln!(
+            "rigd: to inspect it while rigd runs, copy it first: cp -a {} {} && rigd spool stat --spool {}",
+            path.display(),
+            copy.display(),
+            copy.display()
+        );
+    }
+    ExitCode::from(if e.is_usage() { 2 } else { 1 })
+}
+
+fn print_json(v: &impl serde::Serialize) {
+    match serde_json::to_string(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("rigd: cannot encode JSON: {e}"),
+    }
+}
+
+fn spool(command: SpoolCommand) -> ExitCode {
+    use crate::replay::{inspect, progress::Interrupt};
+    let (args, verify) = match command {
+        SpoolCommand::Stat(a) => (a, false),
+        SpoolCommand::Verify(a) => (a, true),
+    };
+    init_quiet_logging();
+    let interrupt = Interrupt::install();
+    let snap = match inspect::open(&args.spool, args.scan) {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    let mut out = std::io::stdout().lock();
+    if !verify {
+        let s = inspect::stat(&snap);
+        if args.json {
+            print_json(&s);
+        } else if let Err(e) = inspect::print_stat(&mut out, &s) {
+            eprintln!("rigd: {e}");
+            return ExitCode::from(1);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let v = inspect::verify(&snap, &interrupt);
+    if args.json {
+        print_json(&v);
+    } else if let Err(e) = inspect::print_verify(&mut out, &v) {
+        eprintln!("rigd: {e}");
+        return ExitCode::from(1);
+    }
+    if v.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn replay(args: ReplayArgs) -> ExitCode {
+    use crate::replay::{files, inspect, mcap, progress::Interrupt, republish, Selection};
+    init_quiet_logging();
+    let interrupt = Interrupt::install();
+    let snap = match inspect::open(&args.spool, args.scan) {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    let selection = Selection {
+        sources: args.sources,
+        from_ns: args.from,
+        to_ns: args.to,
+    };
+    let plan = match selection.plan(&snap) {
+        Ok(p) => p,
+        Err(e) => return fail(&e),
+    };
+    let result = if let Some(dir) = &args.out {
+        files::export(&snap, &plan, dir, args.bucket_ms, &interrupt)
+    } else if let Some(file) = &args.mcap {
+        mcap::export(&snap, &plan, file, args.bucket_ms, &interrupt)
+    } else if let Some(url) = &args.pulsar {
+        let token = match read_token(args.token_file.as_ref()) {
+            Ok(t) => t,
+            Err(code) => return code,
+        };
+        let target = republish::Target {
+            url: url.clone(),
+            rig: args.rig.clone().unwrap_or_default(),
+            topic: args.topic.clone(),
+            bucket_ms: args.bucket_ms,
+            token,
+            tls_ca: args.tls_ca.clone(),
+            stall_timeout: std::time::Duration::from_secs(args.timeout.max(1)),
+        };
+        republish::run(&snap, &plan, &target, &interrupt)
+    } else {
+        unreachable!("clap requires one output")
+    };
+    match result {
+        Ok(summary) => {
+            summary.print();
+            if args.json {
+                print_json(&summary);
+            }
+            if summary.interrupted {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn tail(args: TailArgs) -> ExitCode {
+    use crate::tail::{self, TailConfig};
+    let token = match read_token(args.token_file.as_ref()) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    init_quiet_logging();
+    let interrupt = crate::replay::progress::Interrupt::install();
+    let cfg = TailConfig {
+        url: args.pulsar,
+        rig: args.rig,
+        topic: args.topic,
+        sources: args.sources,
+        token,
+        json: args.json,
+        from_earliest: args.from_earliest,
+        max_buckets: args.max_buckets,
+        lag: args.lag,
+    };
+    match tail::run(&cfg, &interrupt) {
+        Ok(s) => {
+            eprintln!(
+                "rigd tail: {} buckets ({} complete), {} frames, {} late",
+                s.buckets, s.complete, s.frames, s.late
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rigd: {e}");
+            ExitCode::from(if e.is_usage() { 2 } else { 1 })
+        }
+    }
+}
+
+/// Logging for the offline tools: warnings only unless `RIGD_LOG` says otherwise.
+fn init_quiet_logging() {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("RIGD_LOG").unwrap_or_else(|_| "warn".into());
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 fn init_logging() {

@@ -3,7 +3,9 @@
 //! Map: [`config`] (TOML schema and validation), [`clock`] (the PTP-disciplined frame clock), [`wire`] (bucket key and Pulsar properties),
 //! [`uplink`] (Pulsar producer with chunking and dedup-safe sequence ids), [`spool`] (sled
 //! store-and-forward), [`pipeline`] (per-source lanes between capture, spool and uplink), [`app`]
-//! (wiring and shutdown order), [`status`] (what the web UI shows), [`lifecycle`] (signals).
+//! (wiring and shutdown order), [`status`] (what the web UI shows), [`lifecycle`] (signals),
+//! [`replay`] (the offline tools: inspect, export and republish a spool), [`tail`] (a rig's
+//! buckets, live from Pulsar).
 
 #![forbid(unsafe_code)]
 
@@ -14,7 +16,9 @@ pub mod config;
 pub mod lifecycle;
 pub mod notify;
 pub mod pipeline;
+pub mod replay;
 pub mod spool;
 pub mod status;
+pub mod tail;
 pub mod uplink;
 pub mod wire;

@@ -11,6 +11,8 @@
 //! - `quarantine/`: records that failed their checksum, one file each, kept for inspection.
 //! - `LOCK`: held (flock) by the process that has the spool open.
 //!
+//! The offline tools read a spool through [`snapshot`], which never writes to it.
+//!
 //! Invariants:
 //! - A record is removed only after the broker's receipt for it, or by a counted capacity drop.
 //! - A source's records are read back in `seq` order, which is capture order.
@@ -24,6 +26,7 @@
 //!   committed; in `always` mode nothing is published before it is committed, so no jump is needed.
 
 pub mod record;
+pub mod snapshot;
 
 use bytes::Bytes;
 use rigd_drivers::Frame;

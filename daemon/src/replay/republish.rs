@@ -1,0 +1,291 @@
+//! `rigd replay --pulsar URL`: a spool republished with the daemon's own producer, so the topics,
+//! keys, event times, properties, producer names (`rigd-{rig}-{source}`) and sequence ids
+//! (`seq * 8 + generation`) are exactly what the rig itself would have sent. A broker with
+//! deduplication on therefore drops every frame it already holds (the producer even skips sending
+//! them, from the last sequence id the broker reports); without deduplication delivery is at
+//! least once.
+//!
+//! Frames go out across sources in capture order, each source in `seq` order. The replay ends
+//! when every submitted frame has its receipt; Ctrl-C stops submitting, waits briefly for the
+//! receipts in flight, and reports what is left unacknowledged.
+
+use rigd_drivers::Frame;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+use super::progress::{Interrupt, Progress};
+use super::{capture_order, total_bytes, Published, ReplayError, SourcePlan, Summary, Tally};
+use crate::spool::snapshot::SpoolSnapshot;
+use crate::uplink::{Ack, Outcome, Producer, ProducerConfig};
+use crate::wire;
+
+/// Where and as whom to republish.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `pulsar://host:port`.
+    pub url: String,
+    /// The rig id the frames were captured under (topic and producer names).
+    pub rig: String,
+    /// Topic template with `{rig}` and `{source}`, as `pulsar.topic` in the config.
+    pub topic: String,
+    pub bucket_ms: u32,
+    pub token: Option<String>,
+    /// CA certificates (PEM) for `pulsar+ssl://`; the Mozilla roots when absent.
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// Give up when nothing moves (no connection, no receipt) for this long.
+    pub stall_timeout: Duration,
+}
+
+pub const DEFAULT_TOPIC: &str = "persistent://public/default/{rig}-{source}";
+
+impl Target {
+    pub fn topic_of(&self, source: &str) -> String {
+        self.topic
+            .replace("{rig}", &self.rig)
+            .replace("{source}", source)
+    }
+}
+
+struct Lane {
+    producer: Producer,
+    acks: mpsc::UnboundedReceiver<Ack>,
+    submitted: u64,
+    acked: u64,
+}
+
+/// Republishes the planned records; blocks until done (runs its own async runtime).
+pub fn run(
+    snap: &SpoolSnapshot,
+    plan: &[SourcePlan],
+    target: &Target,
+    interrupt: &Interrupt,
+) -> Result<Summary, ReplayError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| ReplayError::Pulsar {
+            url: target.url.clone(),
+            why: format!("cannot start the async runtime: {e}"),
+        })?;
+    rt.block_on(republish(snap, plan, target, interrupt))
+}
+
+async fn republish(
+    snap: &SpoolSnapshot,
+    plan: &[SourcePlan],
+    target: &Target,
+    interrupt: &Interrupt,
+) -> Result<Summary, ReplayError> {
+    let tls = if target.url.starts_with("pulsar+ssl://") {
+        Some(
+            crate::uplink::tls_config(target.tls_ca.as_deref()).map_err(|why| {
+                ReplayError::Pulsar {
+                    url: target.url.clone(),
+                    why: format!("TLS: {why}"),
+                }
+            })?,
+        )
+    } else {
+        None
+    };
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let mut lanes: Vec<Lane> = plan
+        .iter()
+        .map(|p| {
+            let (tx, acks) = mpsc::unbounded_channel();
+            let cfg = ProducerConfig {
+                url: target.url.clone(),
+                topic: target.topic_of(&p.source),
+                producer_name: wire::producer_name(&target.rig, &p.source),
+                rig: target.rig.clone(),
+                bucket_ms: target.bucket_ms,
+                token: target.token.clone(),
+                max_in_flight: 1000,
+                max_in_flight_bytes: 64 << 20,
+                max_frame_bytes: record_limit(),
+                send_timeout: Duration::from_secs(30),
+                tls: tls.clone(),
+                compression: crate::config::Compression::None,
+            };
+            Lane {
+                producer: Producer::spawn(cfg, tx, shutdown.clone()),
+                acks,
+                submitted: 0,
+                acked: 0,
+            }
+        })
+        .collect();
+    let progress = Progress::new(total_bytes(plan), "publish");
+    let mut tally = Tally::new(plan);
+    let mut counts = Published::default();
+    let mut moved = Instant::now();
+    let mut interrupted = false;
+    let mut stalled: Option<String> = None;
+
+    'records: for (i, e) in capture_order(plan) {
+        let p = &plan[i];
+        let mut frame: Frame = match snap.read(&p.source, &e) {
+            Ok(f) => f,
+            Err(c) => {
+                progress.println(&format!("skipped corrupt {}", super::inspect::describe(&c)));
+                tally.corrupt(c);
+                progress.inc(e.len as u64);
+                continue;
+            }
+        };
+        loop {
+            if drain(&mut lanes, &mut counts, &progress) {
+                moved = Instant::now();
+            }
+            if interrupt.is_set() {
+                interrupted = true;
+                break 'records;
+            }
+            match lanes[i].producer.try_submit(frame) {
+                Ok(()) => {
+                    lanes[i].submitted += 1;
+                    tally.done(i, &e);
+                    progress.inc(e.len as u64);
+                    moved = Instant::now();
+                    break;
+                }
+                Err(f) => {
+                    frame = f;
+                    let lane = &lanes[i];
+                    if !lane.producer.is_connected() {
+                        progress.set_message(format!("waiting for {}", target.url));
+                        if moved.elapsed() > target.stall_timeout {
+                            stalled = Some(last_error(lane));
+                            break 'records;
+                        }
+                    }
+                    tokio::select! {
+                        _ = lane.producer.room() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+                    }
+                }
+            }
+        }
+    }
+    progress.set_message("waiting for receipts");
+    // Receipts for what was submitted; after an interrupt only briefly.
+    let mut waited_from = Instant::now();
+    while stalled.is_none() && lanes.iter().any(|l| l.acked < l.submitted) {
+        if drain(&mut lanes, &mut counts, &progress) {
+            waited_from = Instant::now();
+        }
+        if interrupt.is_set() && !interrupted {
+            interrupted = true;
+            waited_from = Instant::now();
+        }
+        let limit = if interrupted {
+            Duration::from_secs(5)
+        } else {
+            target.stall_timeout
+        };
+        if waited_from.elapsed() > limit {
+            if !interrupted {
+                let stuck = lanes.iter().find(|l| l.acked < l.submitted);
+                stalled = Some(stuck.map(last_error).unwrap_or_default());
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = shutdown_tx.send(true);
+    for lane in lanes {
+        let mut acks = lane.acks;
+        let left = lane.producer.close().await;
+        while let Ok(a) = acks.try_recv() {
+            count(&mut counts, &a);
+        }
+        counts.unacknowledged += left.len() as u64;
+    }
+    progress.finish();
+    if let Some(why) = stalled {
+        return Err(ReplayError::Pulsar {
+            url: target.url.clone(),
+            why: format!(
+                "no progress for {} s ({}); {} frames persisted, {} already held",
+                target.stall_timeout.as_secs(),
+                if why.is_empty() {
+                    "no receipts".to_string()
+                } else {
+                    why
+                },
+                counts.persisted,
+                counts.already_persisted
+            ),
+        });
+    }
+    let mut summary = tally.finish(target.url.clone(), interrupted);
+    summary.published = Some(counts);
+    Ok(summary)
+}
+
+/// The producer's limit: any frame the spool can hold (it is chunked on the wire).
+fn record_limit() -> usize {
+    crate::spool::record::MAX_LEN
+}
+
+fn last_error(lane: &Lane) -> String {
+    lane.producer
+        .stats()
+        .last_error
+        .lock()
+        .map(|e| e.clone())
+        .unwrap_or_default()
+}
+
+fn count(c: &mut Published, ack: &Ack) {
+    match &ack.outcome {
+        Outcome::Persisted => c.persisted += 1,
+        Outcome::AlreadyPersisted => c.already_persisted += 1,
+        Outcome::Refused(_) => c.refused += 1,
+    }
+}
+
+/// Takes every receipt waiting; true when there was one.
+fn drain(lanes: &mut [Lane], counts: &mut Published, progress: &Progress) -> bool {
+    let mut any = false;
+    for lane in lanes.iter_mut() {
+        while let Ok(a) = lane.acks.try_recv() {
+            if let Outcome::Refused(why) = &a.outcome {
+                progress.println(&format!("refused seq {}: {why}", a.seq));
+            }
+            count(counts, &a);
+            lane.acked += 1;
+            any = true;
+        }
+    }
+    if any {
+        progress.set_message(format!(
+            "{} persisted, {} already held",
+            counts.persisted, counts.already_persisted
+        ));
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_follow_the_config_template() {
+        let t = Target {
+            url: "pulsar://x:6650".into(),
+            rig: "van-07".into(),
+            topic: DEFAULT_TOPIC.into(),
+            bucket_ms: 33,
+            token: None,
+            tls_ca: None,
+            stall_timeout: Duration::from_secs(1),
+        };
+        assert_eq!(
+            t.topic_of("front"),
+            "persistent://public/default/van-07-front"
+        );
+    }
+}

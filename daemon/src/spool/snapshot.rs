@@ -1,0 +1,552 @@
+//! A read-only view of a spool directory for the offline tools (`rigd spool`, `rigd replay`).
+//!
+//! Invariants:
+//! - Nothing under the spool directory is written, created or removed: the sled index is opened
+//!   on a private copy (sled writes while it opens), and corrupt records are reported, not
+//!   quarantined.
+//! - A spool held by a live process is refused ([`SpoolError::Locked`]); while the view is open it
+//!   holds a shared lock, so a daemon cannot start on the spool underneath it.
+//! - The records listed are the index's live ones, per source in `seq` order (capture order).
+//!   Only when the index cannot be opened, or when asked, are the segments scanned instead; a
+//!   scan also finds records the daemon had already published and removed from the index.
+
+use bytes::Bytes;
+use rigd_drivers::Frame;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::{key_seq, record, Location, SpoolError};
+
+/// One live record as the index (or a scan) lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub seq: u64,
+    pub capture_ns: i64,
+    /// Bytes on disk (the whole record, header included).
+    pub len: u32,
+    pub segment: u64,
+    pub offset: u64,
+}
+
+/// How the record list was obtained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listing {
+    /// From the sled index: exactly the records the daemon still holds.
+    Index,
+    /// From reading every segment (the index could not be opened, or a scan was asked for).
+    SegmentScan { reason: String },
+}
+
+/// A record that cannot be read back, with where it sits and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Corrupt {
+    /// Source and seq as the index names them (`None` for bytes a scan could not attribute).
+    pub source: Option<String>,
+    pub seq: Option<u64>,
+    pub segment: u64,
+    pub offset: u64,
+    pub reason: String,
+}
+
+pub struct SpoolSnapshot {
+    path: PathBuf,
+    _lock: Option<File>,
+    sources: BTreeMap<Arc<str>, Vec<Entry>>,
+    listing: Listing,
+    quarantined: u64,
+    /// Damage found while listing (index entries without a segment, unparsable segment bytes).
+    listing_corrupt: Vec<Corrupt>,
+    files: Mutex<HashMap<u64, Arc<File>>>,
+}
+
+impl std::fmt::Debug for SpoolSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpoolSnapshot")
+            .field("path", &self.path)
+            .field("listing", &self.listing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SpoolSnapshot {
+    /// Opens `dir` read-only. `scan` lists records by reading the segments instead of the index.
+    pub fn open(dir: &Path, scan: bool) -> Result<Self, SpoolError> {
+        let path = dir.to_path_buf();
+        if !path.join("segments").is_dir() {
+            return Err(SpoolError::NotSpool { path });
+        }
+        let lock = match File::open(path.join("LOCK")) {
+            Ok(f) => {
+                if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockShared).is_err()
+                {
+                    return Err(SpoolError::Locked { path });
+                }
+                Some(f)
+            }
+            // A copy made without LOCK, or a spool never opened: nobody can hold it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(SpoolError::Io {
+                    path,
+                    op: "open LOCK",
+                    source,
+                })
+            }
+        };
+        let quarantined = std::fs::read_dir(path.join("quarantine"))
+            .map(|d| d.count() as u64)
+            .unwrap_or(0);
+        let mut snap = SpoolSnapshot {
+            path,
+            _lock: lock,
+            sources: BTreeMap::new(),
+            listing: Listing::Index,
+            quarantined,
+            listing_corrupt: Vec::new(),
+            files: Mutex::new(HashMap::new()),
+        };
+        let segments = snap.segment_ids()?;
+        let from_index = if scan {
+            Err("asked for (--scan)".to_string())
+        } else {
+            snap.list_from_index(&segments)
+        };
+        if let Err(reason) = from_index {
+            snap.sources.clear();
+            snap.listing_corrupt.clear();
+            snap.list_from_segments(&segments)?;
+            snap.listing = Listing::SegmentScan { reason };
+        }
+        Ok(snap)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn listing(&self) -> &Listing {
+        &self.listing
+    }
+
+    /// Files in `quarantine/`: records the daemon already set aside.
+    pub fn quarantined(&self) -> u64 {
+        self.quarantined
+    }
+
+    /// Damage found while listing the records (not by reading them).
+    pub fn listing_corrupt(&self) -> &[Corrupt] {
+        &self.listing_corrupt
+    }
+
+    /// Every source with its live records in `seq` order.
+    pub fn sources(&self) -> impl Iterator<Item = (&Arc<str>, &[Entry])> {
+        self.sources.iter().map(|(s, e)| (s, e.as_slice()))
+    }
+
+    /// The live records of one source in `seq` order (empty for an unknown source).
+    pub fn entries(&self, source: &str) -> &[Entry] {
+        self.sources.get(source).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Reads and checks one record: checksum, and that it is the record the listing names.
+    pub fn read(&self, source: &str, entry: &Entry) -> Result<Frame, Corrupt> {
+        let corrupt = |reason: String| Corrupt {
+            source: Some(source.to_string()),
+            seq: Some(entry.seq),
+            segment: entry.segment,
+            offset: entry.offset,
+            reason,
+        };
+        let file = self
+            .segment_file(entry.segment)
+            .map_err(|e| corrupt(format!("cannot open segment: {e}")))?;
+        let mut buf = vec![0u8; entry.len as usize];
+        file.read_exact_at(&mut buf, entry.offset).map_err(|e| {
+            corrupt(format!(
+                "cannot read {} bytes at {}: {e}",
+                entry.len, entry.offset
+            ))
+        })?;
+        match record::decode(Bytes::from(buf)) {
+            Err(e) => Err(corrupt(e.to_string())),
+            Ok(f) if f.seq != entry.seq || &*f.source != source => Err(corrupt(format!(
+                "record is {}/{} where the listing expects {source}/{}",
+                f.source, f.seq, entry.seq
+            ))),
+            Ok(f) => Ok(f),
+        }
+    }
+
+    fn segment_path(&self, id: u64) -> PathBuf {
+        self.path.join("segments").join(format!("{id:016x}.seg"))
+    }
+
+    fn segment_file(&self, id: u64) -> std::io::Result<Arc<File>> {
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = files.get(&id) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(File::open(self.segment_path(id))?);
+        files.insert(id, f.clone());
+        Ok(f)
+    }
+
+    fn segment_ids(&self) -> Result<Vec<u64>, SpoolError> {
+        let io = |source| SpoolError::Io {
+            path: self.path.clone(),
+            op: "list segments",
+            source,
+        };
+        let mut ids = Vec::new();
+        for entry in std::fs::read_dir(self.path.join("segments")).map_err(io)? {
+            let name = entry.map_err(io)?.file_name();
+            if let Some(id) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".seg"))
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Lists from a private copy of the sled index; `Err(reason)` when it cannot be used.
+    fn list_from_index(&mut self, segments: &[u64]) -> Result<(), String> {
+        let index = self.path.join("index");
+        if !index.is_dir() {
+            return Err("the spool has no index/ directory".into());
+        }
+        let copy = tempfile::Builder::new()
+            .prefix("rigd-spool-index-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+        copy_dir(&index, copy.path())
+            .map_err(|e| format!("cannot copy the index to {}: {e}", copy.path().display()))?;
+        let db = open_copy(copy.path())?;
+        for name in db.tree_names() {
+            let Some(source) = name.strip_prefix(b"i:") else {
+                continue;
+            };
+            let source: Arc<str> = String::from_utf8_lossy(source).into();
+            let tree = db
+                .open_tree(&name)
+                .map_err(|e| format!("index tree {source}: {e}"))?;
+            let mut entries = Vec::with_capacity(tree.len());
+            for item in tree.iter() {
+                let (k, v) = item.map_err(|e| format!("index tree {source}: {e}"))?;
+                let seq = key_seq(&k);
+                match Location::decode(&v) {
+                    Some(loc) if segments.binary_search(&loc.segment).is_ok() => {
+                        entries.push(Entry {
+                            seq,
+                            capture_ns: loc.capture_ns,
+                            len: loc.len,
+                            segment: loc.segment,
+                            offset: loc.offset,
+                        })
+                    }
+                    other => self.listing_corrupt.push(Corrupt {
+                        source: Some(source.to_string()),
+                        seq: Some(seq),
+                        segment: other.map(|l| l.segment).unwrap_or(0),
+                        offset: other.map(|l| l.offset).unwrap_or(0),
+                        reason: match other {
+                            Some(_) => "its segment file is gone".into(),
+                            None => "bad index entry".into(),
+                        },
+                    }),
+                }
+            }
+            if !entries.is_empty() {
+                self.sources.insert(source, entries);
+            }
+        }
+        drop(db);
+        Ok(())
+    }
+
+    /// Lists every checksummed record of every segment; a later copy of a (source, seq) wins, as
+    /// in the daemon's index rebuild. Damaged bytes are skipped up to the next record header.
+    fn list_from_segments(&mut self, segments: &[u64]) -> Result<(), SpoolError> {
+        let mut found: BTreeMap<Arc<str>, BTreeMap<u64, Entry>> = BTreeMap::new();
+        for &id in segments {
+            let data = std::fs::read(self.segment_path(id)).map_err(|source| SpoolError::Io {
+                path: self.path.clone(),
+                op: "read segment",
+                source,
+            })?;
+            for item in scan_segment(&data) {
+                match item {
+                    Scanned::Record { offset, len } => {
+                        let bytes = Bytes::copy_from_slice(&data[offset..offset + len]);
+                        match record::decode(bytes) {
+                            Ok(f) => {
+                                found.entry(f.source.clone()).or_default().insert(
+                                    f.seq,
+                                    Entry {
+                                        seq: f.seq,
+                                        capture_ns: f.capture_ns,
+                                        len: len as u32,
+                                        segment: id,
+                                        offset: offset as u64,
+                                    },
+                                );
+                            }
+                            Err(e) => self.listing_corrupt.push(Corrupt {
+                                source: None,
+                                seq: None,
+                                segment: id,
+                                offset: offset as u64,
+                                reason: e.to_string(),
+                            }),
+                        }
+                    }
+                    Scanned::Damaged { offset, len } => self.listing_corrupt.push(Corrupt {
+                        source: None,
+                        seq: None,
+                        segment: id,
+                        offset: offset as u64,
+                        reason: format!("{len} bytes without a valid record header"),
+                    }),
+                }
+            }
+        }
+        self.sources = found
+            .into_iter()
+            .map(|(s, m)| (s, m.into_values().collect()))
+            .collect();
+        Ok(())
+    }
+}
+
+/// What a pass over a segment's bytes finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scanned {
+    /// A span whose header parses (its checksum is not checked here).
+    Record { offset: usize, len: usize },
+    /// Bytes skipped to reach the next record header (or the end).
+    Damaged { offset: usize, len: usize },
+}
+
+/// Splits a segment into records, resynchronising on the next magic after damage. Pure.
+fn scan_segment(data: &[u8]) -> Vec<Scanned> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < data.len() {
+        let parsed = data
+            .get(at..at + record::PREFIX)
+            .and_then(|p| record::total_len(p).ok())
+            .filter(|total| at + total <= data.len());
+        let ok = parsed.filter(|&total| {
+            // A header whose length runs over the next record would hide it: the checksum
+            // decides whether the span is a record at all.
+            record::decode(Bytes::copy_from_slice(&data[at..at + total])).is_ok()
+                || next_magic(data, at + 1).is_none_or(|m| m >= at + total)
+        });
+        match ok {
+            Some(total) => {
+                out.push(Scanned::Record {
+                    offset: at,
+                    len: total,
+                });
+                at += total;
+            }
+            None => {
+                let next = next_magic(data, at + 1).unwrap_or(data.len());
+                out.push(Scanned::Damaged {
+                    offset: at,
+                    len: next - at,
+                });
+                at = next;
+            }
+        }
+    }
+    out
+}
+
+fn next_magic(data: &[u8], from: usize) -> Option<usize> {
+    data.get(from..)?
+        .windows(record::MAGIC.len())
+        .position(|w| w == record::MAGIC)
+        .map(|p| from + p)
+}
+
+/// Opens the private copy of the index. sled panics on some damaged files instead of returning
+/// an error: a panic is damage too.
+fn open_copy(path: &Path) -> Result<sled::Db, String> {
+    let p = path.to_path_buf();
+    match std::panic::catch_unwind(move || sled::Config::new().path(p).open()) {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(e)) => Err(format!("index unreadable: {e}")),
+        Err(_) => Err("index unreadable: sled panicked while opening it".into()),
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SpoolConfig;
+    use crate::spool::Spool;
+    use rigd_drivers::{ClockState, Media};
+
+    fn frame(source: &str, seq: u64, payload: &[u8]) -> Frame {
+        Frame {
+            source: source.into(),
+            seq,
+            capture_ns: 1_000_000 * seq as i64 + 7,
+            clock: ClockState::Unsynced,
+            media: Media::Serial { text: true },
+            payload: Bytes::copy_from_slice(payload),
+        }
+    }
+
+    fn spool_with(dir: &Path, frames: &[Frame]) {
+        let cfg = SpoolConfig {
+            path: dir.to_path_buf(),
+            ..SpoolConfig::default()
+        };
+        let spool = Spool::open(&cfg).unwrap();
+        for f in frames {
+            spool.append(f).unwrap();
+        }
+        spool.close().unwrap();
+    }
+
+    fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    out.push((p.clone(), std::fs::read(&p).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn lists_and_reads_the_live_records_without_writing_anything() {
+        let dir = tempfile::tempdir().unwrap();
+        let frames: Vec<Frame> = (0..20)
+            .map(|i| frame(if i % 2 == 0 { "a" } else { "b" }, i, b"$GPRMC,x*00"))
+            .collect();
+        spool_with(dir.path(), &frames);
+        {
+            let spool = Spool::open(&SpoolConfig {
+                path: dir.path().to_path_buf(),
+                ..SpoolConfig::default()
+            })
+            .unwrap();
+            spool.remove(&"a".into(), 0).unwrap();
+            spool.close().unwrap();
+        }
+        let before = tree(dir.path());
+        let snap = SpoolSnapshot::open(dir.path(), false).unwrap();
+        assert_eq!(snap.listing(), &Listing::Index);
+        let a: Vec<u64> = snap.entries("a").iter().map(|e| e.seq).collect();
+        assert_eq!(a, vec![2, 4, 6, 8, 10, 12, 14, 16, 18]);
+        assert_eq!(snap.entries("b").len(), 10);
+        for (source, entries) in snap.sources() {
+            for e in entries {
+                let f = snap.read(source, e).unwrap();
+                assert_eq!(f.capture_ns, e.capture_ns);
+            }
+        }
+        drop(snap);
+        assert_eq!(tree(dir.path()), before, "the spool directory changed");
+    }
+
+    #[test]
+    fn a_scan_finds_removed_records_too_and_reports_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let frames: Vec<Frame> = (0..5).map(|i| frame("a", i, b"0123456789")).collect();
+        spool_with(dir.path(), &frames);
+        let snap = SpoolSnapshot::open(dir.path(), true).unwrap();
+        assert!(matches!(snap.listing(), Listing::SegmentScan { .. }));
+        assert_eq!(snap.entries("a").len(), 5);
+        let seg = snap.entries("a")[2];
+        drop(snap);
+        // Damage the third record's header: the scan skips to the fourth.
+        let path = dir
+            .path()
+            .join("segments")
+            .join(format!("{:016x}.seg", seg.segment));
+        let mut data = std::fs::read(&path).unwrap();
+        data[seg.offset as usize] ^= 0xff;
+        std::fs::write(&path, &data).unwrap();
+        let snap = SpoolSnapshot::open(dir.path(), true).unwrap();
+        let seqs: Vec<u64> = snap.entries("a").iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![0, 1, 3, 4]);
+        assert_eq!(snap.listing_corrupt().len(), 1);
+        // The index still lists it; reading it reports the damage.
+        let snap = SpoolSnapshot::open(dir.path(), false).unwrap();
+        let e = snap.entries("a")[2];
+        let err = snap.read("a", &e).unwrap_err();
+        assert_eq!(err.seq, Some(2));
+        assert!(err.reason.contains("magic"), "{}", err.reason);
+    }
+
+    #[test]
+    fn refuses_a_spool_held_by_a_live_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Spool::open(&SpoolConfig {
+            path: dir.path().to_path_buf(),
+            ..SpoolConfig::default()
+        })
+        .unwrap();
+        let err = SpoolSnapshot::open(dir.path(), false).unwrap_err();
+        assert!(matches!(err, SpoolError::Locked { .. }));
+        assert!(err.to_string().contains("copy"), "{err}");
+        drop(spool);
+        SpoolSnapshot::open(dir.path(), false).unwrap();
+        let err = SpoolSnapshot::open(&dir.path().join("nope"), false).unwrap_err();
+        assert!(matches!(err, SpoolError::NotSpool { .. }));
+    }
+
+    #[test]
+    fn scan_resynchronises_after_garbage() {
+        let good = record::encode(&frame("a", 1, b"x"));
+        let mut data = b"garbage".to_vec();
+        data.extend_from_slice(&good);
+        data.extend_from_slice(&good[..5]);
+        let items = scan_segment(&data);
+        assert_eq!(
+            items,
+            vec![
+                Scanned::Damaged { offset: 0, len: 7 },
+                Scanned::Record {
+                    offset: 7,
+                    len: good.len()
+                },
+                Scanned::Damaged {
+                    offset: 7 + good.len(),
+                    len: 5
+                },
+            ]
+        );
+    }
+}
