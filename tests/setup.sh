@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS=(protobuf-compiler pkg-config libasound2-dev socat curl ca-certificates openjdk-17-jre-headless maven linuxptp iproute2)
+APT_PKGS=(protobuf-compiler pkg-config libasound2-dev socat curl ca-certificates openjdk-17-jre-headless maven linuxptp iproute2 systemd)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,6 +25,12 @@ fi
 if ! command -v cargo >/dev/null; then
   echo "setup: cargo not found; install Rust (rustup) first" >&2
   exit 1
+fi
+
+# cargo-deb builds the Debian package (tests/e2e/test_systemd.py); cached in ~/.cargo/bin.
+if ! command -v cargo-deb >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo-deb" ]; then
+  echo "setup: installing cargo-deb" >&2
+  cargo install cargo-deb --locked --version 3.8.0 >&2
 fi
 
 # The broker's jars: resolved once from Maven Central, then cached.

@@ -257,9 +257,14 @@ pub fn status_line(s: &rigd_web::Status) -> String {
     if s.spool.records == 0 {
         out.push_str(", spool empty");
     } else {
-        let what = if up { "draining" } else { "holding" };
+        // Without an uplink the spool is the destination, not a backlog.
+        let what = match (s.uplink.configured, up) {
+            (false, _) => "",
+            (true, true) => " draining",
+            (true, false) => " holding",
+        };
         out.push_str(&format!(
-            ", spool {} in {} records {what}",
+            ", spool {} in {} records{what}",
             human_bytes(s.spool.bytes),
             s.spool.records
         ));
