@@ -337,3 +337,20 @@ def test_tail_stops_cleanly_on_ctrl_c(broker):
     out, err = tail.communicate(timeout=20)
     assert tail.returncode == 0, err
     assert "0 buckets" in err
+
+
+def test_republish_to_an_unreachable_broker_gives_up_or_stops_on_ctrl_c(spooled, tmp_path):
+    from harness import free_port
+    dead = f"pulsar://127.0.0.1:{free_port()}"  # nothing listens here
+    r = rigd("replay", "--spool", spooled, "--pulsar", dead, "--rig", "depot", "--timeout", "3", timeout=60)
+    assert r.returncode == 1, r
+    assert "no progress" in r.stderr, r.stderr
+    p = subprocess.Popen([rigd_bin(), "replay", "--spool", str(spooled), "--pulsar", dead, "--rig", "depot",
+                          "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 1, err
+    summary = json.loads(out)
+    assert summary["interrupted"] and summary["records"] == 0, summary
+    assert "INTERRUPTED" in err
