@@ -4,8 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS=(protobuf-compiler pkg-config libasound2-dev socat curl ca-certificates openjdk-17-jre-headless maven linuxptp iproute2 systemd)
+APT_PKGS=(protobuf-compiler pkg-config libasound2-dev socat curl ca-certificates openjdk-17-jre-headless maven linuxptp iproute2 chromium systemd)
 missing=()
+# Node.js runs the browser test's driver (playwright-core, tests/web); any node >= 20 will do.
+command -v node >/dev/null || APT_PKGS+=(nodejs npm)
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
@@ -16,10 +18,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
-PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest" "mcap")
-if ! python3 -c 'import pulsar, PIL, pytest, mcap' 2>/dev/null; then
+PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest" "prometheus_client" "mcap")
+if ! python3 -c 'import pulsar, PIL, pytest, prometheus_client, mcap' 2>/dev/null; then
   echo "setup: installing Python packages: ${PY_PKGS[*]}" >&2
   python3 -m pip install -q "${PY_PKGS[@]}" >&2
+fi
+
+# The browser test drives Debian's chromium with playwright-core (no browser download): npm ci from
+# tests/web/package-lock.json into tests/web/node_modules.
+if ! npm ls --prefix tests/web >/dev/null 2>&1; then
+  echo "setup: installing tests/web node modules (playwright-core)" >&2
+  npm ci --prefix tests/web --no-audit --no-fund >&2
 fi
 
 if ! command -v cargo >/dev/null; then

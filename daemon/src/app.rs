@@ -6,8 +6,8 @@ use rigd_drivers::synthetic::{SyntheticAudio, SyntheticCamera, SyntheticSerial};
 use rigd_drivers::{
     FrameClock, FrameSink, Source, SourceHealth, SourceState, StopFlag, SystemClock,
 };
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
@@ -38,6 +38,12 @@ pub struct Runtime {
     pub ptp: Option<Arc<crate::clock::Ptp>>,
     pub sources: Vec<SourceEntry>,
     pub spool: Arc<Spool>,
+    /// Raised by a technician (web UI): the lanes submit nothing new and spool instead.
+    pub uplink_paused: Arc<AtomicBool>,
+    /// Technician event markers (the internal `events` source, crate::control).
+    pub events: crate::control::EventMarker,
+    /// Counter samples that status keeps to compute rates.
+    pub observed: Mutex<crate::metrics::Observed>,
 }
 
 fn build_source(cfg: &SourceConfig, bucket_ms: u32, clock: Arc<dyn FrameClock>) -> Box<dyn Source> {
@@ -153,23 +159,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let stop = StopFlag::new();
 
-    let mut entries = Vec::new();
-    let mut lanes = Vec::new();
-    let mut captures = Vec::new();
-    let mut liveness = crate::notify::Liveness::new();
-    for sc in &config.sources {
-        let id: Arc<str> = sc.id().into();
-        let (tx, rx) = mpsc::channel(CAPTURE_QUEUE);
-        let health = Arc::new(SourceHealth::default());
-        let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
-        let sink = FrameSink::new(id.clone(), first_seq, tx, health.clone());
-        let producer = config.pulsar.url.as_ref().map(|url| {
+    let uplink_paused = Arc::new(AtomicBool::new(false));
+    let spawn_producer = |id: &Arc<str>| {
+        config.pulsar.url.as_ref().map(|url| {
             let (ack_tx, ack_rx) = mpsc::unbounded_channel();
             let p = Producer::spawn(
                 ProducerConfig {
                     url: url.clone(),
-                    topic: config.pulsar.topic_for(&config.rig.id, &id),
-                    producer_name: producer_name(&config.rig.id, &id),
+                    topic: config.pulsar.topic_for(&config.rig.id, id),
+                    producer_name: producer_name(&config.rig.id, id),
                     rig: config.rig.id.clone(),
                     bucket_ms: config.rig.bucket_ms,
                     token: token.clone(),
@@ -183,7 +181,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 shutdown_rx.clone(),
             );
             (p, ack_rx)
-        });
+        })
+    };
+
+    let mut entries = Vec::new();
+    let mut lanes = Vec::new();
+    let mut captures = Vec::new();
+    let mut liveness = crate::notify::Liveness::new();
+    for sc in &config.sources {
+        let id: Arc<str> = sc.id().into();
+        let (tx, rx) = mpsc::channel(CAPTURE_QUEUE);
+        let health = Arc::new(SourceHealth::default());
+        let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
+        let sink = FrameSink::new(id.clone(), first_seq, tx, health.clone());
+        let producer = spawn_producer(&id);
         let lane_stats = Arc::new(LaneStats::default());
         liveness.lane(id.clone(), lane_stats.clone());
         liveness.capture(id.clone(), health.clone(), sc, config.rig.bucket_ms);
@@ -201,12 +212,45 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             producer,
             spool: spool.clone(),
             stats: lane_stats,
+            paused: uplink_paused.clone(),
         };
         lanes.push(tokio::spawn(lane.run()));
         let source = build_source(sc, config.rig.bucket_ms, clock.clone());
         tracing::info!(source = %id, kind = sc.kind(), first_seq, "source starting");
         captures.push(spawn_capture(source, sink, stop.clone()));
     }
+    // Technician event markers: an internal source with a lane of its own, so markers spool
+    // during an outage and publish on `{rig}-events` like frames (crate::control).
+    let events = {
+        let id: Arc<str> = crate::control::EVENTS_SOURCE.into();
+        let (tx, rx) = mpsc::channel(16);
+        let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
+        let sink = FrameSink::new(id.clone(), first_seq, tx, Arc::new(SourceHealth::default()));
+        let stats = Arc::new(LaneStats::default());
+        let lane = Lane {
+            source: id.clone(),
+            mode: config.spool.mode,
+            frames: rx,
+            producer: spawn_producer(&id),
+            spool: spool.clone(),
+            stats: stats.clone(),
+            paused: uplink_paused.clone(),
+        };
+        lanes.push(tokio::spawn(lane.run()));
+        let topic = config
+            .pulsar
+            .url
+            .as_ref()
+            .map(|_| config.pulsar.topic_for(&config.rig.id, &id));
+        crate::control::EventMarker::new(
+            sink,
+            clock.clone(),
+            config.rig.bucket_ms,
+            config.rig.id.clone(),
+            topic,
+            stats,
+        )
+    };
     let committer = tokio::spawn(pipeline::commit_loop(
         spool.clone(),
         Duration::from_millis(config.spool.fsync_ms),
@@ -221,13 +265,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ptp,
         sources: entries,
         spool: spool.clone(),
+        uplink_paused,
+        events,
+        observed: Mutex::default(),
     });
     let listener = tokio::net::TcpListener::bind(bind)
         .await
         .with_context(|| format!("binding the web UI to {bind}"))?;
-    let app = rigd_web::router(rigd_web::AppState {
-        status: runtime.clone(),
+    // A missing or empty token file disables control actions; capture goes on regardless.
+    let web_token = config.web.token_file.as_deref().and_then(|p| {
+        read_token(p)
+            .map_err(|e| tracing::warn!(error = %format!("{e:#}"), "web control actions disabled"))
+            .ok()
     });
+    let app = rigd_web::router(
+        rigd_web::AppState::new(runtime.clone(), runtime.clone())
+            .with_token(web_token)
+            .with_shutdown(shutdown_rx.clone()),
+    );
     let mut web_shutdown = shutdown_rx.clone();
     let web = tokio::spawn(async move {
         let r = axum::serve(listener, app)
@@ -263,6 +318,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     for c in captures {
         let _ = tokio::task::spawn_blocking(move || c.join()).await;
     }
+    runtime.events.close(); // ends the events lane like a stopped capture
     let _ = shutdown_tx.send(true);
     for l in lanes {
         let _ = l.await;

@@ -760,6 +760,11 @@ impl Config {
             if !seen.insert(s.id()) {
                 p.push(format!("{key}.id: `{}` is used by another source", s.id()));
             }
+            if s.id() == crate::control::EVENTS_SOURCE {
+                p.push(format!(
+                    "{key}.id: `events` is reserved for technician event markers"
+                ));
+            }
             match s {
                 SourceConfig::SyntheticCamera(c) => {
                     positive(&mut p, &key, "fps", c.fps);

@@ -3,7 +3,8 @@
 //! Map: [`config`] (TOML schema and validation), [`clock`] (the PTP-disciplined frame clock), [`wire`] (bucket key and Pulsar properties),
 //! [`uplink`] (Pulsar producer with chunking and dedup-safe sequence ids), [`spool`] (sled
 //! store-and-forward), [`pipeline`] (per-source lanes between capture, spool and uplink), [`app`]
-//! (wiring and shutdown order), [`status`] (what the web UI shows), [`lifecycle`] (signals),
+//! (wiring and shutdown order), [`status`], [`metrics`] and [`control`] (what the web UI shows
+//! and what a technician may do), [`lifecycle`] (signals),
 //! [`replay`] (the offline tools: inspect, export and republish a spool), [`tail`] (a rig's
 //! buckets, live from Pulsar).
 
@@ -13,7 +14,9 @@ pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod lifecycle;
+pub mod metrics;
 pub mod notify;
 pub mod pipeline;
 pub mod replay;

@@ -8,7 +8,7 @@
 
 use rigd_drivers::Frame;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -27,6 +27,10 @@ pub struct LaneStats {
     pub already_persisted: AtomicU64,
     pub refused: AtomicU64,
     pub spool_dropped_logged: AtomicU64,
+    /// Submission-to-receipt latency of published frames (web UI and `/metrics`).
+    pub latency: crate::metrics::LatencyHistogram,
+    /// The latest frames for the web UI (a reference to a payload a few times a second).
+    pub preview: crate::metrics::Preview,
     /// Beats on every turn of the lane loop, and at least once a second while idle (watchdog).
     pub heartbeat: crate::lifecycle::Heartbeat,
 }
@@ -38,6 +42,8 @@ pub struct Lane {
     pub producer: Option<(Producer, mpsc::UnboundedReceiver<Ack>)>,
     pub spool: Arc<Spool>,
     pub stats: Arc<LaneStats>,
+    /// Raised by a technician (web UI): submit nothing new, spool as during an outage.
+    pub paused: Arc<AtomicBool>,
 }
 
 struct State {
@@ -125,7 +131,11 @@ impl Lane {
                 }
             }
             if st.backlog && st.cursor < st.publish_below {
-                if let Some(p) = producer.as_ref().filter(|p| p.is_connected()) {
+                // Paused by a technician: the backlog waits, as while the broker is away.
+                if let Some(p) = producer
+                    .as_ref()
+                    .filter(|p| p.is_connected() && !self.paused.load(Ordering::Relaxed))
+                {
                     self.drain(p, &mut st);
                 }
             }
@@ -150,8 +160,12 @@ impl Lane {
 
     fn on_frame(&self, frame: Frame, producer: Option<&Producer>, st: &mut State) {
         let next = frame.seq + 1;
+        self.stats.preview.offer(&frame);
         match (self.mode, producer) {
-            (SpoolMode::OnOutage, Some(p)) if !st.backlog => {
+            // While paused, frames take the outage path below (the spool).
+            (SpoolMode::OnOutage, Some(p))
+                if !st.backlog && !self.paused.load(Ordering::Relaxed) =>
+            {
                 if let Err(frame) = p.try_submit(frame) {
                     st.backlog = true;
                     st.cursor = frame.seq;
@@ -229,9 +243,11 @@ impl Lane {
         match &ack.outcome {
             Outcome::Persisted => {
                 self.stats.published.fetch_add(1, Ordering::Relaxed);
+                self.stats.latency.record(ack.latency);
             }
             Outcome::AlreadyPersisted => {
                 self.stats.already_persisted.fetch_add(1, Ordering::Relaxed);
+                self.stats.latency.record(ack.latency);
             }
             Outcome::Refused(_) => {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);

@@ -1,60 +1,160 @@
-//! The status snapshot the web UI and `/api/status` show, read from the runtime's counters.
+//! The status snapshot the web UI, `/api/status` and `/metrics` show, read from the runtime's
+//! counters; rates and the recent latency window come from samples kept in
+//! [`Runtime::observed`](crate::app::Runtime).
 
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use crate::app::Runtime;
-use crate::config::SpoolMode;
+use crate::config::{SourceConfig, SpoolMode, WhenFull};
+use crate::metrics::LatencySnapshot;
 
 fn age_ms(now_ns: i64, then_ns: i64) -> Option<u64> {
     (then_ns > 0).then(|| ((now_ns - then_ns).max(0) / 1_000_000) as u64)
 }
 
+/// camera | audio | serial, from a source kind.
+fn modality(kind: &str) -> &'static str {
+    match kind {
+        "synthetic-camera" | "v4l" => "camera",
+        "synthetic-audio" | "alsa" => "audio",
+        _ => "serial",
+    }
+}
+
+/// How long without a frame means a source has stalled: five frame periods, at least 2 s (serial
+/// devices of unknown rate: 5 s).
+fn stall_after_ms(cfg: Option<&SourceConfig>, bucket_ms: u32) -> u64 {
+    let period_ms = match cfg {
+        Some(SourceConfig::SyntheticCamera(c)) => 1000.0 / c.fps,
+        Some(SourceConfig::SyntheticSerial(c)) => 1000.0 / c.rate_hz,
+        Some(SourceConfig::SyntheticAudio(_)) | Some(SourceConfig::Alsa(_)) => bucket_ms as f64,
+        _ => 1000.0,
+    };
+    if period_ms.is_finite() {
+        ((period_ms * 5.0) as u64).max(2000)
+    } else {
+        5000
+    }
+}
+
+fn dbfs(linear: f32) -> f64 {
+    if linear > 0.0 {
+        (20.0 * (linear as f64).log10()).max(-120.0)
+    } else {
+        -120.0
+    }
+}
+
 impl rigd_web::StatusSource for Runtime {
     fn status(&self) -> rigd_web::Status {
         let now = self.clock.now();
+        let t = Instant::now();
+        let mut observed = self
+            .observed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut uplink = rigd_web::UplinkStatus {
             configured: self.config.pulsar.url.is_some(),
             connected: false,
             broker: self.config.pulsar.url.clone(),
+            paused: self.uplink_paused.load(Ordering::Relaxed),
             ..Default::default()
         };
         let mut all_connected = !self.sources.is_empty();
         let mut sources = Vec::new();
         let mut oldest_ns = 0u64;
+        let mut latency = LatencySnapshot::default();
         for e in &self.sources {
             let sp = self.spool.stats(&e.id);
+            let mut refused = e.lane.refused.load(Ordering::Relaxed);
             if let Some(u) = &e.uplink {
                 all_connected &= u.connected.load(Ordering::Relaxed);
                 uplink.in_flight += u.in_flight.load(Ordering::Relaxed) as u64;
                 uplink.published += u.published.load(Ordering::Relaxed);
-                uplink.refused += u.refused.load(Ordering::Relaxed);
+                uplink.reconnects += u.reconnects.load(Ordering::Relaxed);
+                refused = refused.max(u.refused.load(Ordering::Relaxed));
                 let err = u.last_error.lock().map(|s| s.clone()).unwrap_or_default();
                 if !err.is_empty() && !u.connected.load(Ordering::Relaxed) {
                     uplink.last_error = Some(err);
                 }
             }
+            uplink.refused += refused;
+            let records = sp.records.load(Ordering::Relaxed);
             let o = sp.oldest_ns.load(Ordering::Relaxed);
-            if sp.records.load(Ordering::Relaxed) > 0 && o > 0 && (oldest_ns == 0 || o < oldest_ns)
-            {
+            if records > 0 && o > 0 && (oldest_ns == 0 || o < oldest_ns) {
                 oldest_ns = o;
             }
+            let snap = e.lane.latency.snapshot();
+            latency.add(&snap);
+            let device_drops = e.health.drops();
+            let spool_dropped = sp.dropped.load(Ordering::Relaxed);
+            let drops = device_drops + spool_dropped + refused;
+            let (frames, bytes) = (e.health.frames(), e.health.bytes());
+            let modality = modality(e.kind);
+            let level = e.health.audio_level().or_else(|| e.lane.preview.level());
             sources.push(rigd_web::SourceStatus {
                 id: e.id.to_string(),
                 kind: e.kind.to_string(),
+                modality: modality.to_string(),
                 state: format!("{:?}", e.health.state()).to_lowercase(),
                 reason: e.health.reason(),
-                frames: e.health.frames(),
-                bytes: e.health.bytes(),
-                drops: e.health.drops()
-                    + sp.dropped.load(Ordering::Relaxed)
-                    + e.lane.refused.load(Ordering::Relaxed),
+                frames,
+                bytes,
+                drops,
+                device_drops,
+                spool_dropped,
+                refused,
                 last_frame_age_ms: age_ms(now.ns, e.health.last_frame_ns()),
+                stall_after_ms: stall_after_ms(
+                    self.config.sources.iter().find(|c| c.id() == &*e.id),
+                    self.config.rig.bucket_ms,
+                ),
+                frame_rate: observed.rate(&e.id, "frames", t, frames),
+                byte_rate: observed.rate(&e.id, "bytes", t, bytes),
+                drop_rate: observed.rate(&e.id, "drops", t, drops),
                 published: e.lane.published.load(Ordering::Relaxed),
-                spooled_records: sp.records.load(Ordering::Relaxed),
+                spooled_records: records,
+                spool_bytes: sp.bytes.load(Ordering::Relaxed),
+                spool_pushed: sp.pushed.load(Ordering::Relaxed),
+                spool_popped: sp.popped.load(Ordering::Relaxed),
+                preview_seq: (modality == "camera")
+                    .then(|| e.lane.preview.jpeg_seq())
+                    .flatten(),
+                audio: (modality == "audio").then_some(level).flatten().map(|l| {
+                    rigd_web::AudioLevelStatus {
+                        rms_dbfs: dbfs(l.rms),
+                        peak_dbfs: dbfs(l.peak),
+                    }
+                }),
+                last_records: if modality == "serial" {
+                    e.lane.preview.records()
+                } else {
+                    Vec::new()
+                },
+                latency: uplink.configured.then(|| snap.to_web()),
             });
         }
         uplink.connected = uplink.configured && all_connected;
+        uplink.publish_rate = observed.rate("", "published", t, uplink.published);
+        let window = observed.latency.window(t, &latency);
+        uplink.latency_samples = window.count();
+        uplink.latency_p50_ms = window.quantile(0.5).map(|d| d.as_secs_f64() * 1e3);
+        uplink.latency_p99_ms = window.quantile(0.99).map(|d| d.as_secs_f64() * 1e3);
+
         let all = self.spool.all_stats();
+        let sum = |f: fn(&crate::spool::SourceSpoolStats) -> u64| -> u64 {
+            all.iter().map(|(_, s)| f(s)).sum()
+        };
+        let records = sum(|s| s.records.load(Ordering::Relaxed));
+        let pushed = sum(|s| s.pushed.load(Ordering::Relaxed));
+        let popped = sum(|s| s.popped.load(Ordering::Relaxed));
+        let push_rate = observed.rate("", "spool-pushed", t, pushed);
+        let pop_rate = observed.rate("", "spool-popped", t, popped);
+        let drain_eta_s = match (push_rate, pop_rate) {
+            (Some(i), Some(o)) if records > 0 && o - i > 0.01 => Some(records as f64 / (o - i)),
+            _ => None,
+        };
         rigd_web::Status {
             rig: self.config.rig.id.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -69,19 +169,38 @@ impl rigd_web::StatusSource for Runtime {
                     SpoolMode::Always => "always",
                 }
                 .to_string(),
+                when_full: match self.config.spool.when_full {
+                    WhenFull::DropOldest => "drop-oldest",
+                    WhenFull::DropNewest => "drop-newest",
+                }
+                .to_string(),
                 bytes: self.spool.total_bytes(),
-                records: all
-                    .iter()
-                    .map(|(_, s)| s.records.load(Ordering::Relaxed))
-                    .sum(),
-                dropped: all
-                    .iter()
-                    .map(|(_, s)| s.dropped.load(Ordering::Relaxed))
-                    .sum(),
+                max_bytes: self.config.spool.max_bytes.0,
+                records,
+                dropped: sum(|s| s.dropped.load(Ordering::Relaxed)),
                 quarantined: self.spool.quarantined(),
                 oldest_age_ms: age_ms(now.ns, oldest_ns as i64),
+                pushed,
+                popped,
+                push_rate,
+                pop_rate,
+                drain_eta_s,
+            },
+            events: rigd_web::EventsStatus {
+                marked: self.events.marked(),
+                topic: self.events.topic.clone(),
+                last: self.events.lane.preview.records(),
             },
         }
+    }
+
+    fn preview(&self, source: &str) -> Option<rigd_web::PreviewImage> {
+        let e = self.sources.iter().find(|e| &*e.id == source)?;
+        let p = e.lane.preview.jpeg()?;
+        Some(rigd_web::PreviewImage {
+            seq: p.seq,
+            jpeg: p.jpeg,
+        })
     }
 }
 
@@ -113,5 +232,25 @@ impl Runtime {
             c.error = r.error;
         }
         c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stall_thresholds_follow_the_configured_rate() {
+        let cfg: crate::config::Config = toml::from_str(
+            "[rig]\nid = \"r\"\n[[source]]\nid = \"cam\"\nkind = \"synthetic-camera\"\nfps = 0.2\n\
+             [[source]]\nid = \"gps\"\nkind = \"synthetic-serial\"\nrate-hz = 10\n",
+        )
+        .unwrap();
+        assert_eq!(stall_after_ms(cfg.sources.first(), 33), 25_000);
+        assert_eq!(stall_after_ms(cfg.sources.get(1), 33), 2000);
+        assert_eq!(stall_after_ms(None, 33), 5000);
+        assert_eq!(modality("alsa"), "audio");
+        assert_eq!(dbfs(0.0), -120.0);
+        assert!((dbfs(0.5) + 6.02).abs() < 0.01);
     }
 }

@@ -1,17 +1,47 @@
 //! rigd's status web UI and HTTP API. Knows nothing of the daemon's internals: the daemon hands it a
-//! [`StatusSource`] and it serves `/healthz`, `/api/status` and the page.
+//! [`StatusSource`] (what to show) and a [`Control`] (what a technician may ask it to do), and it
+//! serves the page, `/api/status`, the live stream, `/metrics`, `/healthz` and the control actions.
+//! docs/WEB.md documents every route and field.
+//!
+//! Hostile clients are bounded: request bodies are capped ([`MAX_BODY_BYTES`]), every request but
+//! the live stream has a deadline ([`REQUEST_TIMEOUT`]), live streams are capped
+//! ([`MAX_STREAMS`], then 503), assets are served from a fixed embedded table (no file system), and
+//! control actions need the configured bearer token, compared in constant time.
 
 #![forbid(unsafe_code)]
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
-use serde::Serialize;
-use std::sync::Arc;
+mod alerts;
+mod prometheus;
 
-/// Everything `/api/status` reports. Field names are part of the API (SPEC.md); add, never rename.
+pub use alerts::{alerts, Alert};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Semaphore};
+
+/// Largest request body accepted (control actions carry a short JSON object at most).
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// Live status streams served at once; more get 503.
+pub const MAX_STREAMS: usize = 32;
+/// Deadline for every request except the live stream.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the live stream sends a status.
+pub const STREAM_PERIOD: Duration = Duration::from_secs(1);
+/// Longest event note accepted by `POST /api/events`, in characters.
+pub const MAX_NOTE_CHARS: usize = 500;
+
+/// Everything `/api/status` reports. Field names are part of the API (SPEC.md, docs/WEB.md): add,
+/// never rename.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct Status {
     pub rig: String,
@@ -21,6 +51,7 @@ pub struct Status {
     pub sources: Vec<SourceStatus>,
     pub uplink: UplinkStatus,
     pub spool: SpoolStatus,
+    pub events: EventsStatus,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -62,191 +93,558 @@ pub struct ClockStatus {
 pub struct SourceStatus {
     pub id: String,
     pub kind: String,
+    /// camera | audio | serial
+    pub modality: String,
     /// running | retrying | failed
     pub state: String,
+    /// Why the source is retrying or failed (the device error), empty while running.
     pub reason: String,
+    /// Frames captured since start.
     pub frames: u64,
     pub bytes: u64,
+    /// Frames lost anywhere: `device_drops + spool_dropped + refused`.
     pub drops: u64,
+    /// Frames the device or driver lost (sequence gaps, xruns, bad records).
+    pub device_drops: u64,
+    /// This source's frames dropped from the spool (full, or cleared by a technician).
+    pub spool_dropped: u64,
+    /// Frames the broker refused (too large, rejected); lost.
+    pub refused: u64,
     pub last_frame_age_ms: Option<u64>,
+    /// No frame for this long means the source is stalled (from its configured rate).
+    pub stall_after_ms: u64,
+    /// Frames per second over the last few seconds.
+    pub frame_rate: Option<f64>,
+    pub byte_rate: Option<f64>,
+    pub drop_rate: Option<f64>,
+    /// Frames with a broker receipt since start.
     pub published: u64,
     pub spooled_records: u64,
+    pub spool_bytes: u64,
+    /// Records appended to / removed from the spool since start (depth = pushed - popped).
+    pub spool_pushed: u64,
+    pub spool_popped: u64,
+    /// Sequence number of the frame at `/api/sources/{id}/preview.jpg` (cameras).
+    pub preview_seq: Option<u64>,
+    /// Level of the latest audio block (audio sources).
+    pub audio: Option<AudioLevelStatus>,
+    /// The last few records, oldest first (serial sources; binary records as hex).
+    pub last_records: Vec<String>,
+    /// Publish latency (submission to broker receipt) since start; `/metrics` only.
+    #[serde(skip)]
+    pub latency: Option<Histogram>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq)]
+pub struct AudioLevelStatus {
+    /// RMS level in dB full scale (-120 for silence).
+    pub rms_dbfs: f64,
+    pub peak_dbfs: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct UplinkStatus {
+    /// A `[pulsar] url` is set.
     pub configured: bool,
+    /// Every source's producer is connected.
     pub connected: bool,
     pub broker: Option<String>,
+    /// A technician paused publishing (`POST /api/uplink/pause`): frames spool as in an outage.
+    pub paused: bool,
     pub in_flight: u64,
     pub published: u64,
     pub refused: u64,
+    pub reconnects: u64,
+    /// Receipts per second over the last few seconds.
+    pub publish_rate: Option<f64>,
+    /// Publish latency quantiles over the last 30 to 60 s.
+    pub latency_p50_ms: Option<f64>,
+    pub latency_p99_ms: Option<f64>,
+    /// Receipts those quantiles are computed from.
+    pub latency_samples: u64,
     pub last_error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct SpoolStatus {
     pub path: String,
+    /// on-outage | always
     pub mode: String,
+    /// drop-oldest | drop-newest
+    pub when_full: String,
     pub bytes: u64,
+    pub max_bytes: u64,
     pub records: u64,
     pub dropped: u64,
     pub quarantined: u64,
     pub oldest_age_ms: Option<u64>,
+    pub pushed: u64,
+    pub popped: u64,
+    /// Records appended / removed per second over the last few seconds.
+    pub push_rate: Option<f64>,
+    pub pop_rate: Option<f64>,
+    /// Time to empty the spool at the current net drain rate (pop - push); absent when it is not
+    /// shrinking.
+    pub drain_eta_s: Option<f64>,
 }
 
-/// Where the router gets the current status from.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct EventsStatus {
+    /// Event markers made since start (`POST /api/events`).
+    pub marked: u64,
+    /// Where they are published (absent without a broker).
+    pub topic: Option<String>,
+    /// The last markers, oldest first.
+    pub last: Vec<String>,
+}
+
+/// A histogram as Prometheus shows it: cumulative counts at increasing upper bounds (seconds).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    pub bounds_s: Vec<f64>,
+    pub cumulative: Vec<u64>,
+    pub count: u64,
+    pub sum_s: f64,
+}
+
+/// The latest camera frame of a source.
+#[derive(Debug, Clone)]
+pub struct PreviewImage {
+    pub seq: u64,
+    pub jpeg: Bytes,
+}
+
+/// Where the router gets what it shows.
 pub trait StatusSource: Send + Sync + 'static {
     fn status(&self) -> Status;
+    /// The latest camera frame of `source`, if it is a camera that has delivered one.
+    fn preview(&self, source: &str) -> Option<PreviewImage> {
+        let _ = source;
+        None
+    }
+}
+
+/// What a technician may ask the daemon to do. Called on a blocking thread: implementations may do
+/// short blocking I/O (the spool) but must not wait for the network.
+pub trait Control: Send + Sync + 'static {
+    /// Pauses or resumes publishing; while paused, frames go to the spool as in an outage.
+    fn set_uplink_paused(&self, paused: bool);
+    /// Emits an event marker frame stamped now.
+    fn mark_event(&self, note: &str) -> Result<EventMarked, ControlError>;
+    /// Drops every spooled frame of `source`; returns how many.
+    fn clear_spool(&self, source: &str) -> Result<u64, ControlError>;
+}
+
+/// The answer to `POST /api/events`.
+#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+pub struct EventMarked {
+    pub seq: u64,
+    pub capture_ns: i64,
+    pub bucket: i64,
+    pub note: String,
+    pub topic: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ControlError {
+    #[error("no source `{0}`")]
+    UnknownSource(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// Router state: cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    pub status: Arc<dyn StatusSource>,
+    status: Arc<dyn StatusSource>,
+    control: Arc<dyn Control>,
+    /// `None`: control actions are disabled (403).
+    token: Option<Arc<str>>,
+    streams: Arc<Semaphore>,
+    shutdown: Option<watch::Receiver<bool>>,
+    stream_period: Duration,
+}
+
+impl AppState {
+    pub fn new(status: Arc<dyn StatusSource>, control: Arc<dyn Control>) -> Self {
+        Self {
+            status,
+            control,
+            token: None,
+            streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+            shutdown: None,
+            stream_period: STREAM_PERIOD,
+        }
+    }
+
+    /// Enables control actions for this bearer token (`None` or empty: disabled).
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|t| !t.is_empty()).map(Arc::from);
+        self
+    }
+
+    /// Live streams end when this turns true, so that graceful shutdown does not wait for them.
+    pub fn with_shutdown(mut self, shutdown: watch::Receiver<bool>) -> Self {
+        self.shutdown = Some(shutdown);
+        self
+    }
+
+    pub fn with_stream_limit(mut self, max: usize, period: Duration) -> Self {
+        self.streams = Arc::new(Semaphore::new(max));
+        self.stream_period = period;
+        self
+    }
+
+    fn view(&self) -> StatusView {
+        let status = self.status.status();
+        StatusView {
+            alerts: alerts(&status),
+            control_enabled: self.token.is_some(),
+            status,
+        }
+    }
+}
+
+/// `/api/status`: the status plus what the web layer derives from it.
+#[derive(Serialize)]
+struct StatusView {
+    #[serde(flatten)]
+    status: Status,
+    alerts: Vec<Alert>,
+    control_enabled: bool,
 }
 
 /// The whole HTTP surface.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let control = Router::new()
+        .route("/api/uplink/pause", post(pause))
+        .route("/api/uplink/resume", post(resume))
+        .route("/api/events", post(mark_event))
+        .route("/api/spool/{source}", delete(clear_spool))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    let bounded = Router::new()
         .route("/", get(index))
         .route("/healthz", get(healthz))
         .route("/api/status", get(api_status))
+        .route("/metrics", get(metrics))
+        .route("/api/sources/{source}/preview.jpg", get(preview))
+        .route("/assets/{*path}", get(asset))
+        .merge(control)
+        .fallback(not_found)
+        .layer(middleware::from_fn(deadline));
+    Router::new()
+        .route("/api/stream", get(stream))
+        .merge(bounded)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// Turns handler errors into JSON responses in one place.
+#[derive(Debug)]
+pub struct AppError(pub StatusCode, pub String);
+
+impl AppError {
+    fn bad_request(msg: impl Into<String>) -> Self {
+        Self(StatusCode::BAD_REQUEST, msg.into())
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let mut r = (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response();
+        if self.0 == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+impl From<ControlError> for AppError {
+    fn from(e: ControlError) -> Self {
+        let code = match e {
+            ControlError::UnknownSource(_) => StatusCode::NOT_FOUND,
+            ControlError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ControlError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        AppError(code, e.to_string())
+    }
+}
+
+async fn deadline(req: Request, next: Next) -> Response {
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => AppError(StatusCode::REQUEST_TIMEOUT, "request timed out".into()).into_response(),
+    }
+}
+
+async fn not_found() -> AppError {
+    AppError(StatusCode::NOT_FOUND, "not found".into())
+}
+
+const INDEX_HTML: &str = include_str!("../assets/index.html");
+const FAVICON_SVG: &str = include_str!("../assets/favicon.svg");
+
+/// Security headers for the page: nothing from elsewhere, no framing, no sniffing.
+fn page_headers(content_type: &'static str) -> [(header::HeaderName, &'static str); 5] {
+    [
+        (header::CONTENT_TYPE, content_type),
+        (header::CACHE_CONTROL, "no-cache"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; \
+             img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        ),
+    ]
+}
+
+async fn index() -> Response {
+    (page_headers("text/html; charset=utf-8"), INDEX_HTML).into_response()
+}
+
+/// Embedded assets by exact name; anything else (traversal included) is 404.
+async fn asset(Path(path): Path<String>) -> Response {
+    match path.as_str() {
+        "favicon.svg" => (page_headers("image/svg+xml"), FAVICON_SVG).into_response(),
+        _ => not_found().await.into_response(),
+    }
 }
 
 async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn api_status(State(state): State<AppState>) -> Json<Status> {
-    Json(state.status.status())
+async fn api_status(State(state): State<AppState>) -> Response {
+    let mut r = Json(state.view()).into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
 }
 
-async fn index(State(state): State<AppState>) -> Response {
-    let s = state.status.status();
-    let mut rows = String::new();
-    for src in &s.sources {
-        rows.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            escape(&src.id),
-            escape(&src.kind),
-            escape(&src.state),
-            src.frames,
-            src.drops
-        ));
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = prometheus::render(&state.status.status());
+    ([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], text).into_response()
+}
+
+async fn preview(State(state): State<AppState>, Path(source): Path<String>) -> Response {
+    let valid = !source.is_empty()
+        && source.len() <= 64
+        && source
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    let image = if valid {
+        state.status.preview(&source)
+    } else {
+        None
+    };
+    match image {
+        Some(p) => (
+            [
+                (header::CONTENT_TYPE, "image/jpeg".to_string()),
+                (header::CACHE_CONTROL, "no-store".to_string()),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
+                (
+                    header::HeaderName::from_static("x-frame-seq"),
+                    p.seq.to_string(),
+                ),
+            ],
+            p.jpeg,
+        )
+            .into_response(),
+        None => {
+            AppError(StatusCode::NOT_FOUND, format!("no preview for `{source}`")).into_response()
+        }
     }
-    let body = format!(
-        "<!doctype html><html><head><meta charset=utf-8><meta name=viewport content=\"width=device-width\">\
-         <title>rigd {rig}</title></head><body><h1>rigd {rig}</h1><p>clock: {clock}</p>\
-         <p>uplink: {up}</p><p>spool: {rec} records, {bytes} bytes</p>\
-         <table><tr><th>source</th><th>kind</th><th>state</th><th>frames</th><th>drops</th></tr>{rows}</table>\
-         </body></html>",
-        rig = escape(&s.rig),
-        clock = escape(&s.clock.state),
-        up = if s.uplink.connected { "connected" } else { "not connected" },
-        rec = s.spool.records,
-        bytes = s.spool.bytes,
+}
+
+/// `/api/stream`: server-sent events, one `status` event (the `/api/status` JSON) per second.
+async fn stream(State(state): State<AppState>) -> Result<Response, AppError> {
+    let permit = state.streams.clone().try_acquire_owned().map_err(|_| {
+        AppError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many live connections; close another tab or window".into(),
+        )
+    })?;
+    let mut tick = tokio::time::interval(state.stream_period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let shutdown = state.shutdown.clone();
+    let events = futures::stream::unfold(
+        (state, permit, tick, shutdown, true),
+        |(state, permit, mut tick, mut shutdown, first)| async move {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutting_down(&mut shutdown) => return None,
+            }
+            let mut ev = match Event::default().event("status").json_data(state.view()) {
+                Ok(ev) => ev,
+                Err(e) => Event::default().event("error").data(e.to_string()),
+            };
+            if first {
+                ev = ev.retry(Duration::from_secs(2));
+            }
+            Some((
+                Ok::<_, Infallible>(ev),
+                (state, permit, tick, shutdown, false),
+            ))
+        },
     );
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
+    let mut r = Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(r)
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// Turns handler errors into responses in one place.
-#[derive(Debug)]
-pub struct AppError(pub StatusCode, pub String);
-
-impl IntoResponse for AppError {
-    fn into_response(self) -> Response {
-        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+/// Resolves when the daemon shuts down (or never, without a shutdown signal).
+async fn shutting_down(shutdown: &mut Option<watch::Receiver<bool>>) {
+    match shutdown {
+        Some(rx) => {
+            let _ = rx.wait_for(|down| *down).await;
+        }
+        None => std::future::pending().await,
     }
+}
+
+/// Constant-time equality: the time taken depends on the lengths only, not on where they differ.
+fn same_token(presented: &[u8], expected: &[u8]) -> bool {
+    let mut diff = (presented.len() != expected.len()) as u8;
+    for (i, &e) in expected.iter().enumerate() {
+        let p = presented.get(i).copied().unwrap_or(!e);
+        diff |= p ^ e;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(expected) = &state.token else {
+        return AppError(
+            StatusCode::FORBIDDEN,
+            "control actions are disabled: no [web] token-file is configured".into(),
+        )
+        .into_response();
+    };
+    if !authorized(req.headers(), expected) {
+        return AppError(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong token: send Authorization: Bearer <token>".into(),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+fn authorized(headers: &HeaderMap, expected: &str) -> bool {
+    let Some(value) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    match value.trim().split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => {
+            same_token(token.trim().as_bytes(), expected.as_bytes())
+        }
+        _ => false,
+    }
+}
+
+/// Runs a control call on a blocking thread (it may touch the spool).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ControlError> + Send + 'static,
+) -> Result<T, AppError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(AppError::from),
+        Err(_) => Err(AppError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "control action failed".into(),
+        )),
+    }
+}
+
+async fn set_paused(state: AppState, paused: bool) -> Result<Json<serde_json::Value>, AppError> {
+    let control = state.control.clone();
+    blocking(move || {
+        control.set_uplink_paused(paused);
+        Ok(())
+    })
+    .await?;
+    tracing::info!(
+        paused,
+        "technician {} the uplink",
+        if paused { "paused" } else { "resumed" }
+    );
+    Ok(Json(serde_json::json!({ "paused": paused })))
+}
+
+async fn pause(State(state): State<AppState>) -> Result<Json<serde_json::Value>, AppError> {
+    set_paused(state, true).await
+}
+
+async fn resume(State(state): State<AppState>) -> Result<Json<serde_json::Value>, AppError> {
+    set_paused(state, false).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventRequest {
+    #[serde(default)]
+    note: String,
+}
+
+/// `POST /api/events` with `{"note": "..."}` (or an empty body).
+async fn mark_event(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<EventMarked>), AppError> {
+    let req: EventRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        EventRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            AppError::bad_request(format!("bad JSON (want {{\"note\": \"...\"}}): {e}"))
+        })?
+    };
+    if req.note.chars().count() > MAX_NOTE_CHARS {
+        return Err(AppError::bad_request(format!(
+            "note is longer than {MAX_NOTE_CHARS} characters"
+        )));
+    }
+    let control = state.control.clone();
+    let note = req.note.clone();
+    let marked = blocking(move || control.mark_event(&note)).await?;
+    tracing::info!(seq = marked.seq, bucket = marked.bucket, note = %marked.note, "technician marked an event");
+    Ok((StatusCode::CREATED, Json(marked)))
+}
+
+#[derive(Debug, Deserialize)]
+struct ClearQuery {
+    confirm: Option<String>,
+}
+
+/// `DELETE /api/spool/{source}?confirm={source}`.
+async fn clear_spool(
+    State(state): State<AppState>,
+    Path(source): Path<String>,
+    query: Result<Query<ClearQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<serde_json::Value>, AppError> {
+    let confirm = query.ok().and_then(|Query(q)| q.confirm);
+    if confirm.as_deref() != Some(source.as_str()) {
+        return Err(AppError::bad_request(format!(
+            "dropping a spool loses its frames: repeat the source name as ?confirm={source}"
+        )));
+    }
+    let control = state.control.clone();
+    let s = source.clone();
+    let dropped = blocking(move || control.clear_spool(&s)).await?;
+    tracing::warn!(source = %source, dropped, "technician dropped a source's spool");
+    Ok(Json(
+        serde_json::json!({ "source": source, "dropped": dropped }),
+    ))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::body::Body;
-    use axum::http::Request;
-    use tower::ServiceExt;
-
-    struct Fixed;
-    impl StatusSource for Fixed {
-        fn status(&self) -> Status {
-            Status {
-                rig: "van-07".into(),
-                sources: vec![SourceStatus {
-                    id: "front".into(),
-                    state: "running".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }
-        }
-    }
-
-    fn app() -> Router {
-        router(AppState {
-            status: Arc::new(Fixed),
-        })
-    }
-
-    #[tokio::test]
-    async fn status_has_the_fields_scripts_rely_on() {
-        let r = app()
-            .oneshot(Request::get("/api/status").body(Body::empty()).unwrap())
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::OK);
-        let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["rig"], "van-07");
-        for ptr in [
-            "/clock/state",
-            "/clock/offset_ns",
-            "/clock/master",
-            "/uplink/connected",
-            "/uplink/in_flight",
-            "/spool/bytes",
-            "/spool/records",
-            "/spool/dropped",
-            "/spool/quarantined",
-        ] {
-            assert!(v.pointer(ptr).is_some(), "missing {ptr}");
-        }
-        for f in [
-            "id",
-            "kind",
-            "state",
-            "frames",
-            "bytes",
-            "drops",
-            "last_frame_age_ms",
-        ] {
-            assert!(v["sources"][0].get(f).is_some(), "missing sources[].{f}");
-        }
-    }
-
-    #[tokio::test]
-    async fn healthz_and_unknown_paths() {
-        let r = app()
-            .oneshot(Request::get("/healthz").body(Body::empty()).unwrap())
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::OK);
-        let r = app()
-            .oneshot(
-                Request::get("/../../etc/passwd")
-                    .body(Body::empty())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::NOT_FOUND);
-    }
-}
+mod tests;

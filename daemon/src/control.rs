@@ -1,0 +1,124 @@
+//! What a technician may ask of the running daemon through the web UI ([`rigd_web::Control`]):
+//! pause and resume publishing, mark an event, drop a source's spool.
+//!
+//! Event markers travel as frames of an internal source, [`EVENTS_SOURCE`], through a lane of their
+//! own: they get sequence numbers, are spooled during an outage and published on the
+//! `{rig}-events` topic like any other source, keyed by the bucket of the moment they were marked.
+
+use bytes::Bytes;
+use rigd_drivers::{FrameClock, FrameSink, Media, SourceHealth};
+use rigd_web::{ControlError, EventMarked};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use crate::app::Runtime;
+use crate::pipeline::LaneStats;
+use crate::wire::Bucket;
+
+/// The internal source carrying event markers (a reserved source id).
+pub const EVENTS_SOURCE: &str = "events";
+
+/// Makes event marker frames.
+pub struct EventMarker {
+    /// `None` once the daemon shuts down: dropping the sink ends the events lane.
+    sink: Mutex<Option<FrameSink>>,
+    clock: Arc<dyn FrameClock>,
+    bucket_ms: u32,
+    rig: String,
+    /// Where markers are published (absent without a broker).
+    pub topic: Option<String>,
+    /// The events lane's counters (its preview keeps the last markers).
+    pub lane: Arc<LaneStats>,
+    health: Arc<SourceHealth>,
+}
+
+impl EventMarker {
+    pub fn new(
+        sink: FrameSink,
+        clock: Arc<dyn FrameClock>,
+        bucket_ms: u32,
+        rig: String,
+        topic: Option<String>,
+        lane: Arc<LaneStats>,
+    ) -> Self {
+        Self {
+            health: sink.health().clone(),
+            sink: Mutex::new(Some(sink)),
+            clock,
+            bucket_ms,
+            rig,
+            topic,
+            lane,
+        }
+    }
+
+    /// Markers made since start.
+    pub fn marked(&self) -> u64 {
+        self.health.frames()
+    }
+
+    /// Emits one marker stamped now. Blocks while the events lane applies backpressure.
+    pub fn mark(&self, note: &str) -> Result<EventMarked, ControlError> {
+        let mut guard = self
+            .sink
+            .lock()
+            .map_err(|_| ControlError::Failed("event marker unavailable".into()))?;
+        let sink = guard
+            .as_mut()
+            .ok_or_else(|| ControlError::Unavailable("rigd is shutting down".into()))?;
+        let stamp = self.clock.now();
+        let bucket = Bucket::of(stamp.ns, self.bucket_ms).0;
+        let payload = serde_json::json!({
+            "event": note,
+            "bucket": bucket,
+            "capture_ns": stamp.ns,
+            "clock": stamp.state.as_str(),
+            "rig": self.rig,
+        });
+        let seq = sink.next_seq();
+        sink.emit(
+            stamp,
+            Media::Serial { text: true },
+            Bytes::from(payload.to_string()),
+        )
+        .map_err(|_| ControlError::Unavailable("rigd is shutting down".into()))?;
+        Ok(EventMarked {
+            seq,
+            capture_ns: stamp.ns,
+            bucket,
+            note: note.to_string(),
+            topic: self.topic.clone(),
+        })
+    }
+
+    /// Stops taking markers; the events lane then drains and ends like the others.
+    pub fn close(&self) {
+        if let Ok(mut s) = self.sink.lock() {
+            s.take();
+        }
+    }
+}
+
+impl rigd_web::Control for Runtime {
+    fn set_uplink_paused(&self, paused: bool) {
+        self.uplink_paused.store(paused, Ordering::Relaxed);
+    }
+
+    fn mark_event(&self, note: &str) -> Result<EventMarked, ControlError> {
+        self.events.mark(note)
+    }
+
+    fn clear_spool(&self, source: &str) -> Result<u64, ControlError> {
+        let id = self
+            .sources
+            .iter()
+            .map(|e| &e.id)
+            .find(|id| &***id == source)
+            .cloned()
+            .or_else(|| (source == EVENTS_SOURCE).then(|| Arc::from(EVENTS_SOURCE)))
+            .ok_or_else(|| ControlError::UnknownSource(source.to_string()))?;
+        self.spool
+            .clear_source(&id)
+            .map_err(|e| ControlError::Failed(format!("clearing the spool of {source}: {e}")))
+    }
+}

@@ -1,0 +1,314 @@
+//! `/metrics`: the status in the Prometheus text exposition format (0.0.4). Every name starts with
+//! `rigd_`; counters end in `_total`; queue depths are two counters (pushed, popped), never a gauge
+//! that races. docs/WEB.md lists every family.
+
+use std::fmt::Write;
+
+use crate::{Histogram, Status};
+
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Writes metric families; one `# HELP`/`# TYPE` header per family.
+struct Exposition {
+    out: String,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {}", number(value));
+    }
+
+    /// A family with one sample per source.
+    fn per_source(
+        &mut self,
+        s: &Status,
+        name: &str,
+        kind: &str,
+        help: &str,
+        value: impl Fn(&crate::SourceStatus) -> Option<f64>,
+    ) {
+        self.family(name, kind, help);
+        for src in &s.sources {
+            if let Some(v) = value(src) {
+                self.sample(name, &[("source", &src.id)], v);
+            }
+        }
+    }
+
+    fn histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &Histogram) {
+        let bucket = format!("{name}_bucket");
+        for (le, c) in h.bounds_s.iter().zip(&h.cumulative) {
+            let le = number(*le);
+            let mut l = labels.to_vec();
+            l.push(("le", &le));
+            self.sample(&bucket, &l, *c as f64);
+        }
+        let mut l = labels.to_vec();
+        l.push(("le", "+Inf"));
+        self.sample(&bucket, &l, h.count as f64);
+        self.sample(&format!("{name}_sum"), labels, h.sum_s);
+        self.sample(&format!("{name}_count"), labels, h.count as f64);
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn number(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+fn flag(b: bool) -> f64 {
+    if b {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// The whole exposition.
+pub fn render(s: &Status) -> String {
+    let mut e = Exposition {
+        out: String::with_capacity(8192),
+    };
+    e.family("rigd_info", "gauge", "Build and rig identity (always 1).");
+    e.sample(
+        "rigd_info",
+        &[("rig", &s.rig), ("version", &s.version)],
+        1.0,
+    );
+    e.family(
+        "rigd_uptime_seconds",
+        "gauge",
+        "Seconds since rigd started.",
+    );
+    e.sample("rigd_uptime_seconds", &[], s.uptime_s as f64);
+
+    // Sources.
+    e.per_source(
+        s,
+        "rigd_source_frames_total",
+        "counter",
+        "Frames captured.",
+        |x| Some(x.frames as f64),
+    );
+    e.per_source(
+        s,
+        "rigd_source_bytes_total",
+        "counter",
+        "Payload bytes captured.",
+        |x| Some(x.bytes as f64),
+    );
+    e.family(
+        "rigd_source_drops_total",
+        "counter",
+        "Frames lost, by where: capture (device/driver), spool (full or cleared), uplink (refused by the broker).",
+    );
+    for src in &s.sources {
+        for (stage, n) in [
+            ("capture", src.device_drops),
+            ("spool", src.spool_dropped),
+            ("uplink", src.refused),
+        ] {
+            e.sample(
+                "rigd_source_drops_total",
+                &[("source", &src.id), ("stage", stage)],
+                n as f64,
+            );
+        }
+    }
+    e.family(
+        "rigd_source_up",
+        "gauge",
+        "1 while the source is running, 0 while it is retrying or failed.",
+    );
+    for src in &s.sources {
+        e.sample(
+            "rigd_source_up",
+            &[("source", &src.id), ("kind", &src.kind)],
+            flag(src.state == "running"),
+        );
+    }
+    e.per_source(
+        s,
+        "rigd_source_last_frame_age_seconds",
+        "gauge",
+        "Seconds since the source's newest frame was captured.",
+        |x| x.last_frame_age_ms.map(|ms| ms as f64 / 1e3),
+    );
+
+    // Uplink.
+    e.family(
+        "rigd_uplink_configured",
+        "gauge",
+        "1 when a broker URL is configured.",
+    );
+    e.sample("rigd_uplink_configured", &[], flag(s.uplink.configured));
+    e.family(
+        "rigd_uplink_connected",
+        "gauge",
+        "1 when every source's producer is connected to the broker.",
+    );
+    e.sample("rigd_uplink_connected", &[], flag(s.uplink.connected));
+    e.family(
+        "rigd_uplink_paused",
+        "gauge",
+        "1 while a technician has paused publishing.",
+    );
+    e.sample("rigd_uplink_paused", &[], flag(s.uplink.paused));
+    e.family(
+        "rigd_uplink_in_flight",
+        "gauge",
+        "Messages sent and awaiting a broker receipt.",
+    );
+    e.sample("rigd_uplink_in_flight", &[], s.uplink.in_flight as f64);
+    e.family(
+        "rigd_uplink_reconnects_total",
+        "counter",
+        "Broker connections re-established.",
+    );
+    e.sample(
+        "rigd_uplink_reconnects_total",
+        &[],
+        s.uplink.reconnects as f64,
+    );
+    e.per_source(
+        s,
+        "rigd_uplink_published_total",
+        "counter",
+        "Frames with a broker receipt.",
+        |x| Some(x.published as f64),
+    );
+    e.family(
+        "rigd_publish_latency_seconds",
+        "histogram",
+        "Time from handing a frame to the producer to its broker receipt.",
+    );
+    for src in &s.sources {
+        if let Some(h) = &src.latency {
+            e.histogram("rigd_publish_latency_seconds", &[("source", &src.id)], h);
+        }
+    }
+
+    // Spool.
+    e.per_source(
+        s,
+        "rigd_spool_pushed_total",
+        "counter",
+        "Records appended to the spool (depth = pushed - popped).",
+        |x| Some(x.spool_pushed as f64),
+    );
+    e.per_source(
+        s,
+        "rigd_spool_popped_total",
+        "counter",
+        "Records removed from the spool (published, dropped or cleared).",
+        |x| Some(x.spool_popped as f64),
+    );
+    e.per_source(
+        s,
+        "rigd_spool_dropped_total",
+        "counter",
+        "Spooled records dropped (spool full, or cleared by a technician).",
+        |x| Some(x.spool_dropped as f64),
+    );
+    e.family(
+        "rigd_spool_bytes",
+        "gauge",
+        "Bytes the spool holds, all sources.",
+    );
+    e.sample("rigd_spool_bytes", &[], s.spool.bytes as f64);
+    e.family(
+        "rigd_spool_max_bytes",
+        "gauge",
+        "The spool's configured capacity.",
+    );
+    e.sample("rigd_spool_max_bytes", &[], s.spool.max_bytes as f64);
+    e.family(
+        "rigd_spool_quarantined_total",
+        "counter",
+        "Corrupt spool records set aside.",
+    );
+    e.sample(
+        "rigd_spool_quarantined_total",
+        &[],
+        s.spool.quarantined as f64,
+    );
+    e.family(
+        "rigd_spool_oldest_age_seconds",
+        "gauge",
+        "Age of the oldest spooled frame (absent when the spool is empty).",
+    );
+    if let Some(ms) = s.spool.oldest_age_ms {
+        e.sample("rigd_spool_oldest_age_seconds", &[], ms as f64 / 1e3);
+    }
+
+    // Clock.
+    e.family(
+        "rigd_clock_state",
+        "gauge",
+        "1 for the rig clock's current state, 0 for the others.",
+    );
+    for st in ["unsynced", "locking", "locked", "holdover"] {
+        e.sample(
+            "rigd_clock_state",
+            &[("state", st)],
+            flag(s.clock.state == st),
+        );
+    }
+    e.family(
+        "rigd_clock_offset_seconds",
+        "gauge",
+        "Offset from the PTP master at the last sample (absent without PTP).",
+    );
+    if let Some(o) = s.clock.offset_ns {
+        e.sample("rigd_clock_offset_seconds", &[], o as f64 / 1e9);
+    }
+    e.family(
+        "rigd_clock_path_delay_seconds",
+        "gauge",
+        "Mean path delay to the PTP master (absent without PTP).",
+    );
+    if let Some(d) = s.clock.path_delay_ns {
+        e.sample("rigd_clock_path_delay_seconds", &[], d as f64 / 1e9);
+    }
+    e.family(
+        "rigd_clock_steps_total",
+        "counter",
+        "Clock steps since start.",
+    );
+    e.sample("rigd_clock_steps_total", &[], s.clock.steps as f64);
+
+    e.family(
+        "rigd_events_marked_total",
+        "counter",
+        "Event markers made by technicians.",
+    );
+    e.sample("rigd_events_marked_total", &[], s.events.marked as f64);
+    e.out
+}

@@ -1,0 +1,537 @@
+//! Route tests with `oneshot`, no port: shapes, metrics names, auth on every control route, and
+//! hostile requests.
+
+use super::*;
+use axum::body::Body;
+use axum::http::{Method, Request};
+use std::sync::Mutex;
+use tower::ServiceExt;
+
+#[derive(Default)]
+struct FakeRig {
+    paused: Mutex<Option<bool>>,
+    notes: Mutex<Vec<String>>,
+    cleared: Mutex<Vec<String>>,
+}
+
+impl StatusSource for FakeRig {
+    fn status(&self) -> Status {
+        Status {
+            rig: "van-07".into(),
+            version: "0.1.0".into(),
+            sources: vec![SourceStatus {
+                id: "front".into(),
+                kind: "synthetic-camera".into(),
+                modality: "camera".into(),
+                state: "running".into(),
+                frames: 42,
+                device_drops: 1,
+                drops: 1,
+                preview_seq: Some(40),
+                latency: Some(Histogram {
+                    bounds_s: vec![0.001, 0.01],
+                    cumulative: vec![3, 5],
+                    count: 6,
+                    sum_s: 0.5,
+                }),
+                ..Default::default()
+            }],
+            clock: ClockStatus {
+                state: "locked".into(),
+                offset_ns: Some(-120),
+                ..Default::default()
+            },
+            uplink: UplinkStatus {
+                paused: self.paused.lock().unwrap().unwrap_or(false),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn preview(&self, source: &str) -> Option<PreviewImage> {
+        (source == "front").then(|| PreviewImage {
+            seq: 40,
+            jpeg: Bytes::from_static(b"\xff\xd8\xff\xd9"),
+        })
+    }
+}
+
+impl Control for FakeRig {
+    fn set_uplink_paused(&self, paused: bool) {
+        *self.paused.lock().unwrap() = Some(paused);
+    }
+    fn mark_event(&self, note: &str) -> Result<EventMarked, ControlError> {
+        self.notes.lock().unwrap().push(note.to_string());
+        Ok(EventMarked {
+            seq: 7,
+            bucket: 123,
+            note: note.to_string(),
+            ..Default::default()
+        })
+    }
+    fn clear_spool(&self, source: &str) -> Result<u64, ControlError> {
+        if source != "front" {
+            return Err(ControlError::UnknownSource(source.to_string()));
+        }
+        self.cleared.lock().unwrap().push(source.to_string());
+        Ok(12)
+    }
+}
+
+const TOKEN: &str = "s3cret-token";
+
+fn app_with(token: Option<&str>) -> (Router, Arc<FakeRig>) {
+    let rig = Arc::new(FakeRig::default());
+    let state = AppState::new(rig.clone(), rig.clone()).with_token(token.map(str::to_string));
+    (router(state), rig)
+}
+
+fn app() -> Router {
+    app_with(None).0
+}
+
+async fn send(app: Router, req: Request<Body>) -> (StatusCode, HeaderMap, Vec<u8>) {
+    let r = app.oneshot(req).await.unwrap();
+    let status = r.status();
+    let headers = r.headers().clone();
+    let body = axum::body::to_bytes(r.into_body(), 1 << 22).await.unwrap();
+    (status, headers, body.to_vec())
+}
+
+async fn get(app: Router, path: &str) -> (StatusCode, HeaderMap, Vec<u8>) {
+    send(app, Request::get(path).body(Body::empty()).unwrap()).await
+}
+
+fn json(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(body)))
+}
+
+#[tokio::test]
+async fn status_has_the_fields_scripts_rely_on() {
+    let (code, headers, body) = get(app(), "/api/status").await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+    let v = json(&body);
+    assert_eq!(v["rig"], "van-07");
+    for ptr in [
+        "/clock/state",
+        "/clock/offset_ns",
+        "/clock/master",
+        "/uplink/connected",
+        "/uplink/in_flight",
+        "/uplink/paused",
+        "/uplink/latency_p50_ms",
+        "/uplink/latency_p99_ms",
+        "/spool/bytes",
+        "/spool/records",
+        "/spool/dropped",
+        "/spool/quarantined",
+        "/spool/drain_eta_s",
+        "/events/marked",
+        "/alerts",
+        "/control_enabled",
+    ] {
+        assert!(v.pointer(ptr).is_some(), "missing {ptr}");
+    }
+    for f in [
+        "id",
+        "kind",
+        "state",
+        "frames",
+        "bytes",
+        "drops",
+        "last_frame_age_ms",
+        "frame_rate",
+        "preview_seq",
+        "audio",
+        "last_records",
+    ] {
+        assert!(v["sources"][0].get(f).is_some(), "missing sources[].{f}");
+    }
+    assert!(
+        v["sources"][0].get("latency").is_none(),
+        "histogram is /metrics only"
+    );
+    assert_eq!(v["control_enabled"], false);
+    assert_eq!(v["alerts"][0]["subject"], "uplink", "no broker configured");
+    assert!(v["alerts"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("No broker configured"));
+}
+
+#[tokio::test]
+async fn metrics_are_prometheus_text_with_rigd_names() {
+    let (code, headers, body) = get(app(), "/metrics").await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(headers[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain; version=0.0.4"));
+    let text = String::from_utf8(body).unwrap();
+    let mut typed = std::collections::HashMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            typed.insert(name.to_string(), kind.to_string());
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        // name{labels} value
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let name = series.split('{').next().unwrap();
+        assert!(name.starts_with("rigd_"), "{line}");
+        assert!(value.parse::<f64>().is_ok() || value == "+Inf", "{line}");
+        let family = name
+            .strip_suffix("_bucket")
+            .or_else(|| name.strip_suffix("_sum"))
+            .or_else(|| name.strip_suffix("_count"))
+            .filter(|f| typed.get(*f).is_some_and(|k| k == "histogram"))
+            .unwrap_or(name);
+        let kind = typed
+            .get(family)
+            .unwrap_or_else(|| panic!("no TYPE for {line}"));
+        if kind == "counter" {
+            assert!(name.ends_with("_total"), "{line}");
+        }
+    }
+    for want in [
+        "rigd_source_frames_total{source=\"front\"} 42",
+        "rigd_source_drops_total{source=\"front\",stage=\"capture\"} 1",
+        "rigd_publish_latency_seconds_bucket{source=\"front\",le=\"0.001\"} 3",
+        "rigd_publish_latency_seconds_bucket{source=\"front\",le=\"+Inf\"} 6",
+        "rigd_publish_latency_seconds_count{source=\"front\"} 6",
+        "rigd_spool_pushed_total{source=\"front\"} 0",
+        "rigd_spool_popped_total{source=\"front\"} 0",
+        "rigd_spool_bytes 0",
+        "rigd_clock_offset_seconds -0.00000012",
+        "rigd_clock_state{state=\"locked\"} 1",
+        "rigd_uplink_connected 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == want),
+            "missing `{want}` in\n{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_page_is_self_contained() {
+    let (code, headers, body) = get(app(), "/").await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(headers[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(headers[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .unwrap()
+        .contains("default-src 'self'"));
+    let page = String::from_utf8(body).unwrap();
+    assert!(page.contains("/api/stream"));
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "no CDN"
+    );
+    let (code, _, _) = get(app(), "/assets/favicon.svg").await;
+    assert_eq!(code, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn healthz_preview_and_unknown_paths() {
+    let (code, _, body) = get(app(), "/healthz").await;
+    assert_eq!((code, body.as_slice()), (StatusCode::OK, &b"ok\n"[..]));
+    let (code, headers, body) = get(app(), "/api/sources/front/preview.jpg").await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(headers[header::CONTENT_TYPE], "image/jpeg");
+    assert_eq!(headers["x-frame-seq"], "40");
+    assert_eq!(body, b"\xff\xd8\xff\xd9");
+    for path in [
+        "/api/sources/mic/preview.jpg",
+        "/api/sources/..%2F..%2Fetc/preview.jpg",
+        "/../../etc/passwd",
+        "/assets/../Cargo.toml",
+        "/assets/..%2F..%2FCargo.toml",
+        "/assets/%2e%2e/%2e%2e/etc/passwd",
+        "/assets//etc/passwd",
+        "/assets/favicon.svg/../../src/lib.rs",
+        "/nowhere",
+    ] {
+        let (code, _, body) = get(app(), path).await;
+        assert_eq!(code, StatusCode::NOT_FOUND, "{path}");
+        assert!(json(&body)["error"].is_string(), "{path}");
+    }
+}
+
+fn control_requests() -> Vec<(Method, &'static str, &'static str)> {
+    vec![
+        (Method::POST, "/api/uplink/pause", ""),
+        (Method::POST, "/api/uplink/resume", ""),
+        (Method::POST, "/api/events", r#"{"note":"pothole"}"#),
+        (Method::DELETE, "/api/spool/front?confirm=front", ""),
+    ]
+}
+
+fn control(method: &Method, path: &str, body: &str, auth: Option<&str>) -> Request<Body> {
+    let mut r = Request::builder().method(method.clone()).uri(path);
+    if let Some(a) = auth {
+        r = r.header(header::AUTHORIZATION, a);
+    }
+    r.body(Body::from(body.to_string())).unwrap()
+}
+
+#[tokio::test]
+async fn control_is_forbidden_without_a_configured_token() {
+    for (m, path, body) in control_requests() {
+        for auth in [None, Some("Bearer anything"), Some("Bearer ")] {
+            let (code, _, resp) = send(app(), control(&m, path, body, auth)).await;
+            assert_eq!(code, StatusCode::FORBIDDEN, "{m} {path} {auth:?}");
+            assert!(json(&resp)["error"]
+                .as_str()
+                .unwrap()
+                .contains("token-file"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn control_needs_the_right_token() {
+    for (m, path, body) in control_requests() {
+        for auth in [
+            None,
+            Some("Bearer wrong"),
+            Some("Bearer s3cret-toke"),
+            Some("Bearer s3cret-token-and-more"),
+            Some("Basic czNjcmV0LXRva2Vu"),
+            Some("s3cret-token"),
+            Some("Bearer"),
+        ] {
+            let (app, rig) = app_with(Some(TOKEN));
+            let (code, headers, _) = send(app, control(&m, path, body, auth)).await;
+            assert_eq!(code, StatusCode::UNAUTHORIZED, "{m} {path} {auth:?}");
+            assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
+            assert!(rig.paused.lock().unwrap().is_none());
+            assert!(rig.notes.lock().unwrap().is_empty());
+            assert!(rig.cleared.lock().unwrap().is_empty());
+        }
+        for auth in ["Bearer s3cret-token", "bearer s3cret-token"] {
+            let (app, _) = app_with(Some(TOKEN));
+            let (code, _, resp) = send(app, control(&m, path, body, Some(auth))).await;
+            assert!(
+                code.is_success(),
+                "{m} {path}: {code} {}",
+                String::from_utf8_lossy(&resp)
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn control_actions_reach_the_daemon() {
+    let auth = Some("Bearer s3cret-token");
+    let (app, rig) = app_with(Some(TOKEN));
+    let (code, _, body) = send(
+        app.clone(),
+        control(&Method::POST, "/api/uplink/pause", "", auth),
+    )
+    .await;
+    assert_eq!(
+        (code, json(&body)["paused"].as_bool()),
+        (StatusCode::OK, Some(true))
+    );
+    assert_eq!(*rig.paused.lock().unwrap(), Some(true));
+    let (_, _, body) = get(app.clone(), "/api/status").await;
+    assert_eq!(json(&body)["uplink"]["paused"], true);
+    assert_eq!(json(&body)["control_enabled"], true);
+    send(
+        app.clone(),
+        control(&Method::POST, "/api/uplink/resume", "", auth),
+    )
+    .await;
+    assert_eq!(*rig.paused.lock().unwrap(), Some(false));
+
+    let (code, _, body) = send(
+        app.clone(),
+        control(
+            &Method::POST,
+            "/api/events",
+            r#"{"note":"pothole at km 12"}"#,
+            auth,
+        ),
+    )
+    .await;
+    assert_eq!(code, StatusCode::CREATED);
+    assert_eq!(json(&body)["bucket"], 123);
+    let (code, _, _) = send(app.clone(), control(&Method::POST, "/api/events", "", auth)).await;
+    assert_eq!(
+        code,
+        StatusCode::CREATED,
+        "an empty body marks an event without a note"
+    );
+    assert_eq!(
+        *rig.notes.lock().unwrap(),
+        vec!["pothole at km 12".to_string(), String::new()]
+    );
+
+    // Dropping a spool needs the confirmation, and an existing source.
+    for path in [
+        "/api/spool/front",
+        "/api/spool/front?confirm=rear",
+        "/api/spool/front?confirm",
+    ] {
+        let (code, _, body) = send(app.clone(), control(&Method::DELETE, path, "", auth)).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{path}");
+        assert!(json(&body)["error"]
+            .as_str()
+            .unwrap()
+            .contains("?confirm=front"));
+    }
+    assert!(rig.cleared.lock().unwrap().is_empty());
+    let (code, _, body) = send(
+        app.clone(),
+        control(&Method::DELETE, "/api/spool/rear?confirm=rear", "", auth),
+    )
+    .await;
+    assert_eq!(
+        code,
+        StatusCode::NOT_FOUND,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    let (code, _, body) = send(
+        app,
+        control(&Method::DELETE, "/api/spool/front?confirm=front", "", auth),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(json(&body)["dropped"], 12);
+}
+
+#[tokio::test]
+async fn hostile_bodies_get_clear_answers() {
+    let auth = Some("Bearer s3cret-token");
+    let (app, rig) = app_with(Some(TOKEN));
+    let big = format!(r#"{{"note":"{}"}}"#, "x".repeat(MAX_BODY_BYTES + 1));
+    let (code, _, _) = send(
+        app.clone(),
+        control(&Method::POST, "/api/events", &big, auth),
+    )
+    .await;
+    assert_eq!(code, StatusCode::PAYLOAD_TOO_LARGE);
+    for bad in [
+        "{",
+        "[1,2]",
+        r#"{"note": 5}"#,
+        r#"{"nope": "x"}"#,
+        "\u{0}\u{1}",
+        "null",
+    ] {
+        let (code, _, body) = send(
+            app.clone(),
+            control(&Method::POST, "/api/events", bad, auth),
+        )
+        .await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert!(json(&body)["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("bad JSON"));
+    }
+    let long = format!(r#"{{"note":"{}"}}"#, "é".repeat(MAX_NOTE_CHARS + 1));
+    let (code, _, _) = send(
+        app.clone(),
+        control(&Method::POST, "/api/events", &long, auth),
+    )
+    .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(rig.notes.lock().unwrap().is_empty());
+    // A huge body on a read-only route is not read at all.
+    let r = Request::get("/api/status")
+        .body(Body::from(vec![b'x'; 1 << 20]))
+        .unwrap();
+    let (code, _, _) = send(app, r).await;
+    assert_eq!(code, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn live_stream_sends_status_events_and_caps_clients() {
+    let rig = Arc::new(FakeRig::default());
+    let state = AppState::new(rig.clone(), rig).with_stream_limit(2, Duration::from_millis(20));
+    let app = router(state);
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let r = app
+            .clone()
+            .oneshot(Request::get("/api/stream").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "text/event-stream");
+        open.push(r);
+    }
+    let (code, _, body) = get(app.clone(), "/api/stream").await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(json(&body)["error"].is_string());
+
+    // Read two events from the first stream.
+    use http_body_util::BodyExt;
+    let mut body = open.remove(0).into_body();
+    let mut text = String::new();
+    while text.matches("event: status").count() < 2 {
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("an event within 5 s")
+            .unwrap()
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            text.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    let first = text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+    assert_eq!(json(first.as_bytes())["rig"], "van-07");
+    assert!(text.contains("retry: 2000"));
+    // A closed stream frees its slot.
+    drop(body);
+    let r = app
+        .oneshot(Request::get("/api/stream").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn live_stream_ends_at_shutdown() {
+    let rig = Arc::new(FakeRig::default());
+    let (tx, rx) = watch::channel(false);
+    let state = AppState::new(rig.clone(), rig)
+        .with_shutdown(rx)
+        .with_stream_limit(4, Duration::from_millis(20));
+    let r = router(state)
+        .oneshot(Request::get("/api/stream").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    tx.send(true).unwrap();
+    let body = tokio::time::timeout(
+        Duration::from_secs(5),
+        axum::body::to_bytes(r.into_body(), 1 << 20),
+    )
+    .await
+    .expect("the stream ends")
+    .unwrap();
+    assert!(body.len() < 1 << 20);
+}
+
+#[test]
+fn token_comparison() {
+    assert!(same_token(b"abc", b"abc"));
+    assert!(!same_token(b"abd", b"abc"));
+    assert!(!same_token(b"ab", b"abc"));
+    assert!(!same_token(b"abcd", b"abc"));
+    assert!(!same_token(b"", b"abc"));
+    // The missing tail is compared against a byte that always differs.
+    assert!(!same_token(b"\xff", b"\x00"));
+}
