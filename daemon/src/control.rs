@@ -122,3 +122,53 @@ impl rigd_web::Control for Runtime {
             .map_err(|e| ControlError::Failed(format!("clearing the spool of {source}: {e}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rigd_drivers::SystemClock;
+    use tokio::sync::mpsc;
+
+    #[test]
+    fn events_is_a_reserved_source_id() {
+        let cfg: crate::config::Config = toml::from_str(
+            "[rig]\nid = \"r\"\n[[source]]\nid = \"events\"\nkind = \"synthetic-serial\"\n",
+        )
+        .unwrap();
+        let p = cfg.problems();
+        assert!(p.iter().any(|p| p.contains("reserved")), "{p:?}");
+    }
+
+    #[test]
+    fn a_marker_is_a_json_frame_keyed_by_the_current_bucket() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let sink = FrameSink::new(
+            Arc::from(EVENTS_SOURCE),
+            41,
+            tx,
+            Arc::new(SourceHealth::default()),
+        );
+        let m = EventMarker::new(
+            sink,
+            Arc::new(SystemClock),
+            33,
+            "van-07".into(),
+            None,
+            Arc::new(LaneStats::default()),
+        );
+        let marked = m.mark("pothole").unwrap();
+        assert_eq!(marked.seq, 41);
+        assert_eq!(marked.bucket, marked.capture_ns.div_euclid(33_000_000));
+        let f = rx.try_recv().unwrap();
+        assert_eq!((f.seq, &*f.source), (41, EVENTS_SOURCE));
+        assert_eq!(f.media, Media::Serial { text: true });
+        let v: serde_json::Value = serde_json::from_slice(&f.payload).unwrap();
+        assert_eq!(v["event"], "pothole");
+        assert_eq!(v["bucket"], marked.bucket);
+        assert_eq!(v["rig"], "van-07");
+        assert_eq!(m.marked(), 1);
+        m.close();
+        assert!(matches!(m.mark("late"), Err(ControlError::Unavailable(_))));
+        assert_eq!(m.marked(), 1);
+    }
+}
