@@ -82,7 +82,7 @@ mkfs.ext4 -q -F -L root -d "$GUEST" "$WORK/disk.img" 3G
 
 # The broker on the host (started here when not running, stopped again at the end).
 started_broker=0
-if ! tests/pulsar/broker.sh status >/dev/null 2>&1; then
+if ! (exec 3<>/dev/tcp/127.0.0.1/6650) 2>/dev/null; then
   log "starting the broker"; tests/pulsar/broker.sh start >/dev/null; started_broker=1
 fi
 
