@@ -271,8 +271,8 @@ def chromium() -> str:
 
 def test_page_in_headless_chromium(tmp_path):
     """The page a technician opens: live counters, camera thumbnail, level meter, serial lines,
-    clock state, plain-word alerts for a failed source and an unreachable broker; then stale when
-    rigd stops. Screenshots: tests/artifacts/web-{laptop,phone,laptop-stale}.png."""
+    clock state, plain-word alerts for a failed source and an unreachable broker, an event marked
+    through the page; then stale when rigd stops. Screenshots: tests/artifacts/web-{laptop,phone,laptop-stale}.png."""
     browser_js = ROOT / "tests" / "web" / "browser.mjs"
     assert (ROOT / "tests/web/node_modules/playwright-core").is_dir(), "run tests/setup.sh (npm ci in tests/web)"
     assert Path(chromium()).exists(), "run tests/setup.sh (Debian chromium)"
@@ -282,7 +282,7 @@ def test_page_in_headless_chromium(tmp_path):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(["node", str(browser_js), d.url(""), str(ARTIFACTS)], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "CHROMIUM": chromium()})
+                            text=True, env={**os.environ, "CHROMIUM": chromium(), "RIGD_TOKEN": TOKEN})
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
     steps = {}
@@ -326,4 +326,6 @@ def test_page_in_headless_chromium(tmp_path):
         assert any(t.startswith("Broker unreachable: spooling,") and "waiting" in t for t in texts), texts
         assert seen["horizontal_overflow_px"] <= 0, f"{layout} scrolls sideways"
         assert Path(seen["screenshot"]).stat().st_size > 10_000
+    marked = json.loads(steps["action"][0]["result"].removeprefix("Done: "))
+    assert marked["note"] == "marked from the page" and marked["seq"] == 0, marked
     assert steps["stale"][0]["banner"] is True

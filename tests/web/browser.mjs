@@ -86,6 +86,19 @@ try {
     pages[name] = page;
   }
 
+  // A technician action through the page: token, note, "Mark event".
+  if (process.env.RIGD_TOKEN) {
+    const page = pages.laptop;
+    await page.click("#actions summary");
+    await page.fill("#token", process.env.RIGD_TOKEN);
+    await page.fill("#note", "marked from the page");
+    await page.click("#mark");
+    await page.waitForFunction(() => document.getElementById("action-result").textContent.startsWith("Done"), null, { timeout: 10000 });
+    const result = await page.textContent("#action-result");
+    await page.waitForFunction(() => document.querySelector("#conn").textContent === "LIVE");
+    say({ step: "action", result });
+  }
+
   // The outage: the test stops rigd; the page must say that what it shows is stale.
   say({ step: "ready-for-outage" });
   await stdinLine();
