@@ -42,6 +42,7 @@ async fn main() {
             max_frame_bytes: 64 << 20,
             send_timeout: Duration::from_secs(60),
             tls: None,
+            compression: rigd::config::Compression::None,
         },
         ack_tx,
         stop,

@@ -176,6 +176,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
                     send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
                     tls: tls.clone(),
+                    compression: config.pulsar.compression,
                 },
                 ack_tx,
                 shutdown_rx.clone(),

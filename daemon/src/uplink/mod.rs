@@ -3,6 +3,7 @@
 //! and sequence ids that make broker-side deduplication exact across restarts.
 
 mod codec;
+mod compress;
 pub mod plan;
 mod producer;
 

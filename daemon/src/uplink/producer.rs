@@ -25,6 +25,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::codec;
+use super::compress;
 use super::plan::{self, Backoff};
 use crate::wire::Envelope;
 use rigd_drivers::Frame;
@@ -51,6 +52,7 @@ pub struct ProducerConfig {
     pub send_timeout: Duration,
     /// Client TLS settings for `pulsar+ssl://` (see [`super::tls_config`]).
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub compression: crate::config::Compression,
 }
 
 /// What became of a submitted frame.
@@ -161,11 +163,25 @@ struct Pending {
     frame: Frame,
     envelope: Envelope,
     generation: u64,
-    /// Chunk ranges of the payload (one when not chunked).
+    /// The payload as it goes on the wire (compressed or the frame's own bytes) and its codec.
+    wire: Bytes,
+    compression: i32,
+    /// Chunk ranges of the wire payload (one when not chunked).
     chunks: Vec<std::ops::Range<usize>>,
     receipts: usize,
     submitted: Instant,
     sent: Instant,
+}
+
+/// The state of a pending frame carried into its resend after a reconnect.
+struct Resume {
+    generation: u64,
+    receipts: usize,
+    submitted: Instant,
+    envelope: Envelope,
+    wire: Bytes,
+    compression: i32,
+    chunks: Vec<std::ops::Range<usize>>,
 }
 
 impl Pending {
@@ -623,12 +639,16 @@ impl Task {
         self.pending_bytes = 0;
         self.stats.in_flight.store(0, Ordering::Relaxed);
         for p in resend.drain(..) {
-            self.send(
-                &mut link,
-                p.frame,
-                Some((p.generation, p.receipts, p.submitted, p.envelope, p.chunks)),
-            )
-            .await?;
+            let resume = Resume {
+                generation: p.generation,
+                receipts: p.receipts,
+                submitted: p.submitted,
+                envelope: p.envelope,
+                wire: p.wire,
+                compression: p.compression,
+                chunks: p.chunks,
+            };
+            self.send(&mut link, p.frame, Some(resume)).await?;
         }
         link.flush().await?;
         let mut ping_timer = tokio::time::interval(Duration::from_secs(5));
@@ -745,12 +765,11 @@ impl Task {
 
     /// Writes a frame's SEND frames into the link's buffer. `resume` carries a pending frame's state
     /// when it is resent after a reconnect.
-    #[allow(clippy::type_complexity)]
     async fn send(
         &mut self,
         link: &mut Link,
         frame: Frame,
-        resume: Option<(u64, usize, Instant, Envelope, Vec<std::ops::Range<usize>>)>,
+        resume: Option<Resume>,
     ) -> Result<(), LinkError> {
         let len = frame.payload.len();
         let ack_now = |task: &mut Self, frame: Frame, outcome: Outcome| {
@@ -773,7 +792,15 @@ impl Task {
             return Ok(());
         }
         let resuming = resume.is_some();
-        let (mut generation, receipts, submitted, envelope, chunks) = match resume {
+        let Resume {
+            mut generation,
+            receipts,
+            submitted,
+            envelope,
+            wire,
+            compression,
+            chunks,
+        } = match resume {
             Some(r) => r,
             None => {
                 let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
@@ -781,13 +808,17 @@ impl Task {
                     .max_message_size
                     .saturating_sub(CHUNK_HEADROOM + envelope_size(&envelope))
                     .max(1024);
-                (
-                    0,
-                    0,
-                    Instant::now(),
+                let (compression, wire) = compress::compress(self.cfg.compression, &frame.payload);
+                let chunks = plan::chunk_ranges(wire.len(), max_chunk);
+                Resume {
+                    generation: 0,
+                    receipts: 0,
+                    submitted: Instant::now(),
                     envelope,
-                    plan::chunk_ranges(len, max_chunk),
-                )
+                    wire,
+                    compression,
+                    chunks,
+                }
             }
         };
         // Decide against what the broker reported holding when this producer was created.
@@ -816,6 +847,8 @@ impl Task {
             frame,
             envelope,
             generation,
+            wire,
+            compression,
             chunks,
             receipts,
             submitted,
@@ -839,14 +872,15 @@ impl Task {
             partition_key: Some(pending.envelope.key.clone()),
             event_time: Some(pending.envelope.event_time_ms),
             uncompressed_size: Some(len as u32),
+            compression: (pending.compression != 0).then_some(pending.compression),
             ..Default::default()
         };
         if n > 1 {
             metadata.uuid = Some(format!("{}-{}", self.cfg.producer_name, seq_id));
             metadata.num_chunks_from_msg = Some(n as i32);
-            metadata.total_chunk_msg_size = Some(len as i32);
+            metadata.total_chunk_msg_size = Some(pending.wire.len() as i32);
         }
-        let payload: Bytes = pending.frame.payload.clone();
+        let payload: Bytes = pending.wire.clone();
         for (i, range) in pending.chunks.iter().enumerate().skip(pending.receipts) {
             let cmd = BaseCommand {
                 r#type: Type::Send as i32,
