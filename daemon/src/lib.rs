@@ -5,6 +5,7 @@
 //! store-and-forward), [`pipeline`] (per-source lanes between capture, spool and uplink), [`app`]
 //! (wiring and shutdown order), [`status`], [`metrics`] and [`control`] (what the web UI shows
 //! and what a technician may do), [`lifecycle`] (signals),
+//! [`notify`] (systemd readiness, status and watchdog),
 //! [`replay`] (the offline tools: inspect, export and republish a spool), [`tail`] (a rig's
 //! buckets, live from Pulsar).
 
