@@ -29,6 +29,8 @@ pub struct LaneStats {
     pub spool_dropped_logged: AtomicU64,
     /// Submission-to-receipt latency of published frames (web UI and `/metrics`).
     pub latency: crate::metrics::LatencyHistogram,
+    /// Capture-to-receipt latency of frames published live (not from the spool), per source.
+    pub capture_latency: crate::metrics::LatencyHistogram,
     /// The latest frames for the web UI (a reference to a payload a few times a second).
     pub preview: crate::metrics::Preview,
     /// Beats on every turn of the lane loop, and at least once a second while idle (watchdog).
@@ -244,6 +246,10 @@ impl Lane {
             Outcome::Persisted => {
                 self.stats.published.fetch_add(1, Ordering::Relaxed);
                 self.stats.latency.record(ack.latency);
+                if st.from_spool.front() != Some(&ack.seq) {
+                    let ns = (rigd_drivers::realtime_ns() - ack.capture_ns).max(0) as u64;
+                    self.stats.capture_latency.record(Duration::from_nanos(ns));
+                }
             }
             Outcome::AlreadyPersisted => {
                 self.stats.already_persisted.fetch_add(1, Ordering::Relaxed);

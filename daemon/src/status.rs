@@ -133,6 +133,9 @@ impl rigd_web::StatusSource for Runtime {
                     Vec::new()
                 },
                 latency: uplink.configured.then(|| snap.to_web()),
+                capture_latency: uplink
+                    .configured
+                    .then(|| e.lane.capture_latency.snapshot().to_web()),
             });
         }
         uplink.connected = uplink.configured && all_connected;

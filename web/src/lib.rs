@@ -133,6 +133,9 @@ pub struct SourceStatus {
     /// Publish latency (submission to broker receipt) since start; `/metrics` only.
     #[serde(skip)]
     pub latency: Option<Histogram>,
+    /// Capture-to-receipt latency of frames published live; `/metrics` only.
+    #[serde(skip)]
+    pub capture_latency: Option<Histogram>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Default, PartialEq)]

@@ -214,6 +214,16 @@ pub fn render(s: &Status) -> String {
             e.histogram("rigd_publish_latency_seconds", &[("source", &src.id)], h);
         }
     }
+    e.family(
+        "rigd_capture_to_receipt_seconds",
+        "histogram",
+        "Time from a frame's capture to its broker receipt, for frames published live.",
+    );
+    for src in &s.sources {
+        if let Some(h) = &src.capture_latency {
+            e.histogram("rigd_capture_to_receipt_seconds", &[("source", &src.id)], h);
+        }
+    }
 
     // Spool.
     e.per_source(

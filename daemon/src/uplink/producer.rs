@@ -73,6 +73,8 @@ pub struct Ack {
     pub outcome: Outcome,
     /// Submission to last receipt.
     pub latency: Duration,
+    /// The frame's capture time (rig clock, ns), for capture-to-receipt latency.
+    pub capture_ns: i64,
 }
 
 /// State shared with status and metrics.
@@ -758,6 +760,7 @@ impl Task {
                 seq: p.frame.seq,
                 outcome,
                 latency: p.submitted.elapsed(),
+                capture_ns: p.frame.capture_ns,
             });
             self.room.notify_waiters();
         }
@@ -781,6 +784,7 @@ impl Task {
                 seq: frame.seq,
                 outcome,
                 latency: Duration::ZERO,
+                capture_ns: frame.capture_ns,
             });
         };
         if len > self.cfg.max_frame_bytes {
