@@ -51,6 +51,21 @@ impl Exposition {
         }
     }
 
+    fn per_source_histogram<'s>(
+        &mut self,
+        s: &'s Status,
+        name: &str,
+        help: &str,
+        value: impl Fn(&'s crate::SourceStatus) -> Option<&'s Histogram>,
+    ) {
+        self.family(name, "histogram", help);
+        for src in &s.sources {
+            if let Some(h) = value(src) {
+                self.histogram(name, &[("source", &src.id)], h);
+            }
+        }
+    }
+
     fn histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &Histogram) {
         let bucket = format!("{name}_bucket");
         for (le, c) in h.bounds_s.iter().zip(&h.cumulative) {
@@ -204,26 +219,18 @@ pub fn render(s: &Status) -> String {
         "Frames with a broker receipt.",
         |x| Some(x.published as f64),
     );
-    e.family(
+    e.per_source_histogram(
+        s,
         "rigd_publish_latency_seconds",
-        "histogram",
         "Time from handing a frame to the producer to its broker receipt.",
+        |x| x.latency.as_ref(),
     );
-    for src in &s.sources {
-        if let Some(h) = &src.latency {
-            e.histogram("rigd_publish_latency_seconds", &[("source", &src.id)], h);
-        }
-    }
-    e.family(
+    e.per_source_histogram(
+        s,
         "rigd_capture_to_receipt_seconds",
-        "histogram",
         "Time from a frame's capture to its broker receipt, for frames published live.",
+        |x| x.capture_latency.as_ref(),
     );
-    for src in &s.sources {
-        if let Some(h) = &src.capture_latency {
-            e.histogram("rigd_capture_to_receipt_seconds", &[("source", &src.id)], h);
-        }
-    }
 
     // Spool.
     e.per_source(
