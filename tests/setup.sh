@@ -4,10 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS=(protobuf-compiler pkg-config libasound2-dev socat curl ca-certificates openjdk-17-jre-headless maven linuxptp iproute2 chromium systemd)
+# What building rigd needs (`tests/setup.sh --build-deps` installs only these: README's first command).
+BUILD_PKGS=(protobuf-compiler pkg-config libasound2-dev)
+APT_PKGS=("${BUILD_PKGS[@]}" socat curl ca-certificates openjdk-17-jre-headless maven linuxptp iproute2 chromium systemd)
+[ "${1:-}" = "--build-deps" ] && APT_PKGS=("${BUILD_PKGS[@]}")
 missing=()
 # Node.js runs the browser test's driver (playwright-core, tests/web); any node >= 20 will do.
-command -v node >/dev/null || APT_PKGS+=(nodejs npm)
+[ "${1:-}" = "--build-deps" ] || command -v node >/dev/null || APT_PKGS+=(nodejs npm)
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
@@ -17,6 +20,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
+
+[ "${1:-}" = "--build-deps" ] && exit 0
 
 PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest" "prometheus_client" "mcap")
 if ! python3 -c 'import pulsar, PIL, pytest, prometheus_client, mcap' 2>/dev/null; then
