@@ -231,6 +231,18 @@ fn to_time(ns: i64) -> Time {
     Time::from_nanos(ns.max(0) as u64)
 }
 
+/// Carries out a port's actions, then hands each send timestamp back to the port and carries out
+/// what that asks for, until the port waits for none (actions borrow the port, hence a macro).
+macro_rules! perform_all {
+    ($port:expr, $actions:expr, $net:expr, $timers:expr, $ptp:expr, $err:expr) => {{
+        let mut pending = perform($actions, $net, $timers, $ptp).await.map_err($err)?;
+        while let Some((ctx, ts)) = pending.take() {
+            let a = $port.handle_send_timestamp(ctx, ts);
+            pending = perform(a, $net, $timers, $ptp).await.map_err($err)?;
+        }
+    }};
+}
+
 /// Carries out a list of port actions; returns the send timestamp the port is waiting for.
 async fn perform(
     actions: PortActionIterator<'_>,
@@ -399,15 +411,7 @@ async fn run_port(
     let port = instance.add_port(port_config, filter, PortClock(ptp.clock.clone()), rng);
     let (mut port, actions) = port.end_bmca();
     let mut timers = Timers::default();
-    let mut pending = perform(actions, &mut net, &mut timers, ptp)
-        .await
-        .map_err(io_err("sending"))?;
-    while let Some((ctx, ts)) = pending.take() {
-        let a = port.handle_send_timestamp(ctx, ts);
-        pending = perform(a, &mut net, &mut timers, ptp)
-            .await
-            .map_err(io_err("sending"))?;
-    }
+    perform_all!(port, actions, &mut net, &mut timers, ptp, io_err("sending"));
     tracing::info!(interface = %interface, transport = ?cfg.transport, domain = cfg.domain,
         identity = %format_identity(&identity.0), "PTP port listening");
     ptp.update(|r| {
@@ -486,15 +490,7 @@ async fn run_port(
                 let (p, a) = in_bmca.end_bmca();
                 port = p;
                 bmca_at = Instant::now() + instance.bmca_interval();
-                let mut pending = perform(a, &mut net, &mut timers, ptp)
-                    .await
-                    .map_err(io_err("sending"))?;
-                while let Some((ctx, ts)) = pending.take() {
-                    let a = port.handle_send_timestamp(ctx, ts);
-                    pending = perform(a, &mut net, &mut timers, ptp)
-                        .await
-                        .map_err(io_err("sending"))?;
-                }
+                perform_all!(port, a, &mut net, &mut timers, ptp, io_err("sending"));
                 PortActionIterator::empty()
             }
             Wake::Tick => {
@@ -509,15 +505,7 @@ async fn run_port(
                 PortActionIterator::empty()
             }
         };
-        let mut pending = perform(actions, &mut net, &mut timers, ptp)
-            .await
-            .map_err(io_err("sending"))?;
-        while let Some((ctx, ts)) = pending.take() {
-            let a = port.handle_send_timestamp(ctx, ts);
-            pending = perform(a, &mut net, &mut timers, ptp)
-                .await
-                .map_err(io_err("sending"))?;
-        }
+        perform_all!(port, actions, &mut net, &mut timers, ptp, io_err("sending"));
 
         let now_s = origin.elapsed().as_secs_f64();
         let state_before = tracker.state();
