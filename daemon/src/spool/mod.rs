@@ -16,9 +16,11 @@
 //! Invariants:
 //! - A record is removed only after the broker's receipt for it, or by a counted capacity drop.
 //! - A source's records are read back in `seq` order, which is capture order.
-//! - A commit writes segment data (fdatasync) before the index (sled flush): an index entry that
-//!   survives a power cut points at data that survived too, unless the data was torn, which its
-//!   checksum reveals.
+//! - An appended record's index entry and its source's sequence note are held in memory
+//!   ([`Pending`]) until a commit has written the record's data (fdatasync); only then do they go
+//!   to sled, which may write them to disk at any moment after. So an index entry or sequence note
+//!   that survives a crash or power cut never points past data that did not: a crash loses the
+//!   frames of the last commit interval whole, never leaving a hole in a source's sequence.
 //! - Opening never fails because of damaged contents: an index sled cannot open is moved aside and
 //!   rebuilt from the segments; a record that fails its checksum is quarantined and counted.
 //! - Sequence numbers never repeat for published frames: in `on-outage` mode an unclean shutdown
@@ -117,9 +119,22 @@ impl Location {
     }
 }
 
+/// Index changes not yet in sled (see the module's invariants). Every append takes the next
+/// `serial`; a commit moves to sled what was appended before the data flush it made.
+#[derive(Default)]
+struct Pending {
+    serial: u64,
+    /// Per source: seq -> (location, serial of the append).
+    entries: HashMap<Arc<str>, BTreeMap<u64, (Location, u64)>>,
+    /// Per source: (next sequence, serial when noted).
+    seq_notes: HashMap<Arc<str>, (u64, u64)>,
+}
+
 struct Writer {
     id: u64,
     file: BufWriter<File>,
+    /// A second handle on the segment, for fdatasync without holding the segment lock.
+    sync: Arc<File>,
     len: u64,
     /// Bytes of the active segment known to be in the file (not in the buffer).
     flushed: u64,
@@ -141,6 +156,7 @@ pub struct Spool {
     trees: Mutex<HashMap<Arc<str>, sled::Tree>>,
     stats: Mutex<HashMap<Arc<str>, Arc<SourceSpoolStats>>>,
     segs: Mutex<Segments>,
+    pending: Mutex<Pending>,
     disk_bytes: AtomicU64,
     segment_size: u64,
     max_bytes: u64,
@@ -223,6 +239,7 @@ impl Spool {
                 info: BTreeMap::new(),
                 readers: HashMap::new(),
             }),
+            pending: Mutex::new(Pending::default()),
             disk_bytes: AtomicU64::new(0),
             segment_size: MAX_SEGMENT.min(cfg.max_bytes.0 / 8).max(1 << 20),
             max_bytes: cfg.max_bytes.0,
@@ -261,6 +278,37 @@ impl Spool {
 
     fn segs(&self) -> MutexGuard<'_, Segments> {
         self.segs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where a source's record is, committed or not.
+    fn lookup(&self, source: &Arc<str>, seq: u64) -> Result<Option<Location>, SpoolError> {
+        let pending = self.pending();
+        if let Some((loc, _)) = pending.entries.get(source).and_then(|m| m.get(&seq)) {
+            return Ok(Some(*loc));
+        }
+        let v = self
+            .tree(source)?
+            .get(seq.to_be_bytes())
+            .map_err(self.ix())?;
+        Ok(v.and_then(|v| Location::decode(&v)))
+    }
+
+    /// Removes a record's index entry, committed or not; returns where it was.
+    fn unindex(&self, source: &Arc<str>, seq: u64) -> Result<Option<Location>, SpoolError> {
+        // Held across the sled removal so a commit cannot move the entry in between.
+        let mut pending = self.pending();
+        if let Some((loc, _)) = pending.entries.get_mut(source).and_then(|m| m.remove(&seq)) {
+            return Ok(Some(loc));
+        }
+        let v = self
+            .tree(source)?
+            .remove(seq.to_be_bytes())
+            .map_err(self.ix())?;
+        Ok(v.and_then(|v| Location::decode(&v)))
     }
 
     /// Reads the segment list and the index; rebuilds the index from segments when asked.
@@ -450,6 +498,17 @@ impl Spool {
 
     /// The sequence number for a source's next frame.
     pub fn next_seq(&self, source: &Arc<str>) -> Result<u64, SpoolError> {
+        let (pending_note, pending_last) = {
+            let p = self.pending();
+            let note = p.seq_notes.get(source).map(|n| n.0).unwrap_or(0);
+            let last = p
+                .entries
+                .get(source)
+                .and_then(|m| m.keys().next_back())
+                .map(|s| s + 1)
+                .unwrap_or(0);
+            (note, last)
+        };
         let noted = self
             .meta
             .get(format!("seq:{source}"))
@@ -462,16 +521,17 @@ impl Spool {
             .map_err(self.ix())?
             .map(|(k, _)| key_seq(&k) + 1)
             .unwrap_or(0);
-        let next = noted.max(stored);
+        let next = noted.max(stored).max(pending_note).max(pending_last);
         let jump = self.unclean_start && self.mode == SpoolMode::OnOutage && next > 0;
         Ok(if jump { next + CRASH_SEQ_MARGIN } else { next })
     }
 
-    /// Records the next sequence number of a source (durable with the next commit).
+    /// Records the next sequence number of a source: durable with the commit that makes the
+    /// source's earlier appends durable, never before them.
     pub fn note_seq(&self, source: &Arc<str>, next: u64) -> Result<(), SpoolError> {
-        self.meta
-            .insert(format!("seq:{source}"), &next.to_le_bytes()[..])
-            .map_err(self.ix())?;
+        let mut p = self.pending();
+        let serial = p.serial;
+        p.seq_notes.insert(source.clone(), (next, serial));
         Ok(())
     }
 
@@ -485,22 +545,73 @@ impl Spool {
         self.durable.subscribe()
     }
 
-    /// One group commit: segment data first (fdatasync), then the index.
+    /// One group commit: segment data first (fdatasync), then the index entries of that data go
+    /// to sled, then sled is flushed.
     pub fn commit(&self) -> Result<(), SpoolError> {
         let e = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
-        {
+        let (sync, watermark) = {
             let mut segs = self.segs();
-            if let Some(w) = segs.writer.as_mut() {
-                w.file.flush().map_err(self.io("write segment"))?;
-                w.flushed = w.len;
-                w.file
-                    .get_ref()
-                    .sync_data()
-                    .map_err(self.io("fdatasync segment"))?;
-            }
+            let sync = match segs.writer.as_mut() {
+                Some(w) => {
+                    w.file.flush().map_err(self.io("write segment"))?;
+                    w.flushed = w.len;
+                    Some(w.sync.clone())
+                }
+                None => None,
+            };
+            // Appends take the segment lock before their serial: every serial below this one has
+            // its bytes in the file now (earlier segments were synced when they were sealed).
+            (sync, self.pending().serial)
+        };
+        // Appends go on meanwhile; only the sync waits for the disk.
+        if let Some(f) = sync {
+            f.sync_data().map_err(self.io("fdatasync segment"))?;
         }
+        self.apply_pending(watermark)?;
         self.index.flush().map_err(self.ix())?;
         self.durable.send_replace(e);
+        Ok(())
+    }
+
+    /// Moves to sled the index entries and sequence notes of appends below `watermark`.
+    fn apply_pending(&self, watermark: u64) -> Result<(), SpoolError> {
+        let mut p = self.pending();
+        let sources: Vec<Arc<str>> = p.entries.keys().cloned().collect();
+        for source in sources {
+            let Some(m) = p.entries.get_mut(&source) else {
+                continue;
+            };
+            let mut batch = sled::Batch::default();
+            let mut moved = Vec::new();
+            for (seq, (loc, serial)) in m.iter() {
+                if *serial < watermark {
+                    batch.insert(&seq.to_be_bytes(), &loc.encode()[..]);
+                    moved.push(*seq);
+                }
+            }
+            if moved.is_empty() {
+                continue;
+            }
+            self.tree(&source)?.apply_batch(batch).map_err(self.ix())?;
+            for seq in moved {
+                m.remove(&seq);
+            }
+            if m.is_empty() {
+                p.entries.remove(&source);
+            }
+        }
+        let notes: Vec<(Arc<str>, u64)> = p
+            .seq_notes
+            .iter()
+            .filter(|(_, (_, serial))| *serial <= watermark)
+            .map(|(s, (next, _))| (s.clone(), *next))
+            .collect();
+        for (source, next) in notes {
+            self.meta
+                .insert(format!("seq:{source}"), &next.to_le_bytes()[..])
+                .map_err(self.ix())?;
+            p.seq_notes.remove(&source);
+        }
         Ok(())
     }
 
@@ -519,6 +630,10 @@ impl Spool {
 
     /// Stores a frame, applying the capacity policy.
     pub fn append(&self, frame: &Frame) -> Result<Appended, SpoolError> {
+        if self.lookup(&frame.source, frame.seq)?.is_some() {
+            // Already stored (a spooled frame the uplink handed back at shutdown).
+            return Ok(Appended::Stored);
+        }
         let rec = record::encode(frame);
         let len = rec.len() as u64;
         let mut dropped = 0;
@@ -539,7 +654,7 @@ impl Spool {
                 }
             }
         }
-        let loc = {
+        {
             let mut segs = self.segs();
             let roll = segs
                 .writer
@@ -568,18 +683,17 @@ impl Spool {
                 i.0 += len;
                 i.1 += 1;
             }
-            loc
-        };
-        self.disk_bytes.fetch_add(len, Ordering::Relaxed);
-        let old = self
-            .tree(&frame.source)?
-            .insert(frame.seq.to_be_bytes(), &loc.encode()[..])
-            .map_err(self.ix())?;
-        let stats = self.stats(&frame.source);
-        if let Some(old) = old.and_then(|o| Location::decode(&o)) {
-            // The same frame spooled again (returned by the uplink at shutdown): the old copy is dead.
-            self.release(&stats, old);
+            // Under the segment lock, so a commit's watermark covers exactly the written appends.
+            let mut p = self.pending();
+            let serial = p.serial;
+            p.serial += 1;
+            p.entries
+                .entry(frame.source.clone())
+                .or_default()
+                .insert(frame.seq, (loc, serial));
         }
+        self.disk_bytes.fetch_add(len, Ordering::Relaxed);
+        let stats = self.stats(&frame.source);
         if stats.records.load(Ordering::Relaxed) == 0 {
             stats
                 .oldest_ns
@@ -614,8 +728,10 @@ impl Spool {
             .open(self.segment_path(id))
             .map_err(self.io("create segment"))?;
         segs.info.insert(id, (0, 0));
+        let sync = Arc::new(file.try_clone().map_err(self.io("open segment"))?);
         segs.writer = Some(Writer {
             id,
+            sync,
             file: BufWriter::with_capacity(1 << 20, file),
             len: 0,
             flushed: 0,
@@ -668,15 +784,11 @@ impl Spool {
                 break;
             }
             if let Ok(f) = record::decode(Bytes::copy_from_slice(&data[at..at + total])) {
-                let tree = self.tree(&f.source)?;
-                let key = f.seq.to_be_bytes();
-                let here = tree
-                    .get(key)
-                    .map_err(self.ix())?
-                    .and_then(|v| Location::decode(&v))
+                let here = self
+                    .lookup(&f.source, f.seq)?
                     .is_some_and(|l| l.segment == id);
                 if here {
-                    tree.remove(key).map_err(self.ix())?;
+                    self.unindex(&f.source, f.seq)?;
                     let stats = self.stats(&f.source);
                     stats.dropped.fetch_add(1, Ordering::Relaxed);
                     stats.records.fetch_sub(1, Ordering::Relaxed);
@@ -705,13 +817,26 @@ impl Spool {
         from: u64,
         max: usize,
     ) -> Result<Vec<Frame>, SpoolError> {
-        let tree = self.tree(source)?;
+        // Uncommitted entries first: a commit moving one to sled meanwhile is then seen twice
+        // (deduplicated below), never missed.
+        let mut wanted: BTreeMap<u64, Option<Location>> = self
+            .pending()
+            .entries
+            .get(source)
+            .map(|m| {
+                m.range(from..)
+                    .take(max)
+                    .map(|(s, (l, _))| (*s, Some(*l)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for item in self.tree(source)?.range(from.to_be_bytes()..).take(max) {
+            let (k, v) = item.map_err(self.ix())?;
+            wanted.entry(key_seq(&k)).or_insert(Location::decode(&v));
+        }
         let mut out = Vec::new();
         let mut bytes = 0usize;
-        for item in tree.range(from.to_be_bytes()..) {
-            let (k, v) = item.map_err(self.ix())?;
-            let seq = key_seq(&k);
-            let loc = Location::decode(&v);
+        for (seq, loc) in wanted {
             let result = match loc {
                 None => Err("bad index entry".to_string()),
                 Some(loc) => match self.read_at(loc) {
@@ -738,7 +863,7 @@ impl Spool {
                     let (segment, offset) = loc.map(|l| (l.segment, l.offset)).unwrap_or_default();
                     let raw = loc.and_then(|l| self.read_at(l).ok()).unwrap_or_default();
                     self.quarantine_bytes(&format!("{source}-{seq}"), segment, offset, &raw, &why);
-                    tree.remove(&k).map_err(self.ix())?;
+                    self.unindex(source, seq)?;
                     let stats = self.stats(source);
                     stats.quarantined.fetch_add(1, Ordering::Relaxed);
                     stats.records.fetch_sub(1, Ordering::Relaxed);
@@ -757,10 +882,18 @@ impl Spool {
 
     /// Refreshes a source's oldest capture time from the index.
     fn update_oldest(&self, source: &Arc<str>) -> Result<(), SpoolError> {
+        let pending_first = self
+            .pending()
+            .entries
+            .get(source)
+            .and_then(|m| m.first_key_value().map(|(s, (l, _))| (*s, *l)));
         let first = self.tree(source)?.first().map_err(self.ix())?;
-        let oldest = first
-            .and_then(|(_, v)| Location::decode(&v))
-            .map(|l| l.capture_ns.max(1) as u64);
+        let committed_first = first.and_then(|(k, v)| Some((key_seq(&k), Location::decode(&v)?)));
+        let oldest = match (pending_first, committed_first) {
+            (Some(a), Some(b)) => Some(if a.0 < b.0 { a.1 } else { b.1 }),
+            (a, b) => a.or(b).map(|x| x.1),
+        }
+        .map(|l| l.capture_ns.max(1) as u64);
         self.stats(source)
             .oldest_ns
             .store(oldest.unwrap_or(0), Ordering::Relaxed);
@@ -792,12 +925,7 @@ impl Spool {
 
     /// Removes a record after its receipt. Missing records (dropped meanwhile) are fine.
     pub fn remove(&self, source: &Arc<str>, seq: u64) -> Result<(), SpoolError> {
-        let tree = self.tree(source)?;
-        if let Some(loc) = tree
-            .remove(seq.to_be_bytes())
-            .map_err(self.ix())?
-            .and_then(|v| Location::decode(&v))
-        {
+        if let Some(loc) = self.unindex(source, seq)? {
             self.release(&self.stats(source), loc);
             self.update_oldest(source)?;
         }
@@ -809,6 +937,12 @@ impl Spool {
         let tree = self.tree(source)?;
         let stats = self.stats(source);
         let mut n = 0;
+        let uncommitted = self.pending().entries.remove(source).unwrap_or_default();
+        for (loc, _) in uncommitted.into_values() {
+            self.release(&stats, loc);
+            stats.dropped.fetch_add(1, Ordering::Relaxed);
+            n += 1;
+        }
         while let Some((_, v)) = tree.pop_min().map_err(self.ix())? {
             if let Some(loc) = Location::decode(&v) {
                 self.release(&stats, loc);
