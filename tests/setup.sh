@@ -5,8 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # What building rigd needs (`tests/setup.sh --build-deps` installs only these: README's first command).
-BUILD_PKGS=(protobuf-compiler pkg-config libasound2-dev)
+BUILD_PKGS=(protobuf-compiler pkg-config libasound2-dev libclang-dev)
 APT_PKGS=("${BUILD_PKGS[@]}" socat curl ca-certificates openjdk-17-jre-headless maven linuxptp iproute2 chromium systemd)
+# The camera VM test (tests/vm/camera.sh): QEMU, a static busybox and cpio for the initramfs, kmod
+# for depmod/modprobe on the unpacked kernel package.
+APT_PKGS+=(qemu-system-x86 busybox-static cpio kmod)
 [ "${1:-}" = "--build-deps" ] && APT_PKGS=("${BUILD_PKGS[@]}")
 missing=()
 # Node.js runs the browser test's driver (playwright-core, tests/web); any node >= 20 will do.

@@ -11,6 +11,7 @@ mod frame;
 pub mod serial;
 mod source;
 pub mod synthetic;
+pub mod v4l;
 
 pub use clock::{monotonic_ns_now, realtime_ns, ClockState, FrameClock, Stamp, SystemClock};
 pub use frame::{Frame, Media, Modality};

@@ -88,6 +88,8 @@ pub struct SourceHealth {
     last_frame_ns: AtomicI64,
     state: AtomicU8,
     reason: Mutex<String>,
+    /// What the device agreed to (a camera's negotiated format, size and rate); empty if nothing.
+    detail: Mutex<String>,
     /// The newest [`AudioLevel`] as two f32 bit patterns (rms high, peak low); 0 before the first.
     audio_level: AtomicU64,
 }
@@ -101,6 +103,7 @@ impl Default for SourceHealth {
             last_frame_ns: AtomicI64::new(0),
             state: AtomicU8::new(0),
             reason: Mutex::new(String::new()),
+            detail: Mutex::new(String::new()),
             audio_level: AtomicU64::new(0),
         }
     }
@@ -149,6 +152,19 @@ impl SourceHealth {
 }
 
 impl SourceHealth {
+    /// Records what the device agreed to at its last open, e.g. `YUYV 640x480 @ 30.00 fps, 4 buffers`.
+    pub fn set_detail(&self, detail: &str) {
+        if let Ok(mut d) = self.detail.lock() {
+            d.clear();
+            d.push_str(detail);
+        }
+    }
+
+    /// What the device agreed to at its last open; empty for sources that do not negotiate.
+    pub fn detail(&self) -> String {
+        self.detail.lock().map(|d| d.clone()).unwrap_or_default()
+    }
+
     /// Records the level of the newest audio block (what the UI's level meter shows).
     pub fn set_audio_level(&self, level: AudioLevel) {
         let bits = (level.rms.to_bits() as u64) << 32 | level.peak.to_bits() as u64;

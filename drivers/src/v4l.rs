@@ -1,0 +1,838 @@
+//! V4L2 cameras (`v4l` crate, feature `v4l`): mmap streaming, each buffer turned into one JPEG frame
+//! stamped with the buffer's kernel timestamp.
+//!
+//! - **Device**: a path (`/dev/video0`, a udev symlink) or a card name (`VIDIOC_QUERYCAP` card, as
+//!   `v4l2-ctl --list-devices` shows it), looked up among `/dev/video*` at every open.
+//! - **Negotiation**: the first format of the preference list that the device enumerates *and* keeps
+//!   after `VIDIOC_S_FMT` wins (some drivers silently answer another fourcc); size and frame interval
+//!   are requested, and the driver's answer (it may snap both) is what frames carry and what is
+//!   logged and shown in [`crate::SourceHealth::detail`].
+//! - **Payload**: MJPEG buffers pass through byte for byte when they hold a whole JPEG; a buffer that
+//!   does not (the first after stream-on often does not) is rejected and counted as a drop. YUYV and
+//!   NV12 are encoded with [`crate::camera`].
+//! - **Time**: a buffer whose flags say `TIMESTAMP_MONOTONIC` is stamped with that time mapped through
+//!   [`crate::FrameClock::map_monotonic`]; other drivers' buffers are stamped at dequeue.
+//! - **Drops**: the driver's buffer sequence numbers are tracked ([`SequenceTracker`]); every number
+//!   skipped is a frame the driver lost and counts as a drop, as do buffers flagged `ERROR`, empty
+//!   buffers and frames that cannot be encoded.
+//! - **Device gone**: any capture error (ENODEV/EIO on unplug) or no buffer for [`STALL`] ends `run`
+//!   with a retryable error; the daemon reopens with backoff.
+
+use serde::Deserialize;
+use std::fmt;
+
+/// A pixel format rigd can turn into JPEG frames, named by its V4L2 fourcc (`formats` key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+pub enum PixelFormat {
+    /// Motion JPEG: each buffer is a JPEG, passed through untouched.
+    #[serde(rename = "MJPG")]
+    Mjpg,
+    /// Packed 4:2:2 (YUY2), encoded to JPEG.
+    #[serde(rename = "YUYV")]
+    Yuyv,
+    /// Y plane then interleaved CbCr at half resolution (4:2:0), encoded to JPEG.
+    #[serde(rename = "NV12")]
+    Nv12,
+}
+
+impl PixelFormat {
+    pub fn fourcc(self) -> [u8; 4] {
+        match self {
+            PixelFormat::Mjpg => *b"MJPG",
+            PixelFormat::Yuyv => *b"YUYV",
+            PixelFormat::Nv12 => *b"NV12",
+        }
+    }
+
+    pub fn from_fourcc(fourcc: [u8; 4]) -> Option<Self> {
+        match &fourcc {
+            b"MJPG" => Some(PixelFormat::Mjpg),
+            b"YUYV" => Some(PixelFormat::Yuyv),
+            b"NV12" => Some(PixelFormat::Nv12),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PixelFormat::Mjpg => "MJPG",
+            PixelFormat::Yuyv => "YUYV",
+            PixelFormat::Nv12 => "NV12",
+        }
+    }
+}
+
+/// Everything the camera driver needs to open and negotiate a device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CameraSettings {
+    /// A path (starts with `/`) or a card name.
+    pub device: String,
+    /// Requested size; the driver may snap it.
+    pub width: u32,
+    pub height: u32,
+    /// Requested frame rate; the driver may snap it.
+    pub fps: f64,
+    /// In order of preference; at least one.
+    pub formats: Vec<PixelFormat>,
+    /// mmap buffers requested (the driver may grant more or fewer).
+    pub buffers: u32,
+    /// JPEG quality for encoded formats (1..=100).
+    pub jpeg_quality: u8,
+}
+
+/// What the driver agreed to: the frames' real format.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Negotiated {
+    pub format: PixelFormat,
+    pub width: u32,
+    pub height: u32,
+    /// Bytes per row the driver uses (may exceed the packed row).
+    pub stride: u32,
+    /// From the driver's frame interval; `None` when it does not report one.
+    pub fps: Option<f64>,
+    /// mmap buffers granted.
+    pub buffers: u32,
+}
+
+impl fmt::Display for Negotiated {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}x{}", self.format.as_str(), self.width, self.height)?;
+        match self.fps {
+            Some(fps) => write!(f, " @ {fps:.2} fps")?,
+            None => write!(f, " @ ? fps")?,
+        }
+        write!(f, ", {} buffers", self.buffers)
+    }
+}
+
+/// Counters of one camera source since it was created (across reopens).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CameraCounts {
+    /// Frames emitted.
+    pub frames: u64,
+    /// Frames the driver skipped (gaps in its sequence numbers).
+    pub lost: u64,
+    /// MJPEG buffers that were not a whole JPEG.
+    pub rejected: u64,
+    /// Buffers flagged `ERROR` or empty.
+    pub errored: u64,
+    /// Raw frames the encoder refused (short buffer).
+    pub encode_failed: u64,
+    /// Buffers that repeated the previous sequence number (not drops).
+    pub repeated: u64,
+    /// Times the sequence went backwards within a stream (the driver restarted its count).
+    pub restarted: u64,
+    /// Frames stamped from the buffer's kernel (monotonic) timestamp rather than at dequeue.
+    pub kernel_stamps: u64,
+    /// Time spent encoding raw frames to JPEG (ns).
+    pub encode_ns: u64,
+    /// The driver's sequence number of the first buffer of the newest stream.
+    pub first_sequence: Option<u32>,
+    /// The driver's sequence number of the newest buffer.
+    pub last_sequence: Option<u32>,
+    /// Stream-ons (opens that got as far as streaming).
+    pub streams: u64,
+}
+
+impl CameraCounts {
+    /// Everything counted as a drop.
+    pub fn drops(&self) -> u64 {
+        self.lost + self.rejected + self.errored + self.encode_failed
+    }
+}
+
+/// What one buffer's sequence number says about the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqStep {
+    /// The number expected (or the first of a stream).
+    Next,
+    /// This many numbers were skipped: frames the driver lost.
+    Lost(u64),
+    /// The previous number again (vivid does this when its timer thread runs early); not a loss.
+    Repeat,
+    /// The number went backwards: the driver restarted its count; a new baseline.
+    Restart,
+}
+
+/// Turns the driver's buffer sequence numbers into lost-frame counts; pure.
+///
+/// The first buffer of a stream sets the baseline (the kernel numbers from 0 at stream-on, but a
+/// loopback device numbers from whatever its writer reached). After that, every number skipped is
+/// a lost frame. A number that goes backwards (more than 2^31 behind, with wrapping) means the
+/// driver restarted its count: a new baseline, nothing counted.
+#[derive(Debug, Default, Clone)]
+pub struct SequenceTracker {
+    expected: Option<u32>,
+}
+
+impl SequenceTracker {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets the baseline (a new stream).
+    pub fn reset(&mut self) {
+        self.expected = None;
+    }
+
+    /// Classifies the buffer numbered `seq`.
+    pub fn observe(&mut self, seq: u32) -> SeqStep {
+        let step = match self.expected {
+            None => SeqStep::Next,
+            Some(want) => match seq.wrapping_sub(want) {
+                0 => SeqStep::Next,
+                gap if gap < 1 << 31 => SeqStep::Lost(gap as u64),
+                gap if gap == u32::MAX => SeqStep::Repeat,
+                _ => SeqStep::Restart,
+            },
+        };
+        self.expected = Some(seq.wrapping_add(1));
+        step
+    }
+}
+
+/// Copies `rows` rows of `row_bytes` each from a buffer whose rows are `stride` apart into `out`,
+/// packed. Returns false when the buffer is too short.
+pub fn pack_rows(
+    data: &[u8],
+    stride: usize,
+    row_bytes: usize,
+    rows: usize,
+    out: &mut Vec<u8>,
+) -> bool {
+    if rows == 0 {
+        return true;
+    }
+    if stride < row_bytes || data.len() < stride * (rows - 1) + row_bytes {
+        return false;
+    }
+    for r in 0..rows {
+        out.extend_from_slice(&data[r * stride..r * stride + row_bytes]);
+    }
+    true
+}
+
+/// The frame interval to request for `fps`, as numerator/denominator (1000/30000 for 30 fps).
+pub fn interval_for(fps: f64) -> (u32, u32) {
+    let milli = (fps * 1000.0).round().clamp(1.0, u32::MAX as f64) as u32;
+    let g = gcd(1000, milli);
+    (1000 / g, milli / g)
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The first format in `preferences` that the device offers.
+pub fn choose_formats(preferences: &[PixelFormat], offered: &[[u8; 4]]) -> Vec<PixelFormat> {
+    preferences
+        .iter()
+        .copied()
+        .filter(|p| offered.contains(&p.fourcc()))
+        .collect()
+}
+
+/// How long without a buffer before the device counts as gone: 2 s, or 5 frame intervals of a
+/// slow camera.
+pub const STALL: std::time::Duration = std::time::Duration::from_secs(2);
+
+#[cfg(feature = "v4l")]
+pub use device::CameraSource;
+
+#[cfg(not(feature = "v4l"))]
+pub use unavailable::CameraSource;
+
+#[cfg(feature = "v4l")]
+mod device {
+    use bytes::Bytes;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    use v4l::buffer::{Flags, Type};
+    use v4l::capability::Flags as Caps;
+    use v4l::io::traits::CaptureStream;
+    use v4l::prelude::{Device, MmapStream};
+    use v4l::video::capture::Parameters;
+    use v4l::video::Capture;
+    use v4l::{Format, FourCC, Fraction};
+
+    use super::{
+        choose_formats, interval_for, pack_rows, CameraCounts, CameraSettings, Negotiated,
+        PixelFormat, SeqStep, SequenceTracker, STALL,
+    };
+    use crate::camera::{mjpeg_frame, nv12_to_jpeg, yuyv_to_jpeg};
+    use crate::{FrameClock, FrameSink, Media, SourceError, Stamp, StopFlag};
+
+    /// How long a dequeue waits before the loop checks the stop flag.
+    const POLL: Duration = Duration::from_millis(100);
+
+    /// A V4L2 capture device.
+    pub struct CameraSource {
+        id: String,
+        settings: CameraSettings,
+        clock: Arc<dyn FrameClock>,
+        counts: CameraCounts,
+        negotiated: Option<Negotiated>,
+        /// The path the device was last found at (a card name resolves to one).
+        path: String,
+        jpeg: Vec<u8>,
+        packed: Vec<u8>,
+        last_drop_log: Option<Instant>,
+        logged: CameraCounts,
+        /// The stream whose first sequence number `counts` holds.
+        stream_of_first: u64,
+    }
+
+    impl CameraSource {
+        pub fn new(id: &str, settings: CameraSettings, clock: Arc<dyn FrameClock>) -> Self {
+            Self {
+                id: id.to_string(),
+                path: settings.device.clone(),
+                settings,
+                clock,
+                counts: CameraCounts::default(),
+                negotiated: None,
+                jpeg: Vec::new(),
+                packed: Vec::new(),
+                last_drop_log: None,
+                logged: CameraCounts::default(),
+                stream_of_first: 0,
+            }
+        }
+
+        /// Counters since creation (frames, drops by cause, the driver's last sequence number).
+        pub fn counts(&self) -> CameraCounts {
+            self.counts
+        }
+
+        /// What the driver agreed to at the last open.
+        pub fn negotiated(&self) -> Option<Negotiated> {
+            self.negotiated
+        }
+
+        fn device_error(&self, message: String, retryable: bool) -> SourceError {
+            let device = if self.path == self.settings.device {
+                self.path.clone()
+            } else {
+                format!("{} ({})", self.settings.device, self.path)
+            };
+            SourceError::Device {
+                source_id: self.id.clone(),
+                device,
+                message,
+                retryable,
+            }
+        }
+
+        fn open(&mut self) -> Result<Device, SourceError> {
+            let wanted = self.settings.device.clone();
+            let dev = if wanted.starts_with('/') {
+                self.path = wanted.clone();
+                // Missing (unplugged), busy or not yet permitted (udev) may all change.
+                Device::with_path(&wanted)
+                    .map_err(|e| self.device_error(format!("cannot open: {e}"), true))?
+            } else {
+                let (path, dev) = find_card(&wanted).ok_or_else(|| {
+                    self.device_error("no V4L2 capture device with this card name".into(), true)
+                })?;
+                self.path = path;
+                dev
+            };
+            let caps = dev
+                .query_caps()
+                .map_err(|e| self.device_error(format!("VIDIOC_QUERYCAP: {e}"), true))?;
+            if !caps
+                .capabilities
+                .contains(Caps::VIDEO_CAPTURE | Caps::STREAMING)
+            {
+                return Err(self.device_error(
+                    format!(
+                        "`{}` ({}) is not a streaming video capture device",
+                        caps.card, caps.driver
+                    ),
+                    false,
+                ));
+            }
+            Ok(dev)
+        }
+
+        fn negotiate(&self, dev: &Device) -> Result<Negotiated, SourceError> {
+            let s = &self.settings;
+            let offered: Vec<[u8; 4]> = dev
+                .enum_formats()
+                .map_err(|e| self.device_error(format!("VIDIOC_ENUM_FMT: {e}"), true))?
+                .iter()
+                .map(|d| d.fourcc.repr)
+                .collect();
+            let mut answered = Vec::new();
+            for want in choose_formats(&s.formats, &offered) {
+                let asked = Format::new(s.width, s.height, FourCC::new(&want.fourcc()));
+                let got = dev
+                    .set_format(&asked)
+                    .map_err(|e| self.device_error(format!("VIDIOC_S_FMT: {e}"), true))?;
+                if got.fourcc.repr != want.fourcc() {
+                    // The driver answered another format instead of refusing (vivid does this
+                    // for formats it lists only for other inputs): try the next preference.
+                    answered.push(format!("{} for {}", got.fourcc, want.as_str()));
+                    continue;
+                }
+                let (num, den) = interval_for(s.fps);
+                let fps = dev
+                    .set_params(&Parameters::new(Fraction::new(num, den)))
+                    .ok()
+                    .map(|p| p.interval)
+                    .filter(|i| i.numerator > 0 && i.denominator > 0)
+                    .map(|i| i.denominator as f64 / i.numerator as f64);
+                return Ok(Negotiated {
+                    format: want,
+                    width: got.width,
+                    height: got.height,
+                    stride: got.stride,
+                    fps,
+                    buffers: 0,
+                });
+            }
+            let offered: Vec<String> = offered
+                .iter()
+                .map(|f| String::from_utf8_lossy(f).into_owned())
+                .collect();
+            let wanted: Vec<&str> = s.formats.iter().map(|f| f.as_str()).collect();
+            Err(self.device_error(
+                format!(
+                    "none of the formats [{}] is offered (the device offers [{}]{})",
+                    wanted.join(", "),
+                    offered.join(", "),
+                    if answered.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; it answered {}", answered.join(", "))
+                    }
+                ),
+                false,
+            ))
+        }
+
+        /// One dequeued buffer: checks, stamps, encodes or passes it through, emits it.
+        fn frame(
+            &mut self,
+            neg: &Negotiated,
+            data: &[u8],
+            meta: &v4l::buffer::Metadata,
+            tracker: &mut SequenceTracker,
+            sink: &mut FrameSink,
+        ) -> Result<(), SourceError> {
+            let lost = match tracker.observe(meta.sequence) {
+                SeqStep::Lost(n) => n,
+                SeqStep::Repeat => {
+                    self.counts.repeated += 1;
+                    0
+                }
+                SeqStep::Restart => {
+                    self.counts.restarted += 1;
+                    0
+                }
+                SeqStep::Next => 0,
+            };
+            if self.counts.streams != self.stream_of_first {
+                self.stream_of_first = self.counts.streams;
+                self.counts.first_sequence = Some(meta.sequence);
+            }
+            self.counts.last_sequence = Some(meta.sequence);
+            self.counts.lost += lost;
+            let mut drops = lost;
+            let used = (meta.bytesused as usize).min(data.len());
+            let stamp = self.stamp(meta);
+            let payload = if meta.flags.contains(Flags::ERROR) || used == 0 {
+                self.counts.errored += 1;
+                None
+            } else {
+                match neg.format {
+                    PixelFormat::Mjpg => match mjpeg_frame(&data[..used]) {
+                        Some(jpeg) => Some(Bytes::copy_from_slice(jpeg)),
+                        None => {
+                            self.counts.rejected += 1;
+                            None
+                        }
+                    },
+                    PixelFormat::Yuyv | PixelFormat::Nv12 => {
+                        let t = Instant::now();
+                        let encoded = self.encode(neg, &data[..used]);
+                        self.counts.encode_ns += t.elapsed().as_nanos() as u64;
+                        match encoded {
+                            Ok(()) => Some(Bytes::copy_from_slice(&self.jpeg)),
+                            Err(e) => {
+                                self.counts.encode_failed += 1;
+                                tracing::debug!(source = %self.id, error = %e, "camera: frame not encodable");
+                                None
+                            }
+                        }
+                    }
+                }
+            };
+            if payload.is_none() {
+                drops += 1;
+            }
+            if drops > 0 {
+                sink.health().add_drops(drops);
+                self.log_drops();
+            }
+            if let Some(payload) = payload {
+                let media = Media::Camera {
+                    width: neg.width,
+                    height: neg.height,
+                };
+                sink.emit(stamp, media, payload)
+                    .map_err(|_| SourceError::PipelineClosed {
+                        source_id: self.id.clone(),
+                    })?;
+                self.counts.frames += 1;
+            }
+            Ok(())
+        }
+
+        fn stamp(&mut self, meta: &v4l::buffer::Metadata) -> Stamp {
+            let kind = meta.flags & Flags::TIMESTAMP_MASK;
+            let ts = meta.timestamp;
+            if kind == Flags::TIMESTAMP_MONOTONIC && (ts.sec != 0 || ts.usec != 0) {
+                self.counts.kernel_stamps += 1;
+                let mono = Duration::from(ts).as_nanos() as i64;
+                self.clock.map_monotonic(mono)
+            } else {
+                // Unknown or copied (an output device's writer's) timestamps: dequeue time.
+                self.clock.now()
+            }
+        }
+
+        fn encode(
+            &mut self,
+            neg: &Negotiated,
+            data: &[u8],
+        ) -> Result<(), crate::camera::EncodeError> {
+            let (w, h, q) = (neg.width, neg.height, self.settings.jpeg_quality);
+            let stride = neg.stride as usize;
+            match neg.format {
+                PixelFormat::Yuyv => {
+                    let row = w as usize * 2;
+                    if stride > row {
+                        self.packed.clear();
+                        if pack_rows(data, stride, row, h as usize, &mut self.packed) {
+                            return yuyv_to_jpeg(w, h, &self.packed, q, &mut self.jpeg);
+                        }
+                    }
+                    yuyv_to_jpeg(w, h, data, q, &mut self.jpeg)
+                }
+                PixelFormat::Nv12 => {
+                    let row = w as usize;
+                    if stride > row {
+                        self.packed.clear();
+                        let rows = h as usize;
+                        let luma = data.get(..stride * rows).unwrap_or(data);
+                        let chroma = data.get(stride * rows..).unwrap_or(&[]);
+                        if pack_rows(luma, stride, row, rows, &mut self.packed)
+                            && pack_rows(chroma, stride, row, rows / 2, &mut self.packed)
+                        {
+                            return nv12_to_jpeg(w, h, &self.packed, q, &mut self.jpeg);
+                        }
+                    }
+                    nv12_to_jpeg(w, h, data, q, &mut self.jpeg)
+                }
+                PixelFormat::Mjpg => unreachable!("MJPEG is passed through"),
+            }
+        }
+
+        fn log_drops(&mut self) {
+            let due = self
+                .last_drop_log
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+            if due {
+                let (c, l) = (self.counts, self.logged);
+                tracing::warn!(source = %self.id, device = %self.path,
+                    lost = c.lost - l.lost, rejected = c.rejected - l.rejected,
+                    errored = c.errored - l.errored, encode_failed = c.encode_failed - l.encode_failed,
+                    "camera: frames dropped");
+                self.logged = c;
+                self.last_drop_log = Some(Instant::now());
+            }
+        }
+    }
+
+    /// The first `/dev/video*` whose card name is `card` and that can capture.
+    fn find_card(card: &str) -> Option<(String, Device)> {
+        let mut paths: Vec<_> = std::fs::read_dir("/dev")
+            .ok()?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("video"))
+            })
+            .collect();
+        // video2 before video10.
+        paths.sort_by_key(|p| {
+            let n = p.to_string_lossy();
+            (n.len(), n.into_owned())
+        });
+        paths.into_iter().find_map(|p| {
+            let dev = Device::with_path(&p).ok()?;
+            let caps = dev.query_caps().ok()?;
+            (caps.card == card && caps.capabilities.contains(Caps::VIDEO_CAPTURE))
+                .then(|| (p.to_string_lossy().into_owned(), dev))
+        })
+    }
+
+    impl crate::Source for CameraSource {
+        fn id(&self) -> &str {
+            &self.id
+        }
+
+        fn run(&mut self, sink: &mut FrameSink, stop: &StopFlag) -> Result<(), SourceError> {
+            let dev = self.open()?;
+            let mut neg = self.negotiate(&dev)?;
+            let mut stream =
+                MmapStream::with_buffers(&dev, Type::VideoCapture, self.settings.buffers)
+                    .map_err(|e| self.device_error(format!("cannot map buffers: {e}"), true))?;
+            neg.buffers = granted_buffers(&dev).unwrap_or(self.settings.buffers);
+            self.negotiated = Some(neg);
+            let s = &self.settings;
+            if (neg.width, neg.height) != (s.width, s.height)
+                || neg.fps.is_some_and(|f| (f - s.fps).abs() > 0.01)
+            {
+                tracing::info!(source = %self.id, asked_width = s.width, asked_height = s.height,
+                    asked_fps = s.fps, "camera: the driver adjusted the request");
+            }
+            tracing::info!(source = %self.id, device = %self.path, format = neg.format.as_str(),
+                width = neg.width, height = neg.height, fps = ?neg.fps, buffers = neg.buffers,
+                "camera: streaming");
+            sink.health().set_detail(&neg.to_string());
+            self.counts.streams += 1;
+
+            let mut tracker = SequenceTracker::new();
+            let mut last_buffer = Instant::now();
+            let stall = match neg.fps {
+                Some(f) if f > 0.0 => STALL.max(Duration::from_secs_f64(5.0 / f)),
+                _ => STALL,
+            };
+            // The v4l crate's `next()` re-queues the buffer it handed out last before it waits;
+            // after a wait that timed out it would queue that buffer twice (EINVAL). So the loop
+            // waits itself, and calls `next()` only once a buffer is ready (or to start).
+            stream.set_timeout(stall);
+            let handle = stream.handle();
+            let readable = rustix::event::PollFlags::IN.bits() as i16;
+            let mut started = false;
+            let result = loop {
+                if stop.is_raised() {
+                    break Ok(());
+                }
+                if started {
+                    match handle.poll(readable, POLL.as_millis() as i32) {
+                        Ok(0) if last_buffer.elapsed() >= stall => {
+                            break Err(self.device_error(
+                                format!("no buffer for {:.1} s", stall.as_secs_f64()),
+                                true,
+                            ))
+                        }
+                        Ok(0) => continue,
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => break Err(self.device_error(format!("poll failed: {e}"), true)),
+                    }
+                }
+                started = true;
+                match stream.next() {
+                    Ok((data, meta)) => {
+                        last_buffer = Instant::now();
+                        let meta = *meta;
+                        if let Err(e) = self.frame(&neg, data, &meta, &mut tracker, sink) {
+                            break Err(e);
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                        break Err(self.device_error(
+                            format!("no buffer for {:.1} s", stall.as_secs_f64()),
+                            true,
+                        ))
+                    }
+                    // ENODEV/EIO (unplugged, vivid's disconnect), EPIPE: reopen with backoff.
+                    Err(e) => break Err(self.device_error(format!("capture failed: {e}"), true)),
+                }
+            };
+            // The v4l crate panics in drop when STREAMOFF or unmapping fails with anything but
+            // ENODEV; a vanished device must not take the capture thread down with it.
+            let teardown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                drop(stream);
+                drop(dev);
+            }));
+            if teardown.is_err() {
+                tracing::warn!(source = %self.id, device = %self.path, "camera: stream teardown failed");
+            }
+            result
+        }
+    }
+
+    /// How many buffers the driver granted: REQBUFS may change the count, and the v4l crate keeps
+    /// its own copy private, so ask VIDIOC_QUERYBUF index by index until the driver says EINVAL.
+    #[allow(unsafe_code)]
+    fn granted_buffers(dev: &Device) -> Option<u32> {
+        let fd = dev.handle().fd();
+        let mut n = 0u32;
+        while n < 256 {
+            // SAFETY: v4l2_buffer is a plain C struct for which all-zero bytes are valid; the
+            // ioctl reads and writes only that struct, which lives for the whole call, and `fd`
+            // is owned by `dev`, which outlives the call.
+            let ok = unsafe {
+                let mut buf: v4l::v4l_sys::v4l2_buffer = std::mem::zeroed();
+                buf.index = n;
+                buf.type_ = Type::VideoCapture as u32;
+                buf.memory = v4l::memory::Memory::Mmap as u32;
+                v4l::v4l2::ioctl(
+                    fd,
+                    v4l::v4l2::vidioc::VIDIOC_QUERYBUF,
+                    &mut buf as *mut _ as *mut std::os::raw::c_void,
+                )
+                .is_ok()
+            };
+            if !ok {
+                break;
+            }
+            n += 1;
+        }
+        (n > 0).then_some(n)
+    }
+}
+
+#[cfg(not(feature = "v4l"))]
+mod unavailable {
+    use std::sync::Arc;
+
+    use super::{CameraCounts, CameraSettings, Negotiated};
+    use crate::{FrameClock, FrameSink, Source, SourceError, StopFlag};
+
+    /// Stand-in when rigd-drivers is built without the `v4l` feature: fails for good.
+    pub struct CameraSource {
+        id: String,
+        device: String,
+    }
+
+    impl CameraSource {
+        pub fn new(id: &str, settings: CameraSettings, _clock: Arc<dyn FrameClock>) -> Self {
+            Self {
+                id: id.to_string(),
+                device: settings.device,
+            }
+        }
+
+        pub fn counts(&self) -> CameraCounts {
+            CameraCounts::default()
+        }
+
+        pub fn negotiated(&self) -> Option<Negotiated> {
+            None
+        }
+    }
+
+    impl Source for CameraSource {
+        fn id(&self) -> &str {
+            &self.id
+        }
+
+        fn run(&mut self, _sink: &mut FrameSink, _stop: &StopFlag) -> Result<(), SourceError> {
+            Err(SourceError::Device {
+                source_id: self.id.clone(),
+                device: self.device.clone(),
+                message: "rigd was built without the `v4l` feature".to_string(),
+                retryable: false,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequence_gaps_are_lost_frames() {
+        let mut t = SequenceTracker::new();
+        assert_eq!(
+            t.observe(7),
+            SeqStep::Next,
+            "the first buffer sets the baseline"
+        );
+        assert_eq!(t.observe(8), SeqStep::Next);
+        assert_eq!(t.observe(11), SeqStep::Lost(2));
+        assert_eq!(t.observe(11), SeqStep::Repeat);
+        assert_eq!(t.observe(12), SeqStep::Next);
+        t.reset();
+        assert_eq!(
+            t.observe(0),
+            SeqStep::Next,
+            "a new stream numbers from 0 again"
+        );
+    }
+
+    #[test]
+    fn sequence_wraps_and_restarts() {
+        let mut t = SequenceTracker::new();
+        t.observe(u32::MAX - 1);
+        assert_eq!(t.observe(u32::MAX), SeqStep::Next);
+        assert_eq!(
+            t.observe(1),
+            SeqStep::Lost(1),
+            "0 was skipped across the wrap"
+        );
+        assert_eq!(
+            t.observe(0),
+            SeqStep::Restart,
+            "backwards: a restarted count, not 4 billion drops"
+        );
+        assert_eq!(t.observe(1), SeqStep::Next);
+    }
+
+    #[test]
+    fn rows_with_padding_are_packed() {
+        // 2 rows of 4 bytes, stride 6.
+        let data = [1, 2, 3, 4, 0, 0, 5, 6, 7, 8];
+        let mut out = Vec::new();
+        assert!(pack_rows(&data, 6, 4, 2, &mut out));
+        assert_eq!(out, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert!(!pack_rows(&data[..9], 6, 4, 2, &mut Vec::new()), "short");
+    }
+
+    #[test]
+    fn fps_becomes_a_reduced_interval() {
+        assert_eq!(interval_for(30.0), (1, 30));
+        assert_eq!(interval_for(29.97), (100, 2997));
+        assert_eq!(interval_for(7.5), (2, 15));
+    }
+
+    #[test]
+    fn preference_order_wins_over_device_order() {
+        let offered = [*b"YUYV", *b"NV12", *b"MJPG", *b"RGB3"];
+        assert_eq!(
+            choose_formats(&[PixelFormat::Mjpg, PixelFormat::Yuyv], &offered),
+            [PixelFormat::Mjpg, PixelFormat::Yuyv]
+        );
+        assert_eq!(
+            choose_formats(&[PixelFormat::Nv12, PixelFormat::Mjpg], &[*b"YUYV"]),
+            []
+        );
+        assert_eq!(PixelFormat::from_fourcc(*b"NV12"), Some(PixelFormat::Nv12));
+    }
+
+    #[test]
+    fn negotiated_reads_like_a_status_line() {
+        let n = Negotiated {
+            format: PixelFormat::Yuyv,
+            width: 320,
+            height: 180,
+            stride: 640,
+            fps: Some(25.0),
+            buffers: 4,
+        };
+        assert_eq!(n.to_string(), "YUYV 320x180 @ 25.00 fps, 4 buffers");
+    }
+}
