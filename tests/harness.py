@@ -74,11 +74,12 @@ class Rigd:
         self.log_path = self.workdir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, wait=True):
+    def start(self, wait=True, env=None):
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([rigd_bin(), "run", "--config", str(self.config_path)],
                                      cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "RIGD_LOG": os.environ.get("RIGD_LOG", "info")})
+                                     env={**os.environ, "RIGD_LOG": os.environ.get("RIGD_LOG", "info"),
+                                          **(env or {})})
         log.close()
         if wait:
             self.wait_ready()

@@ -3,22 +3,80 @@
 use std::ops::Range;
 use std::time::Duration;
 
-/// Low bits of a Pulsar sequence id that count re-sends of one capture sequence under a new id.
+/// Layout of a Pulsar sequence id: `capture seq | generation (3 bits) | chunk index (8 bits)`.
 ///
-/// A chunked frame interrupted by a restart may have some chunks persisted: the broker then reports
-/// its id as the last one, and resending under the same id would lose chunk 0 to deduplication.
-/// Such a frame goes out again under the next generation (same `seq` property, new chunk uuid).
+/// Every chunk of a chunked frame has its own sequence id, so the broker's last persisted id says
+/// exactly how many chunks of a frame it holds: after a restart, a frame whose last chunk id is not
+/// above it is complete and skipped; a frame cut between its chunks is the only one that must go out
+/// again, under the next generation (new chunk uuid, same `seq` property), because consumers drop
+/// the orphaned first chunks after their reassembly timeout. Consumers reassemble chunks by uuid and
+/// chunk id, not by sequence id.
 pub const GENERATION_BITS: u32 = 3;
 pub const MAX_GENERATION: u64 = (1 << GENERATION_BITS) - 1;
+pub const CHUNK_BITS: u32 = 8;
+/// The most chunks one frame may take (with the broker's default 5 MiB messages: 1.2 GiB).
+pub const MAX_CHUNKS: usize = 1 << CHUNK_BITS;
 
-/// The Pulsar sequence id of capture sequence `seq`, sent for the `generation`-th time.
-pub fn sequence_id(seq: u64, generation: u64) -> u64 {
-    (seq << GENERATION_BITS) | generation.min(MAX_GENERATION)
+/// The Pulsar sequence id of chunk `chunk` of capture sequence `seq`, sent for the
+/// `generation`-th time.
+pub fn sequence_id(seq: u64, generation: u64, chunk: usize) -> u64 {
+    (((seq << GENERATION_BITS) | generation.min(MAX_GENERATION)) << CHUNK_BITS)
+        | (chunk as u64).min(MAX_CHUNKS as u64 - 1)
 }
 
 /// The capture sequence a Pulsar sequence id belongs to.
 pub fn capture_seq(sequence_id: u64) -> u64 {
-    sequence_id >> GENERATION_BITS
+    sequence_id >> (GENERATION_BITS + CHUNK_BITS)
+}
+
+/// What a frame's send must do, given the broker's last persisted sequence id for the producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resend {
+    /// Nothing of it is persisted: send every chunk from `first`.
+    From { generation: u64, first: usize },
+    /// The broker holds all of it.
+    Done,
+}
+
+/// Decides a frame's (re)send of `chunks` chunks under `generation` against the broker's last
+/// persisted id. `resuming`: the same process reconnected, so the consumer still holds the chunks
+/// that were persisted and the rest can follow under the same uuid; otherwise (a restart) a frame cut
+/// between its chunks goes out whole under the next generation.
+pub fn resend(
+    seq: u64,
+    generation: u64,
+    chunks: usize,
+    broker_last: Option<u64>,
+    resuming: bool,
+) -> Resend {
+    let everything = Resend::From {
+        generation,
+        first: 0,
+    };
+    let Some(last) = broker_last else {
+        return everything;
+    };
+    if capture_seq(last) < seq {
+        return everything;
+    }
+    if capture_seq(last) > seq {
+        return Resend::Done;
+    }
+    let last_generation = (last >> CHUNK_BITS) & MAX_GENERATION;
+    let last_chunk = (last & (MAX_CHUNKS as u64 - 1)) as usize;
+    if last_chunk + 1 >= chunks {
+        Resend::Done
+    } else if resuming && last_generation == generation {
+        Resend::From {
+            generation,
+            first: last_chunk + 1,
+        }
+    } else {
+        Resend::From {
+            generation: last_generation.max(generation) + 1,
+            first: 0,
+        }
+    }
 }
 
 /// Byte ranges of the chunks of a payload of `len` bytes, each at most `max_chunk`. One range
@@ -74,13 +132,52 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sequence_ids_keep_capture_order_and_room_for_resends() {
-        assert_eq!(sequence_id(0, 0), 0);
-        assert!(sequence_id(5, MAX_GENERATION) < sequence_id(6, 0));
-        assert_eq!(capture_seq(sequence_id(123_456, 2)), 123_456);
-        assert_eq!(sequence_id(1, 99), sequence_id(1, MAX_GENERATION));
+    fn sequence_ids_keep_capture_order_and_room_for_resends_and_chunks() {
+        assert_eq!(sequence_id(0, 0, 0), 0);
+        assert!(sequence_id(5, MAX_GENERATION, MAX_CHUNKS - 1) < sequence_id(6, 0, 0));
+        assert!(sequence_id(5, 0, MAX_CHUNKS - 1) < sequence_id(5, 1, 0));
+        assert!(sequence_id(5, 0, 3) < sequence_id(5, 0, 4));
+        assert_eq!(capture_seq(sequence_id(123_456, 2, 17)), 123_456);
+        assert_eq!(sequence_id(1, 99, 0), sequence_id(1, MAX_GENERATION, 0));
         // 64-bit everywhere: capture sequences far beyond 2^32 still map one to one.
-        assert_eq!(capture_seq(sequence_id(1 << 40, 1)), 1 << 40);
+        assert_eq!(capture_seq(sequence_id(1 << 40, 1, 0)), 1 << 40);
+    }
+
+    #[test]
+    fn resend_decisions_follow_the_brokers_last_persisted_chunk() {
+        let from = |generation, first| Resend::From { generation, first };
+        // Nothing known, or the broker is behind: everything goes.
+        assert_eq!(resend(7, 0, 3, None, false), from(0, 0));
+        assert_eq!(
+            resend(7, 0, 3, Some(sequence_id(6, 0, 0)), false),
+            from(0, 0)
+        );
+        // Complete (last chunk persisted) or older: skipped, restart or not.
+        assert_eq!(
+            resend(7, 0, 3, Some(sequence_id(7, 0, 2)), false),
+            Resend::Done
+        );
+        assert_eq!(
+            resend(7, 0, 1, Some(sequence_id(7, 0, 0)), true),
+            Resend::Done
+        );
+        assert_eq!(
+            resend(7, 0, 3, Some(sequence_id(9, 0, 0)), false),
+            Resend::Done
+        );
+        // Cut after two chunks: a reconnect resumes at chunk 2, a restart resends it all anew.
+        let cut = Some(sequence_id(7, 0, 1));
+        assert_eq!(resend(7, 0, 3, cut, true), from(0, 2));
+        assert_eq!(resend(7, 0, 3, cut, false), from(1, 0));
+        // A frame already resent under generation 1: complete there, or cut there again.
+        assert_eq!(
+            resend(7, 0, 3, Some(sequence_id(7, 1, 2)), false),
+            Resend::Done
+        );
+        assert_eq!(
+            resend(7, 0, 3, Some(sequence_id(7, 1, 0)), false),
+            from(2, 0)
+        );
     }
 
     #[test]

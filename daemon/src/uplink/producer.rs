@@ -121,6 +121,7 @@ impl Producer {
                 shutdown,
                 broker_last: None,
                 next_request: 1,
+                run: rigd_drivers::realtime_ns() as u64 / 1_000_000,
             }
             .run(),
         );
@@ -187,8 +188,9 @@ struct Resume {
 }
 
 impl Pending {
-    fn sequence_id(&self) -> u64 {
-        plan::sequence_id(self.frame.seq, self.generation)
+    /// The sequence id of chunk `i` (every chunk has its own, see [`plan::sequence_id`]).
+    fn sequence_id(&self, i: usize) -> u64 {
+        plan::sequence_id(self.frame.seq, self.generation, i)
     }
 }
 
@@ -345,6 +347,8 @@ struct Task {
     /// The broker's last persisted sequence id at producer creation (None: it had none).
     broker_last: Option<u64>,
     next_request: u64,
+    /// Distinguishes this process's chunk uuids from an earlier run's (ms since the epoch).
+    run: u64,
 }
 
 impl Task {
@@ -715,7 +719,7 @@ impl Task {
             let Some(front) = self.pending.front_mut() else {
                 return Ok(());
             };
-            let id = front.sequence_id();
+            let id = front.sequence_id(front.receipts);
             if r.sequence_id < id {
                 return Ok(()); // a receipt for a chunk resent after a reconnect
             }
@@ -825,25 +829,49 @@ impl Task {
                 }
             }
         };
+        if chunks.len() > plan::MAX_CHUNKS {
+            let reason = format!(
+                "{len} bytes would take {} chunks at the broker's max message size ({} bytes); the most is {}",
+                chunks.len(),
+                link.max_message_size,
+                plan::MAX_CHUNKS
+            );
+            ack_now(self, frame, Outcome::Refused(reason));
+            return Ok(());
+        }
         // Decide against what the broker reported holding when this producer was created.
-        if let Some(last) = self.broker_last {
-            let id = plan::sequence_id(frame.seq, generation);
-            if id < last || (id == last && chunks.len() == 1) {
+        let mut receipts = receipts;
+        match plan::resend(
+            frame.seq,
+            generation,
+            chunks.len(),
+            self.broker_last,
+            resuming,
+        ) {
+            plan::Resend::Done => {
                 ack_now(self, frame, Outcome::AlreadyPersisted);
                 return Ok(());
             }
-            if id == last && !resuming {
-                // A chunked frame from before a restart whose chunks may be partly persisted: its
-                // sequence id is spent (chunk 0 would be dropped), so it goes out under a new one.
-                // (Resuming after a reconnect instead resends the chunks without a receipt.)
-                generation += 1;
-                if generation > plan::MAX_GENERATION {
+            plan::Resend::From {
+                generation: g,
+                first,
+            } => {
+                if g > plan::MAX_GENERATION {
                     ack_now(
                         self,
                         frame,
                         Outcome::Refused("resent too many times under new sequence ids".into()),
                     );
                     return Ok(());
+                }
+                if g != generation {
+                    // Cut between its chunks by a restart: out again whole, under a new uuid.
+                    tracing::info!(source = %frame.source, seq = frame.seq, generation = g,
+                        "a frame cut between its chunks by a restart goes out again whole under a new chunk uuid");
+                    generation = g;
+                    receipts = 0;
+                } else {
+                    receipts = receipts.max(first);
                 }
             }
         }
@@ -858,11 +886,10 @@ impl Task {
             submitted,
             sent: Instant::now(),
         };
-        let seq_id = pending.sequence_id();
         let n = pending.chunks.len();
         let mut metadata = MessageMetadata {
             producer_name: self.cfg.producer_name.clone(),
-            sequence_id: seq_id,
+            sequence_id: pending.sequence_id(0),
             publish_time: (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64,
             properties: pending
                 .envelope
@@ -880,12 +907,21 @@ impl Task {
             ..Default::default()
         };
         if n > 1 {
-            metadata.uuid = Some(format!("{}-{}", self.cfg.producer_name, seq_id));
+            // A restart sends a frame cut between its chunks again under a new uuid: consumers
+            // drop the earlier run's partial chunks after their reassembly timeout.
+            metadata.uuid = Some(format!(
+                "{}-{:x}-{}",
+                self.cfg.producer_name,
+                self.run,
+                pending.sequence_id(0)
+            ));
             metadata.num_chunks_from_msg = Some(n as i32);
             metadata.total_chunk_msg_size = Some(pending.wire.len() as i32);
         }
         let payload: Bytes = pending.wire.clone();
         for (i, range) in pending.chunks.iter().enumerate().skip(pending.receipts) {
+            let seq_id = pending.sequence_id(i);
+            metadata.sequence_id = seq_id;
             let cmd = BaseCommand {
                 r#type: Type::Send as i32,
                 send: Some(CommandSend {
@@ -901,6 +937,17 @@ impl Task {
                 metadata.chunk_id = Some(i as i32);
             }
             codec::encode_send(&cmd, &metadata, &payload[range.clone()], &mut link.out);
+            if n > 1 && abort_after_chunk() == Some(i) {
+                // Test hook: a crash between the chunks of a frame, after the broker stored some.
+                link.flush().await?;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                tracing::error!(
+                    seq = pending.frame.seq,
+                    chunk = i,
+                    "RIGD_FAILPOINT: aborting between chunks"
+                );
+                std::process::abort();
+            }
             if link.out.len() >= 1 << 20 {
                 link.flush().await?;
             }
@@ -912,6 +959,19 @@ impl Task {
             .store(self.pending.len(), Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// `RIGD_FAILPOINT=abort-after-chunk=N`: abort the process right after sending chunk `N` of the
+/// first chunked frame (the end-to-end test of a crash between chunks; unset in production).
+fn abort_after_chunk() -> Option<usize> {
+    static AT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *AT.get_or_init(|| {
+        std::env::var("RIGD_FAILPOINT")
+            .ok()?
+            .strip_prefix("abort-after-chunk=")?
+            .parse()
+            .ok()
+    })
 }
 
 /// Bytes the metadata of a message takes besides the payload (properties dominate).
