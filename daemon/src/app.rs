@@ -75,6 +75,11 @@ fn build_source(cfg: &SourceConfig, bucket_ms: u32, clock: Arc<dyn FrameClock>) 
             c.settings(bucket_ms),
             clock,
         )),
+        SourceConfig::V4l(c) => Box::new(rigd_drivers::v4l::CameraSource::new(
+            &c.id,
+            c.settings(),
+            clock,
+        )),
     }
 }
 

@@ -242,6 +242,7 @@ pub enum SourceConfig {
     SyntheticSerial(SyntheticSerialConfig),
     Serial(SerialSourceConfig),
     Alsa(AlsaSourceConfig),
+    V4l(V4lSourceConfig),
 }
 
 impl SourceConfig {
@@ -252,6 +253,7 @@ impl SourceConfig {
             SourceConfig::SyntheticSerial(c) => &c.id,
             SourceConfig::Serial(c) => &c.id,
             SourceConfig::Alsa(c) => &c.id,
+            SourceConfig::V4l(c) => &c.id,
         }
     }
 
@@ -262,6 +264,7 @@ impl SourceConfig {
             SourceConfig::SyntheticSerial(_) => "synthetic-serial",
             SourceConfig::Serial(_) => "serial",
             SourceConfig::Alsa(_) => "alsa",
+            SourceConfig::V4l(_) => "v4l",
         }
     }
 }
@@ -486,6 +489,100 @@ impl AlsaSourceConfig {
             p.push(format!(
                 "{key}.max-skew-ms: {} must be between 1 and 60000",
                 self.max_skew_ms
+            ));
+        }
+    }
+}
+
+/// `kind = "v4l"`: a V4L2 camera (rigd-drivers `v4l` feature).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct V4lSourceConfig {
+    pub id: String,
+    /// A device path (`/dev/video0`, a udev symlink) or the card name as `v4l2-ctl --list-devices`
+    /// shows it (looked up among /dev/video* at every open).
+    #[serde(default = "default_v4l_device")]
+    pub device: String,
+    /// Requested size and rate; the driver may snap them, and frames carry its answer.
+    #[serde(default = "default_width")]
+    pub width: u32,
+    #[serde(default = "default_height")]
+    pub height: u32,
+    #[serde(default = "default_fps")]
+    pub fps: f64,
+    /// Pixel formats in order of preference: `MJPG` (passed through), `YUYV`, `NV12` (encoded).
+    #[serde(default = "default_v4l_formats")]
+    pub formats: Vec<rigd_drivers::v4l::PixelFormat>,
+    /// mmap buffers to request from the driver.
+    #[serde(default = "default_v4l_buffers")]
+    pub buffers: u32,
+    /// JPEG quality for YUYV and NV12 frames.
+    #[serde(default = "default_jpeg_quality")]
+    pub jpeg_quality: u8,
+}
+
+fn default_v4l_device() -> String {
+    "/dev/video0".to_string()
+}
+fn default_v4l_formats() -> Vec<rigd_drivers::v4l::PixelFormat> {
+    use rigd_drivers::v4l::PixelFormat;
+    vec![PixelFormat::Mjpg, PixelFormat::Yuyv, PixelFormat::Nv12]
+}
+fn default_v4l_buffers() -> u32 {
+    4
+}
+fn default_jpeg_quality() -> u8 {
+    80
+}
+
+impl V4lSourceConfig {
+    pub fn settings(&self) -> rigd_drivers::v4l::CameraSettings {
+        rigd_drivers::v4l::CameraSettings {
+            device: self.device.clone(),
+            width: self.width,
+            height: self.height,
+            fps: self.fps,
+            formats: self.formats.clone(),
+            buffers: self.buffers,
+            jpeg_quality: self.jpeg_quality,
+        }
+    }
+
+    fn problems(&self, p: &mut Vec<String>, key: &str) {
+        if self.device.is_empty() {
+            p.push(format!("{key}.device: must not be empty"));
+        }
+        for (name, v) in [("width", self.width), ("height", self.height)] {
+            if v == 0 || v > 16_384 {
+                p.push(format!("{key}.{name}: {v} must be between 1 and 16384"));
+            } else if v % 2 != 0 {
+                // YUYV and NV12 pack two pixels' chroma together.
+                p.push(format!("{key}.{name}: {v} must be even"));
+            }
+        }
+        positive(p, key, "fps", self.fps);
+        if self.fps > 1000.0 {
+            p.push(format!("{key}.fps: {} is above 1000", self.fps));
+        }
+        if self.formats.is_empty() {
+            p.push(format!("{key}.formats: must name at least one format"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for f in &self.formats {
+            if !seen.insert(f) {
+                p.push(format!("{key}.formats: {} is listed twice", f.as_str()));
+            }
+        }
+        if !(2..=32).contains(&self.buffers) {
+            p.push(format!(
+                "{key}.buffers: {} must be between 2 and 32",
+                self.buffers
+            ));
+        }
+        if !(1..=100).contains(&self.jpeg_quality) {
+            p.push(format!(
+                "{key}.jpeg-quality: {} must be between 1 and 100",
+                self.jpeg_quality
             ));
         }
     }
@@ -807,6 +904,7 @@ impl Config {
                 }
                 SourceConfig::Serial(c) => c.problems(&mut p, &key),
                 SourceConfig::Alsa(c) => c.problems(&mut p, &key, self.rig.bucket_ms),
+                SourceConfig::V4l(c) => c.problems(&mut p, &key),
                 SourceConfig::SyntheticSerial(c) => {
                     positive(&mut p, &key, "rate-hz", c.rate_hz);
                     if c.rate_hz > 10_000.0 {
@@ -1083,6 +1181,64 @@ mod tests {
         assert!(p[0].contains("source[0]") && p[0].contains("json"), "{p:?}");
         let p = problems("[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\n");
         assert!(p[0].contains("device"), "{p:?}");
+    }
+
+    #[test]
+    fn v4l_source_has_defaults_and_problems_name_the_key() {
+        use rigd_drivers::v4l::PixelFormat;
+        let c = Config::parse(
+            "[rig]\nid = \"a\"\n[[source]]\nid = \"front\"\nkind = \"v4l\"\n[[source]]\nid = \"rear\"\n\
+             kind = \"v4l\"\ndevice = \"USB Camera\"\nformats = [\"YUYV\"]\nbuffers = 8\n",
+            "t",
+        )
+        .unwrap();
+        let SourceConfig::V4l(front) = &c.sources[0] else {
+            panic!("{:?}", c.sources[0])
+        };
+        let s = front.settings();
+        assert_eq!(
+            (s.device.as_str(), s.width, s.height, s.fps),
+            ("/dev/video0", 640, 480, 30.0)
+        );
+        assert_eq!(
+            s.formats,
+            [PixelFormat::Mjpg, PixelFormat::Yuyv, PixelFormat::Nv12]
+        );
+        assert_eq!((s.buffers, s.jpeg_quality), (4, 80));
+        assert_eq!(c.sources[0].kind(), "v4l");
+        let SourceConfig::V4l(rear) = &c.sources[1] else {
+            panic!("{:?}", c.sources[1])
+        };
+        assert_eq!(rear.settings().device, "USB Camera");
+        assert_eq!(rear.settings().formats, [PixelFormat::Yuyv]);
+
+        let p = problems(
+            "[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"v4l\"\ndevice = \"\"\nwidth = 641\n\
+             height = 0\nfps = 0\nformats = [\"YUYV\", \"YUYV\"]\nbuffers = 1\njpeg-quality = 0\n",
+        );
+        assert_eq!(p.len(), 7, "{p:?}");
+        for key in [
+            "source[0].device",
+            "source[0].width",
+            "source[0].height",
+            "source[0].fps",
+            "source[0].formats",
+            "source[0].buffers",
+            "source[0].jpeg-quality",
+        ] {
+            assert!(p.iter().any(|l| l.contains(key)), "{key} missing: {p:?}");
+        }
+        let p =
+            problems("[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"v4l\"\nformats = []\n");
+        assert!(p[0].contains("source[0].formats"), "{p:?}");
+        let p = problems(
+            "[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"v4l\"\nformats = [\"H264\"]\n",
+        );
+        assert!(p[0].contains("source[0]") && p[0].contains("H264"), "{p:?}");
+        let p = problems(
+            "[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"v4l\"\nbuffer-count = 4\n",
+        );
+        assert!(p[0].contains("buffer-count"), "{p:?}");
     }
 
     #[test]

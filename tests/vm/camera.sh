@@ -84,7 +84,7 @@ for m in $(cat /modules/order); do
   insmod /modules/$m $args || echo "RIGD-VM-CAMERA FAIL insmod $m"
 done
 i=0; while [ ! -e /dev/video0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
-echo "RIGD-VM-CAMERA BOOTED uptime $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r)"
+echo; echo "RIGD-VM-CAMERA BOOTED uptime $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r)"
 /bin/v4l_probe /dev/video0
 echo "RIGD-VM-CAMERA EXIT $?"
 poweroff -f
