@@ -8,11 +8,14 @@
 //! 2. vivid's "Percentage of Dropped Buffers" control at 50: the sequence gaps are counted as drops.
 //! 3. vivid's "Disconnect" control (a USB unplug): the source ends with a retryable error, is
 //!    reopened as the daemon does, and frames flow again.
+//! 4. With a second device given (v4l2loopback), MJPEG passthrough: a feeder thread writes real
+//!    JPEGs into the loopback device; every frame the source emits is byte-identical to one the
+//!    feeder wrote, in order; a buffer that is not a whole JPEG is rejected and counted.
 //!
 //! Prints `RIGD-VM-CAMERA PASS <check> ...` per check and `RIGD-VM-CAMERA DONE ok` at the end; any
 //! failed check prints `RIGD-VM-CAMERA FAIL <check>: <why>` and exits 1.
 //!
-//! `v4l_probe [DEVICE]` (default /dev/video0).
+//! `v4l_probe [DEVICE [LOOPBACK]]` (default /dev/video0, no loopback check).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,19 +47,23 @@ type Check = Result<String, String>;
 type CheckFn = fn(&str) -> Check;
 
 fn main() {
-    let path = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "/dev/video0".into());
+    let mut args = std::env::args().skip(1);
+    let path = args.next().unwrap_or_else(|| "/dev/video0".into());
+    let loopback = args.next();
     let started = Instant::now();
     let mut failed = false;
-    let checks: [(&str, CheckFn); 3] = [
-        ("yuyv", yuyv_by_card_name),
-        ("drops", dropped_buffers_are_counted),
-        ("reopen", disconnect_then_reopen),
+    let mut checks: Vec<(&str, String, CheckFn)> = vec![
+        ("yuyv", path.clone(), yuyv_by_card_name),
+        ("drops", path.clone(), dropped_buffers_are_counted),
+        ("reopen", path.clone(), disconnect_then_reopen),
     ];
-    for (name, check) in checks {
+    match loopback {
+        Some(l) => checks.push(("mjpeg", l, mjpeg_passthrough)),
+        None => println!("RIGD-VM-CAMERA SKIP mjpeg: no loopback device given"),
+    }
+    for (name, device, check) in checks {
         let t = Instant::now();
-        match check(&path) {
+        match check(&device) {
             Ok(msg) => println!(
                 "RIGD-VM-CAMERA PASS {name} {msg} ({:.1} s)",
                 t.elapsed().as_secs_f64()
@@ -139,10 +146,11 @@ impl Capture {
     fn frames_after(&mut self, after_ns: i64, n: usize, within: Duration) -> Vec<Frame> {
         let deadline = Instant::now() + within;
         let mut out = Vec::new();
-        while out.len() < n && Instant::now() < deadline {
+        while out.len() < n {
             match self.rx.try_recv() {
                 Ok(f) if f.capture_ns > after_ns => out.push(f),
                 Ok(_) => {}
+                Err(_) if Instant::now() >= deadline => break,
                 Err(_) => std::thread::sleep(Duration::from_millis(5)),
             }
         }
@@ -362,5 +370,121 @@ fn disconnect_then_reopen(path: &str) -> Check {
     Ok(format!(
         "streams={} error=`{}` frames flowing again {reopen_s:.1} s after the unplug",
         c.streams, errors[0]
+    ))
+}
+
+/// A distinct JPEG per index: a 320x240 frame whose luma ramp is shifted by the index.
+fn feeder_jpeg(i: usize) -> Vec<u8> {
+    let (w, h) = (320usize, 240usize);
+    let mut yuyv = Vec::with_capacity(w * h * 2);
+    for y in 0..h {
+        for x in (0..w).step_by(2) {
+            let l = ((x + y + i * 7) % 220) as u8 + 16;
+            yuyv.extend_from_slice(&[l, 128, l, 128]);
+        }
+    }
+    let mut out = Vec::new();
+    rigd_drivers::camera::yuyv_to_jpeg(w as u32, h as u32, &yuyv, 75, &mut out).expect("encodes");
+    out
+}
+
+fn mjpeg_passthrough(path: &str) -> Check {
+    use std::io::Write;
+    use v4l::video::Output;
+    const N: usize = 40;
+    // Every tenth buffer is a JPEG cut in half (what a reader sees when a writer dies mid-frame):
+    // the source must reject and count it, not pass it on.
+    let cut = |i: usize| i % 10 == 5;
+    let written: Vec<Vec<u8>> = (0..N)
+        .map(|i| {
+            let j = feeder_jpeg(i);
+            if cut(i) {
+                j[..j.len() / 2].to_vec()
+            } else {
+                j
+            }
+        })
+        .collect();
+    // The writer sets the format and writes once before a reader can negotiate.
+    let out_dev = v4l::Device::with_path(path).map_err(|e| format!("open {path}: {e}"))?;
+    let fmt = v4l::Format::new(320, 240, v4l::FourCC::new(b"MJPG"));
+    Output::set_format(&out_dev, &fmt).map_err(|e| format!("S_FMT output: {e}"))?;
+    let mut writer = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("open {path} for writing: {e}"))?;
+    writer
+        .write_all(&written[0])
+        .map_err(|e| format!("write: {e}"))?;
+
+    let source = CameraSource::new(
+        "cam",
+        settings(path, vec![PixelFormat::Mjpg, PixelFormat::Yuyv]),
+        Arc::new(AheadClock),
+    );
+    let mut cap = start(source);
+    let t = Instant::now();
+    while cap.health.detail().is_empty() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let detail = cap.health.detail();
+    if detail.is_empty() {
+        let (_, errors, _) = cap.finish();
+        return Err(format!("the source never streamed: {errors:?}"));
+    }
+    // Frames written before the reader streams are dropped by v4l2loopback; give it a moment.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut frames = Vec::new();
+    for jpeg in &written[1..] {
+        writer.write_all(jpeg).map_err(|e| format!("write: {e}"))?;
+        std::thread::sleep(Duration::from_millis(40));
+        frames.extend(cap.frames(N, Duration::ZERO));
+    }
+    frames.extend(cap.frames(N, Duration::from_millis(500)));
+    let (source, errors, _) = cap.finish();
+    drop(writer);
+    drop(out_dev);
+    let c = source.counts();
+    let neg = source.negotiated().ok_or("nothing negotiated")?;
+    if neg.format != PixelFormat::Mjpg || (neg.width, neg.height) != (320, 240) {
+        return Err(format!("negotiated {neg}"));
+    }
+    if frames.len() < N / 2 {
+        return Err(format!(
+            "{} frames of {} written; counts {c:?}; errors {errors:?}",
+            frames.len(),
+            N - 1
+        ));
+    }
+    let (first, last) = (c.first_sequence.unwrap_or(0), c.last_sequence.unwrap_or(0));
+    let span = last.wrapping_sub(first) as u64 + 1;
+    if c.rejected == 0 || c.frames + c.drops() != span + c.repeated {
+        return Err(format!(
+            "rejected {} (cut JPEGs written: {}), sequence {first}..={last} vs {c:?}",
+            c.rejected,
+            (0..N).filter(|&i| cut(i)).count()
+        ));
+    }
+    // Every frame is one the feeder wrote, byte for byte, in the order written.
+    let mut next = 0;
+    for f in &frames {
+        let Some(k) = (next..N).find(|&k| !cut(k) && written[k][..] == f.payload[..]) else {
+            return Err(format!(
+                "frame {} ({} bytes) is not a later written JPEG (after #{next})",
+                f.seq,
+                f.payload.len()
+            ));
+        };
+        next = k + 1;
+    }
+    Ok(format!(
+        "negotiated=`{neg}` written={N} (cut {}) frames={} identical=all rejected={} lost={} \
+         repeated={} kernel-stamped={}",
+        (0..N).filter(|&i| cut(i)).count(),
+        c.frames,
+        c.rejected,
+        c.lost,
+        c.repeated,
+        c.kernel_stamps
     ))
 }

@@ -2,7 +2,8 @@
 kernel with vivid under QEMU TCG and runs drivers/examples/v4l_probe.rs inside. This asserts on the
 guest's marker lines: YUYV frames by card name (valid JPEGs of the negotiated size, mapped monotonic
 stamps, every sequence number a frame or a counted drop), vivid's dropped buffers counted, and a
-simulated unplug reopened."""
+simulated unplug reopened; and, when v4l2loopback could be built (linux-headers of the guest kernel),
+MJPEG passthrough byte for byte with half-written JPEGs rejected and counted."""
 
 from __future__ import annotations
 
@@ -59,3 +60,10 @@ def test_v4l_capture_on_vivid_in_a_qemu_guest():
 
     reopen = re.search(r"PASS reopen streams=(\d+)", text)
     assert reopen and int(reopen.group(1)) >= 2, text
+
+    if "SKIP mjpeg" not in text:
+        mjpeg = re.search(r"PASS mjpeg negotiated=`MJPG (\d+)x(\d+) .*` written=(\d+) \(cut (\d+)\) "
+                          r"frames=(\d+) identical=all rejected=(\d+)", text)
+        assert mjpeg, text
+        assert int(mjpeg.group(5)) >= int(mjpeg.group(3)) // 2
+        assert int(mjpeg.group(6)) >= 1

@@ -45,6 +45,35 @@ if [ ! -f "$KROOT/.done" ]; then
 fi
 VMLINUZ=$KROOT/root/boot/vmlinuz-$ABI
 
+# 1b. v4l2loopback (cached) for MJPEG passthrough: Debian's v4l2loopback-dkms source built against
+# linux-headers-$ABI. Without the headers (and no way to install them) that check is skipped.
+LOOP_KO=$CACHE/v4l2loopback-$ABI/v4l2loopback.ko
+LOOP_SKIP=""
+if [ ! -f "$LOOP_KO" ]; then
+  HDR=/usr/src/linux-headers-$ABI
+  if [ ! -d "$HDR" ]; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+    log "installing linux-headers-$ABI (to build v4l2loopback)"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "linux-headers-$ABI" >&2 2>&1 || true
+  fi
+  if [ -d "$HDR" ] && command -v make >/dev/null && command -v gcc >/dev/null; then
+    LB=$CACHE/v4l2loopback-$ABI
+    rm -rf "$LB"; mkdir -p "$LB/deb"
+    (cd "$LB/deb" && apt-get download v4l2loopback-dkms 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2 || true)
+    if ls "$LB"/deb/v4l2loopback-dkms_*.deb >/dev/null 2>&1; then
+      dpkg-deb -x "$LB"/deb/v4l2loopback-dkms_*.deb "$LB/root"
+      cp -r "$LB"/root/usr/src/v4l2loopback-* "$LB/build"
+      make -C "$HDR" M="$LB/build" modules >"$LB/build.log" 2>&1 && cp "$LB/build/v4l2loopback.ko" "$LOOP_KO" \
+        || LOOP_SKIP="v4l2loopback did not build (see $LB/build.log)"
+    else
+      LOOP_SKIP="apt-get download v4l2loopback-dkms failed"
+    fi
+  else
+    LOOP_SKIP="no linux-headers-$ABI, make or gcc to build v4l2loopback"
+  fi
+fi
+[ -z "$LOOP_SKIP" ] || log "MJPEG passthrough check skipped: $LOOP_SKIP"
+
 # 2. The static test binary: musl when rustup has (or can add) the target, else glibc +crt-static.
 TARGET=x86_64-unknown-linux-musl
 if ! rustup target list --installed 2>/dev/null | grep -qx $TARGET; then
@@ -73,20 +102,28 @@ while read -r verb path _; do
   basename "$path" >> "$IR/modules/order"
 done < <(modprobe -d "$KROOT/root" -S "$ABI" --show-depends vivid)
 grep -q '^vivid.ko$' "$IR/modules/order" || { log "vivid.ko not found in linux-image-$ABI"; exit 1; }
-cat > "$IR/init" <<'INIT'
+LOOP_ARG=""
+if [ -f "$LOOP_KO" ]; then
+  cp "$LOOP_KO" "$IR/modules/"; echo v4l2loopback.ko >> "$IR/modules/order"; LOOP_ARG=/dev/video10
+fi
+cat > "$IR/init" <<INIT
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-for m in $(cat /modules/order); do
+for m in \$(cat /modules/order); do
   # One device, video capture node only: less to probe, faster boot.
-  case $m in vivid.ko) args="n_devs=1 node_types=0x1";; *) args="";; esac
-  insmod /modules/$m $args || echo "RIGD-VM-CAMERA FAIL insmod $m"
+  case \$m in
+    vivid.ko) args="n_devs=1 node_types=0x1";;
+    v4l2loopback.ko) args="video_nr=10 card_label=rigd-loopback";;
+    *) args="";;
+  esac
+  insmod /modules/\$m \$args || echo "RIGD-VM-CAMERA FAIL insmod \$m"
 done
-i=0; while [ ! -e /dev/video0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
-echo; echo "RIGD-VM-CAMERA BOOTED uptime $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r)"
-/bin/v4l_probe /dev/video0
-echo "RIGD-VM-CAMERA EXIT $?"
+i=0; while [ ! -e /dev/video0 ] && [ \$i -lt 50 ]; do sleep 0.1; i=\$((i+1)); done
+echo; echo "RIGD-VM-CAMERA BOOTED uptime \$(cut -d' ' -f1 /proc/uptime) s, kernel \$(uname -r)"
+/bin/v4l_probe /dev/video0 $LOOP_ARG
+echo "RIGD-VM-CAMERA EXIT \$?"
 poweroff -f
 INIT
 chmod +x "$IR/init"
