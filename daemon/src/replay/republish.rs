@@ -107,6 +107,7 @@ async fn republish(
                 send_timeout: Duration::from_secs(30),
                 tls: tls.clone(),
                 compression: crate::config::Compression::None,
+                batch: crate::uplink::BatchPolicy::default(),
             };
             Lane {
                 producer: Producer::spawn(cfg, tx, shutdown.clone()),

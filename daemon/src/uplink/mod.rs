@@ -2,11 +2,13 @@
 //! (the `pulsar` crate supplies only the protocol types), with native chunking for large frames
 //! and sequence ids that make broker-side deduplication exact across restarts.
 
+mod batch;
 mod codec;
 mod compress;
 pub mod plan;
 mod producer;
 
+pub use batch::BatchPolicy;
 pub use producer::{Ack, Outcome, Producer, ProducerConfig, ProducerStats};
 
 /// Client TLS settings: the CA certificates of `ca_file` (PEM), or the Mozilla roots when absent.

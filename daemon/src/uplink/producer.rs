@@ -24,6 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify};
 
+use super::batch::{self, BatchPolicy};
 use super::codec;
 use super::compress;
 use super::plan::{self, Backoff};
@@ -53,6 +54,8 @@ pub struct ProducerConfig {
     /// Client TLS settings for `pulsar+ssl://` (see [`super::tls_config`]).
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub compression: crate::config::Compression,
+    /// Batching of small frames (`BatchPolicy::default()`: the Java client's defaults).
+    pub batch: BatchPolicy,
 }
 
 /// What became of a submitted frame.
@@ -118,6 +121,8 @@ impl Producer {
                 room: room.clone(),
                 pending: VecDeque::new(),
                 pending_bytes: 0,
+                pending_frames: 0,
+                open_batch: None,
                 shutdown,
                 broker_last: None,
                 next_request: 1,
@@ -164,11 +169,15 @@ impl Producer {
 
 struct Pending {
     frame: Frame,
+    /// The other frames of a batch message, after `frame` (empty when not a batch).
+    batch: Vec<Frame>,
     envelope: Envelope,
     generation: u64,
-    /// The payload as it goes on the wire (compressed or the frame's own bytes) and its codec.
+    /// The payload as it goes on the wire (compressed or the frame's own bytes), its codec and
+    /// its size before compression.
     wire: Bytes,
     compression: i32,
+    uncompressed: usize,
     /// Chunk ranges of the wire payload (one when not chunked).
     chunks: Vec<std::ops::Range<usize>>,
     receipts: usize,
@@ -178,12 +187,14 @@ struct Pending {
 
 /// The state of a pending frame carried into its resend after a reconnect.
 struct Resume {
+    batch: Vec<Frame>,
     generation: u64,
     receipts: usize,
     submitted: Instant,
     envelope: Envelope,
     wire: Bytes,
     compression: i32,
+    uncompressed: usize,
     chunks: Vec<std::ops::Range<usize>>,
 }
 
@@ -192,6 +203,21 @@ impl Pending {
     fn sequence_id(&self, i: usize) -> u64 {
         plan::sequence_id(self.frame.seq, self.generation, i)
     }
+
+    fn frames(&self) -> usize {
+        1 + self.batch.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.frame.payload.len() + self.batch.iter().map(|f| f.payload.len()).sum::<usize>()
+    }
+}
+
+/// Small frames of one key waiting to go out as one batch message.
+struct OpenBatch {
+    frames: Vec<(Frame, Envelope)>,
+    bytes: usize,
+    opened: Instant,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -343,6 +369,9 @@ struct Task {
     room: Arc<Notify>,
     pending: VecDeque<Pending>,
     pending_bytes: usize,
+    /// Frames in `pending` (a batch message holds several).
+    pending_frames: usize,
+    open_batch: Option<OpenBatch>,
     shutdown: watch::Receiver<bool>,
     /// The broker's last persisted sequence id at producer creation (None: it had none).
     broker_last: Option<u64>,
@@ -405,7 +434,14 @@ impl Task {
         }
         self.stats.connected.store(false, Ordering::Release);
         self.rx.close();
-        let mut left: Vec<Frame> = self.pending.drain(..).map(|p| p.frame).collect();
+        let mut left: Vec<Frame> = Vec::new();
+        for p in self.pending.drain(..) {
+            left.push(p.frame);
+            left.extend(p.batch);
+        }
+        if let Some(b) = self.open_batch.take() {
+            left.extend(b.frames.into_iter().map(|(f, _)| f));
+        }
         while let Ok(f) = self.rx.try_recv() {
             left.push(f);
         }
@@ -643,15 +679,18 @@ impl Task {
         // Resend in order: each pending frame from its first chunk without a receipt.
         let mut resend = std::mem::take(&mut self.pending);
         self.pending_bytes = 0;
+        self.pending_frames = 0;
         self.stats.in_flight.store(0, Ordering::Relaxed);
         for p in resend.drain(..) {
             let resume = Resume {
+                batch: p.batch,
                 generation: p.generation,
                 receipts: p.receipts,
                 submitted: p.submitted,
                 envelope: p.envelope,
                 wire: p.wire,
                 compression: p.compression,
+                uncompressed: p.uncompressed,
                 chunks: p.chunks,
             };
             self.send(&mut link, p.frame, Some(resume)).await?;
@@ -659,8 +698,11 @@ impl Task {
         link.flush().await?;
         let mut ping_timer = tokio::time::interval(Duration::from_secs(5));
         loop {
-            let window_open = self.pending.len() < self.cfg.max_in_flight
-                && self.pending_bytes < self.cfg.max_in_flight_bytes;
+            let window_open = self.window_open();
+            let batch_due = self
+                .open_batch
+                .as_ref()
+                .map(|b| tokio::time::Instant::from_std(b.opened + self.cfg.batch.delay));
             tokio::select! {
                 biased;
                 _ = self.shutdown.changed() => {
@@ -673,16 +715,23 @@ impl Task {
                 }
                 frame = self.rx.recv(), if window_open => {
                     let Some(frame) = frame else { return Err(LinkError::Shutdown) };
-                    self.send(&mut link, frame, None).await?;
+                    self.submit(&mut link, frame).await?;
                     // Pipeline: take whatever else is already queued before flushing.
-                    while self.pending.len() < self.cfg.max_in_flight && self.pending_bytes < self.cfg.max_in_flight_bytes {
+                    while self.window_open() {
                         match self.rx.try_recv() {
-                            Ok(f) => self.send(&mut link, f, None).await?,
+                            Ok(f) => self.submit(&mut link, f).await?,
                             Err(_) => break,
                         }
                     }
+                    if self.cfg.batch.delay.is_zero() || !self.window_open() {
+                        self.flush_batch(&mut link).await?;
+                    }
                     link.flush().await?;
                     self.room.notify_waiters();
+                }
+                _ = tokio::time::sleep_until(batch_due.unwrap_or_else(tokio::time::Instant::now)), if batch_due.is_some() => {
+                    self.flush_batch(&mut link).await?;
+                    link.flush().await?;
                 }
                 _ = ping_timer.tick() => {
                     let idle = link.last_inbound.elapsed();
@@ -750,24 +799,108 @@ impl Task {
 
     fn complete_front(&mut self, outcome: Outcome) {
         if let Some(p) = self.pending.pop_front() {
-            self.pending_bytes -= p.frame.payload.len();
+            self.pending_bytes -= p.bytes();
+            self.pending_frames -= p.frames();
             self.stats
                 .in_flight
-                .store(self.pending.len(), Ordering::Relaxed);
-            if outcome == Outcome::Persisted {
-                self.stats.published.fetch_add(1, Ordering::Relaxed);
-                self.stats
-                    .published_bytes
-                    .fetch_add(p.frame.payload.len() as u64, Ordering::Relaxed);
+                .store(self.pending_frames, Ordering::Relaxed);
+            let latency = p.submitted.elapsed();
+            for frame in std::iter::once(p.frame).chain(p.batch) {
+                if outcome == Outcome::Persisted {
+                    self.stats.published.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .published_bytes
+                        .fetch_add(frame.payload.len() as u64, Ordering::Relaxed);
+                }
+                let _ = self.acks.send(Ack {
+                    seq: frame.seq,
+                    outcome: outcome.clone(),
+                    latency,
+                    capture_ns: frame.capture_ns,
+                });
             }
-            let _ = self.acks.send(Ack {
-                seq: p.frame.seq,
-                outcome,
-                latency: p.submitted.elapsed(),
-                capture_ns: p.frame.capture_ns,
-            });
             self.room.notify_waiters();
         }
+    }
+
+    /// Room for one more frame in the in-flight window (the open batch counts).
+    fn window_open(&self) -> bool {
+        let open = self
+            .open_batch
+            .as_ref()
+            .map_or((0, 0), |b| (b.frames.len(), b.bytes));
+        self.pending_frames + open.0 < self.cfg.max_in_flight
+            && self.pending_bytes + open.1 < self.cfg.max_in_flight_bytes
+    }
+
+    /// Takes a new frame: small frames join the open batch (which goes out first when the key
+    /// changes or it is full); others go out on their own, after the open batch.
+    async fn submit(&mut self, link: &mut Link, frame: Frame) -> Result<(), LinkError> {
+        let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
+        let size = frame.payload.len() + envelope_size(&envelope);
+        let known = matches!(
+            plan::resend(frame.seq, 0, 1, self.broker_last, false),
+            plan::Resend::Done
+        );
+        if known || !self.cfg.batch.admits(size) || size * 4 > link.max_message_size {
+            self.flush_batch(link).await?;
+            return self.send(link, frame, None).await;
+        }
+        if let Some(b) = &self.open_batch {
+            let full = b.frames.len() >= self.cfg.batch.max_messages
+                || b.bytes + size > self.cfg.batch.max_bytes
+                || b.frames[0].1.key != envelope.key;
+            if full {
+                self.flush_batch(link).await?;
+            }
+        }
+        let b = self.open_batch.get_or_insert_with(|| OpenBatch {
+            frames: Vec::new(),
+            bytes: 0,
+            opened: Instant::now(),
+        });
+        b.bytes += size;
+        b.frames.push((frame, envelope));
+        Ok(())
+    }
+
+    /// Sends the open batch: one frame goes out as a plain message, several as a batch message.
+    async fn flush_batch(&mut self, link: &mut Link) -> Result<(), LinkError> {
+        let Some(b) = self.open_batch.take() else {
+            return Ok(());
+        };
+        let mut frames = b.frames.into_iter();
+        let Some((first, envelope)) = frames.next() else {
+            return Ok(());
+        };
+        let rest: Vec<(Frame, Envelope)> = frames.collect();
+        if rest.is_empty() {
+            return self.send(link, first, None).await;
+        }
+        let mut raw = BytesMut::with_capacity(b.bytes + 64 * (rest.len() + 1));
+        batch::push(
+            &mut raw,
+            &envelope,
+            plan::sequence_id(first.seq, 0, 0),
+            &first.payload,
+        );
+        for (f, e) in &rest {
+            batch::push(&mut raw, e, plan::sequence_id(f.seq, 0, 0), &f.payload);
+        }
+        let raw = raw.freeze();
+        let (compression, wire) = compress::compress(self.cfg.compression, &raw);
+        let resume = Resume {
+            batch: rest.into_iter().map(|(f, _)| f).collect(),
+            generation: 0,
+            receipts: 0,
+            submitted: b.opened,
+            envelope,
+            chunks: plan::chunk_ranges(wire.len(), wire.len()),
+            wire,
+            compression,
+            uncompressed: raw.len(),
+        };
+        self.send(link, first, Some(resume)).await
     }
 
     /// Writes a frame's SEND frames into the link's buffer. `resume` carries a pending frame's state
@@ -801,12 +934,14 @@ impl Task {
         }
         let resuming = resume.is_some();
         let Resume {
+            batch,
             mut generation,
             receipts,
             submitted,
             envelope,
             wire,
             compression,
+            uncompressed,
             chunks,
         } = match resume {
             Some(r) => r,
@@ -819,6 +954,8 @@ impl Task {
                 let (compression, wire) = compress::compress(self.cfg.compression, &frame.payload);
                 let chunks = plan::chunk_ranges(wire.len(), max_chunk);
                 Resume {
+                    batch: Vec::new(),
+                    uncompressed: len,
                     generation: 0,
                     receipts: 0,
                     submitted: Instant::now(),
@@ -850,6 +987,9 @@ impl Task {
         ) {
             plan::Resend::Done => {
                 ack_now(self, frame, Outcome::AlreadyPersisted);
+                for f in batch {
+                    ack_now(self, f, Outcome::AlreadyPersisted);
+                }
                 return Ok(());
             }
             plan::Resend::From {
@@ -877,10 +1017,12 @@ impl Task {
         }
         let pending = Pending {
             frame,
+            batch,
             envelope,
             generation,
             wire,
             compression,
+            uncompressed,
             chunks,
             receipts,
             submitted,
@@ -902,10 +1044,17 @@ impl Task {
                 .collect(),
             partition_key: Some(pending.envelope.key.clone()),
             event_time: Some(pending.envelope.event_time_ms),
-            uncompressed_size: Some(len as u32),
+            uncompressed_size: Some(pending.uncompressed as u32),
             compression: (pending.compression != 0).then_some(pending.compression),
             ..Default::default()
         };
+        let highest = pending.batch.last().map(|f| plan::sequence_id(f.seq, 0, 0));
+        if highest.is_some() {
+            // A batch: properties are per message (SingleMessageMetadata), the key is shared.
+            metadata.properties.clear();
+            metadata.num_messages_in_batch = Some(pending.frames() as i32);
+            metadata.highest_sequence_id = highest;
+        }
         if n > 1 {
             // A restart sends a frame cut between its chunks again under a new uuid: consumers
             // drop the earlier run's partial chunks after their reassembly timeout.
@@ -927,7 +1076,8 @@ impl Task {
                 send: Some(CommandSend {
                     producer_id: link.producer_id,
                     sequence_id: seq_id,
-                    num_messages: Some(1),
+                    highest_sequence_id: highest,
+                    num_messages: Some(pending.frames() as i32),
                     is_chunk: Some(n > 1),
                     ..Default::default()
                 }),
@@ -952,11 +1102,12 @@ impl Task {
                 link.flush().await?;
             }
         }
-        self.pending_bytes += len;
+        self.pending_bytes += pending.bytes();
+        self.pending_frames += pending.frames();
         self.pending.push_back(pending);
         self.stats
             .in_flight
-            .store(self.pending.len(), Ordering::Relaxed);
+            .store(self.pending_frames, Ordering::Relaxed);
         Ok(())
     }
 }
