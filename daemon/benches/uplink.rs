@@ -1,11 +1,12 @@
 //! Uplink publish benchmark against a real broker: rigd's producer with its real wire format
 //! (properties, key, event time), as many frames as the in-flight window allows.
 //!
-//! usage: cargo bench -p rigd --bench uplink -- URL TOPIC SIZE COUNT [MAX_IN_FLIGHT]
+//! usage: cargo bench -p rigd --bench uplink -- URL TOPIC SIZE COUNT [MAX_IN_FLIGHT] [BATCHING]
+//! (BATCHING: true|false, default false, as JavaProducer.java's argument)
 //! prints one JSON line like tests/bench/java/JavaProducer.java, for tests/bench/run.sh.
 
 use bytes::Bytes;
-use rigd::uplink::{Producer, ProducerConfig};
+use rigd::uplink::{BatchPolicy, Producer, ProducerConfig};
 use rigd_drivers::{ClockState, Frame, Media};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -27,6 +28,7 @@ async fn main() {
         .get(4)
         .map(|w| w.parse().expect("MAX_IN_FLIGHT"))
         .unwrap_or(500);
+    let batching = args.get(5).is_some_and(|b| b == "true");
     let (ack_tx, mut acks) = mpsc::unbounded_channel();
     let (_stop_tx, stop) = watch::channel(false);
     let producer = Producer::spawn(
@@ -43,6 +45,14 @@ async fn main() {
             send_timeout: Duration::from_secs(60),
             tls: None,
             compression: rigd::config::Compression::None,
+            batch: if batching {
+                BatchPolicy::default()
+            } else {
+                BatchPolicy {
+                    max_messages: 1,
+                    ..BatchPolicy::default()
+                }
+            },
         },
         ack_tx,
         stop,

@@ -28,21 +28,28 @@ echo
 echo "$(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo
 
-echo "## Uplink publish: rigd vs the official Java client (same broker, same run, no batching)"
+echo "## Uplink publish: rigd vs the official Java client (same broker, same run)"
 echo
-echo "| size | rigd msg/s | rigd MB/s | rigd p50/p99 ms | Java msg/s | Java MB/s | Java p50/p99 ms | rigd / Java |"
-echo "|---|---|---|---|---|---|---|---|"
-if [ $QUICK = 1 ]; then plan="100:2000 4096:1000 1048576:20 20971520:3"; else plan="100:200000 4096:100000 1048576:1000 20971520:40"; fi
+echo "Batching: both sides with the Java defaults (1000 messages, 128 KiB, 1 ms), or both off."
+echo
+echo "| size | batching | rigd msg/s | rigd MB/s | rigd p50/p99 ms | Java msg/s | Java MB/s | Java p50/p99 ms | rigd / Java |"
+echo "|---|---|---|---|---|---|---|---|---|"
+if [ $QUICK = 1 ]; then
+  plan="100:2000:false 100:2000:true 4096:1000:false 4096:1000:true 1048576:20:false 20971520:3:false"
+else
+  plan="100:200000:false 100:500000:true 4096:100000:false 4096:200000:true 1048576:1000:false 20971520:40:false"
+fi
 for p in $plan; do
-  size=${p%%:*}; count=${p##*:}
-  r=$(cargo bench --locked -q -p rigd --bench uplink -- "$URL" "persistent://public/default/bench-rigd-$run_id-$size" "$size" "$count" 2>/dev/null | grep '^{')
-  j=$("$JAVA_HOME/bin/java" -Xmx1g -cp "target/bench-java:$LIB/*" JavaProducer "$URL" "persistent://public/default/bench-java-$run_id-$size" "$size" "$count" false 500 2>/dev/null | grep '^{')
-  python3 - "$r" "$j" <<'PY'
+  IFS=: read -r size count batching <<<"$p"
+  r=$(cargo bench --locked -q -p rigd --bench uplink -- "$URL" "persistent://public/default/bench-rigd-$run_id-$size-$batching" "$size" "$count" 500 "$batching" 2>/dev/null | grep '^{')
+  j=$("$JAVA_HOME/bin/java" -Xmx1g -cp "target/bench-java:$LIB/*" JavaProducer "$URL" "persistent://public/default/bench-java-$run_id-$size-$batching" "$size" "$count" "$batching" 500 2>/dev/null | grep '^{')
+  python3 - "$r" "$j" "$batching" <<'PY'
 import json, sys
 r, j = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 size = r["size"]
 label = f"{size} B" if size < 1024 else (f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB")
-print(f"| {label} | {r['msg_per_s']:.0f} | {r['mb_per_s']:.1f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
+batching = "on" if sys.argv[3] == "true" else "off"
+print(f"| {label} | {batching} | {r['msg_per_s']:.0f} | {r['mb_per_s']:.1f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
       f"{j['msg_per_s']:.0f} | {j['mb_per_s']:.1f} | {j['p50_ms']:.1f} / {j['p99_ms']:.1f} | {r['msg_per_s'] / j['msg_per_s']:.2f}x |")
 PY
 done
