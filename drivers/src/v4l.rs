@@ -835,4 +835,37 @@ mod tests {
         };
         assert_eq!(n.to_string(), "YUYV 320x180 @ 25.00 fps, 4 buffers");
     }
+
+    /// MJPEG passthrough cost per frame: the whole-JPEG check plus the copy out of the mmap buffer.
+    /// `cargo test --release -p rigd-drivers --lib -- --ignored --nocapture bench_mjpeg`
+    #[test]
+    #[ignore = "benchmark"]
+    fn bench_mjpeg_passthrough() {
+        for (w, h) in [(640u16, 480u16), (1920, 1080)] {
+            let mut state = 7u32;
+            let grey: Vec<u8> = (0..w as usize * h as usize)
+                .map(|i| {
+                    state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (i % 251) as u8 ^ (state >> 29) as u8
+                })
+                .collect();
+            let jpeg = crate::camera::grey_to_jpeg(w, h, &grey, 80);
+            // A driver buffer is larger than the JPEG; the tail is zero padding.
+            let mut buf = jpeg.clone();
+            buf.resize(jpeg.len() + 4096, 0);
+            let n = 2000;
+            let t = std::time::Instant::now();
+            let mut total = 0;
+            for _ in 0..n {
+                let frame = crate::camera::mjpeg_frame(std::hint::black_box(&buf)).unwrap();
+                total += bytes::Bytes::copy_from_slice(frame).len();
+            }
+            let per = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+            assert_eq!(total, jpeg.len() * n);
+            println!(
+                "mjpeg passthrough {w}x{h} ({} bytes): {per:.1} us/frame",
+                jpeg.len()
+            );
+        }
+    }
 }
