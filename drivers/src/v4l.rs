@@ -21,6 +21,8 @@
 use serde::Deserialize;
 use std::fmt;
 
+use crate::camera::{nv12_to_jpeg, yuyv_to_jpeg};
+
 /// A pixel format rigd can turn into JPEG frames, named by its V4L2 fourcc (`formats` key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 pub enum PixelFormat {
@@ -227,7 +229,7 @@ fn gcd(a: u32, b: u32) -> u32 {
     }
 }
 
-/// The first format in `preferences` that the device offers.
+/// The formats of `preferences` that the device offers, in preference order.
 pub fn choose_formats(preferences: &[PixelFormat], offered: &[[u8; 4]]) -> Vec<PixelFormat> {
     preferences
         .iter()
@@ -236,8 +238,63 @@ pub fn choose_formats(preferences: &[PixelFormat], offered: &[[u8; 4]]) -> Vec<P
         .collect()
 }
 
-/// How long without a buffer before the device counts as gone: 2 s, or 5 frame intervals of a
-/// slow camera.
+/// Encodes one raw YUYV or NV12 buffer of the negotiated format into `jpeg`, first packing rows
+/// that the driver padded to its stride into `packed`. (An MJPEG buffer is copied as it is.)
+pub fn encode_raw(
+    neg: &Negotiated,
+    data: &[u8],
+    q: u8,
+    packed: &mut Vec<u8>,
+    jpeg: &mut Vec<u8>,
+) -> Result<(), crate::camera::EncodeError> {
+    let (w, h) = (neg.width, neg.height);
+    let stride = neg.stride as usize;
+    let rows = h as usize;
+    // Rows padded to the driver's stride are packed first; a buffer too short for its
+    // stride is refused like one too short for the packed size.
+    let short = |format, need| crate::camera::EncodeError::ShortBuffer {
+        format,
+        width: w,
+        height: h,
+        need,
+        have: data.len(),
+    };
+    match neg.format {
+        PixelFormat::Yuyv => {
+            let row = w as usize * 2;
+            if stride <= row {
+                return yuyv_to_jpeg(w, h, data, q, jpeg);
+            }
+            packed.clear();
+            if !pack_rows(data, stride, row, rows, packed) {
+                return Err(short("YUYV", stride * rows));
+            }
+            yuyv_to_jpeg(w, h, packed, q, jpeg)
+        }
+        PixelFormat::Nv12 => {
+            let row = w as usize;
+            if stride <= row {
+                return nv12_to_jpeg(w, h, data, q, jpeg);
+            }
+            packed.clear();
+            let (luma, chroma) = data.split_at((stride * rows).min(data.len()));
+            if !(pack_rows(luma, stride, row, rows, packed)
+                && pack_rows(chroma, stride, row, rows / 2, packed))
+            {
+                return Err(short("NV12", stride * rows * 3 / 2));
+            }
+            nv12_to_jpeg(w, h, packed, q, jpeg)
+        }
+        PixelFormat::Mjpg => {
+            jpeg.clear();
+            jpeg.extend_from_slice(data);
+            Ok(())
+        }
+    }
+}
+
+/// How long without a buffer before the device counts as gone (a camera slower than 2.5 fps gets
+/// 5 of its frame intervals instead).
 pub const STALL: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[cfg(feature = "v4l")]
@@ -260,10 +317,10 @@ mod device {
     use v4l::{Format, FourCC, Fraction};
 
     use super::{
-        choose_formats, interval_for, pack_rows, CameraCounts, CameraSettings, Negotiated,
+        choose_formats, encode_raw, interval_for, CameraCounts, CameraSettings, Negotiated,
         PixelFormat, SeqStep, SequenceTracker, STALL,
     };
-    use crate::camera::{mjpeg_frame, nv12_to_jpeg, yuyv_to_jpeg};
+    use crate::camera::mjpeg_frame;
     use crate::{FrameClock, FrameSink, Media, SourceError, Stamp, StopFlag};
 
     /// How long a dequeue waits before the loop checks the stop flag.
@@ -511,36 +568,8 @@ mod device {
             neg: &Negotiated,
             data: &[u8],
         ) -> Result<(), crate::camera::EncodeError> {
-            let (w, h, q) = (neg.width, neg.height, self.settings.jpeg_quality);
-            let stride = neg.stride as usize;
-            match neg.format {
-                PixelFormat::Yuyv => {
-                    let row = w as usize * 2;
-                    if stride > row {
-                        self.packed.clear();
-                        if pack_rows(data, stride, row, h as usize, &mut self.packed) {
-                            return yuyv_to_jpeg(w, h, &self.packed, q, &mut self.jpeg);
-                        }
-                    }
-                    yuyv_to_jpeg(w, h, data, q, &mut self.jpeg)
-                }
-                PixelFormat::Nv12 => {
-                    let row = w as usize;
-                    if stride > row {
-                        self.packed.clear();
-                        let rows = h as usize;
-                        let luma = data.get(..stride * rows).unwrap_or(data);
-                        let chroma = data.get(stride * rows..).unwrap_or(&[]);
-                        if pack_rows(luma, stride, row, rows, &mut self.packed)
-                            && pack_rows(chroma, stride, row, rows / 2, &mut self.packed)
-                        {
-                            return nv12_to_jpeg(w, h, &self.packed, q, &mut self.jpeg);
-                        }
-                    }
-                    nv12_to_jpeg(w, h, data, q, &mut self.jpeg)
-                }
-                PixelFormat::Mjpg => unreachable!("MJPEG is passed through"),
-            }
+            let q = self.settings.jpeg_quality;
+            encode_raw(neg, data, q, &mut self.packed, &mut self.jpeg)
         }
 
         fn log_drops(&mut self) {
@@ -800,6 +829,48 @@ mod tests {
         assert!(pack_rows(&data, 6, 4, 2, &mut out));
         assert_eq!(out, [1, 2, 3, 4, 5, 6, 7, 8]);
         assert!(!pack_rows(&data[..9], 6, 4, 2, &mut Vec::new()), "short");
+    }
+
+    #[test]
+    fn padded_rows_encode_like_packed_ones() {
+        let (w, h) = (16u32, 8u32);
+        let tight: Vec<u8> = (0..w * h * 2).map(|i| (i * 7 % 251) as u8).collect();
+        let stride = w as usize * 2 + 12;
+        let mut padded = Vec::new();
+        for row in tight.chunks(w as usize * 2) {
+            padded.extend_from_slice(row);
+            padded.extend_from_slice(&[0xEE; 12]);
+        }
+        let mut neg = Negotiated {
+            format: PixelFormat::Yuyv,
+            width: w,
+            height: h,
+            stride: w * 2,
+            fps: None,
+            buffers: 4,
+        };
+        let (mut packed, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
+        encode_raw(&neg, &tight, 80, &mut packed, &mut a).unwrap();
+        neg.stride = stride as u32;
+        encode_raw(&neg, &padded, 80, &mut packed, &mut b).unwrap();
+        assert_eq!(a, b, "the padding does not reach the JPEG");
+        assert!(matches!(
+            encode_raw(&neg, &padded[..stride * 3], 80, &mut packed, &mut b),
+            Err(crate::camera::EncodeError::ShortBuffer { have, .. }) if have == stride * 3
+        ));
+        // NV12: both planes padded.
+        let nv12: Vec<u8> = (0..w * h * 3 / 2).map(|i| (i % 200) as u8).collect();
+        let mut nv12_padded = Vec::new();
+        for row in nv12.chunks(w as usize) {
+            nv12_padded.extend_from_slice(row);
+            nv12_padded.extend_from_slice(&[0x11; 12]);
+        }
+        neg.format = PixelFormat::Nv12;
+        neg.stride = w;
+        encode_raw(&neg, &nv12, 80, &mut packed, &mut a).unwrap();
+        neg.stride = w + 12;
+        encode_raw(&neg, &nv12_padded, 80, &mut packed, &mut b).unwrap();
+        assert_eq!(a, b);
     }
 
     #[test]

@@ -27,7 +27,13 @@ BUSYBOX=/bin/busybox
 [ -x $BUSYBOX ] && is_static $BUSYBOX || { log "missing a static busybox (apt-get install busybox-static)"; exit 1; }
 
 # 1. Kernel (cached): the ABI linux-image-amd64 points at; a cached one when apt cannot say.
-ABI=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{sub("linux-image-","",$2); print $2; exit}' || true)
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+kernel_abi() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{sub("linux-image-","",$2); print $2; exit}' || true; }
+ABI=$(kernel_abi)
+if [ -z "$ABI" ] && ! ls -d "$CACHE"/kernel-*/.done >/dev/null 2>&1; then
+  $SUDO apt-get update -qq >&2 2>&1 || true   # a fresh machine may have no package lists yet
+  ABI=$(kernel_abi)
+fi
 if [ -z "$ABI" ]; then
   ABI=$(ls -d "$CACHE"/kernel-*/.done 2>/dev/null | head -1 | sed 's|.*/kernel-||; s|/.done||' || true)
   [ -n "$ABI" ] || { log "cannot tell the kernel ABI (apt-cache depends linux-image-amd64) and nothing is cached"; exit 1; }
@@ -36,8 +42,8 @@ KROOT=$CACHE/kernel-$ABI
 if [ ! -f "$KROOT/.done" ]; then
   log "fetching linux-image-$ABI into $KROOT"
   rm -rf "$KROOT"; mkdir -p "$KROOT/deb"
-  (cd "$KROOT/deb" && apt-get download "linux-image-$ABI" >&2 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2 || true)
-  DEB=$(ls "$KROOT"/deb/linux-image-"$ABI"_*.deb)
+  (cd "$KROOT/deb" && apt-get download "linux-image-$ABI" 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2) || true
+  DEB=$(ls "$KROOT"/deb/linux-image-"$ABI"_*.deb 2>/dev/null) || { log "apt-get download linux-image-$ABI failed"; exit 1; }
   dpkg-deb -x "$DEB" "$KROOT/root"
   rm -f "$DEB"
   depmod -b "$KROOT/root" "$ABI"   # the package ships no modules.dep
@@ -52,14 +58,13 @@ LOOP_SKIP=""
 if [ ! -f "$LOOP_KO" ]; then
   HDR=/usr/src/linux-headers-$ABI
   if [ ! -d "$HDR" ]; then
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
     log "installing linux-headers-$ABI (to build v4l2loopback)"
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "linux-headers-$ABI" >&2 2>&1 || true
   fi
   if [ -d "$HDR" ] && command -v make >/dev/null && command -v gcc >/dev/null; then
     LB=$CACHE/v4l2loopback-$ABI
     rm -rf "$LB"; mkdir -p "$LB/deb"
-    (cd "$LB/deb" && apt-get download v4l2loopback-dkms 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2 || true)
+    (cd "$LB/deb" && apt-get download v4l2loopback-dkms 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2) || true
     if ls "$LB"/deb/v4l2loopback-dkms_*.deb >/dev/null 2>&1; then
       dpkg-deb -x "$LB"/deb/v4l2loopback-dkms_*.deb "$LB/root"
       cp -r "$LB"/root/usr/src/v4l2loopback-* "$LB/build"
