@@ -182,7 +182,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
                     tls: tls.clone(),
                     compression: config.pulsar.compression,
-                    batch: crate::uplink::BatchPolicy::default(),
+                    batch: config.pulsar.batch_policy(),
                 },
                 ack_tx,
                 shutdown_rx.clone(),

@@ -635,6 +635,36 @@ pub struct PulsarConfig {
     /// How long a send may wait for its receipt before the connection is considered dead.
     #[serde(default = "default_send_timeout_ms")]
     pub send_timeout_ms: u64,
+    /// Small frames of one bucket key go out together in a batch message of at most this many
+    /// frames (1: no batching).
+    #[serde(default = "default_batch_max_messages")]
+    pub batch_max_messages: usize,
+    /// ... and at most this many bytes (payload and properties).
+    #[serde(default = "default_batch_max_bytes")]
+    pub batch_max_bytes: ByteSize,
+    /// ... held at most this long waiting for more frames of the same key.
+    #[serde(default = "default_batch_delay_ms")]
+    pub batch_delay_ms: u64,
+}
+
+impl PulsarConfig {
+    pub fn batch_policy(&self) -> crate::uplink::BatchPolicy {
+        crate::uplink::BatchPolicy {
+            max_messages: self.batch_max_messages,
+            max_bytes: self.batch_max_bytes.0 as usize,
+            delay: std::time::Duration::from_millis(self.batch_delay_ms),
+        }
+    }
+}
+
+fn default_batch_max_messages() -> usize {
+    crate::uplink::BatchPolicy::default().max_messages
+}
+fn default_batch_max_bytes() -> ByteSize {
+    ByteSize(crate::uplink::BatchPolicy::default().max_bytes as u64)
+}
+fn default_batch_delay_ms() -> u64 {
+    crate::uplink::BatchPolicy::default().delay.as_millis() as u64
 }
 
 fn default_topic() -> String {
@@ -665,6 +695,9 @@ impl Default for PulsarConfig {
             max_in_flight_bytes: default_max_in_flight_bytes(),
             max_frame_bytes: default_max_frame_bytes(),
             send_timeout_ms: default_send_timeout_ms(),
+            batch_max_messages: default_batch_max_messages(),
+            batch_max_bytes: default_batch_max_bytes(),
+            batch_delay_ms: default_batch_delay_ms(),
         }
     }
 }
@@ -944,6 +977,20 @@ impl Config {
         }
         if self.pulsar.max_in_flight == 0 {
             p.push("pulsar.max-in-flight: must be at least 1".to_string());
+        }
+        if self.pulsar.batch_max_messages == 0 {
+            p.push(
+                "pulsar.batch-max-messages: must be at least 1 (1 turns batching off)".to_string(),
+            );
+        }
+        if self.pulsar.batch_max_bytes.0 > 4 << 20 {
+            p.push(
+                "pulsar.batch-max-bytes: must be at most 4MiB (below the broker's message size)"
+                    .to_string(),
+            );
+        }
+        if self.pulsar.batch_delay_ms > 1000 {
+            p.push("pulsar.batch-delay-ms: must be at most 1000".to_string());
         }
         if self.pulsar.max_frame_bytes.0 == 0 || self.pulsar.max_frame_bytes.0 > 1 << 30 {
             p.push("pulsar.max-frame-bytes: must be between 1 and 1GiB".to_string());
@@ -1239,6 +1286,23 @@ mod tests {
             "[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"v4l\"\nbuffer-count = 4\n",
         );
         assert!(p[0].contains("buffer-count"), "{p:?}");
+    }
+
+    #[test]
+    fn batching_keys_have_the_java_defaults_and_are_validated() {
+        let c = Config::parse("[rig]\nid = \"a\"\n", "t").unwrap();
+        assert_eq!(
+            c.pulsar.batch_policy(),
+            crate::uplink::BatchPolicy::default()
+        );
+        let c =
+            Config::parse("[rig]\nid = \"a\"\n[pulsar]\nbatch-max-messages = 1\n", "t").unwrap();
+        assert!(!c.pulsar.batch_policy().enabled());
+        let p = problems(
+            "[rig]\nid = \"a\"\n[pulsar]\nbatch-max-messages = 0\nbatch-max-bytes = \"8MiB\"\nbatch-delay-ms = 5000\n",
+        );
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(p.iter().all(|l| l.contains("pulsar.batch-")), "{p:?}");
     }
 
     #[test]
