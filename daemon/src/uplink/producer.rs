@@ -35,6 +35,10 @@ const PROTOCOL_VERSION: i32 = 21;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const PING_IDLE: Duration = Duration::from_secs(30);
 const DEAD_IDLE: Duration = Duration::from_secs(90);
+/// Frames handed over but not yet taken by the producer task: enough that a burst of small
+/// frames costs the task one wake-up, not one each. They count as in flight (returned at shutdown,
+/// lost with the in-flight window on a power cut in `on-outage` mode).
+const SUBMIT_QUEUE: usize = 64;
 /// Room left in a chunk for the command and metadata (the Java client leaves the metadata size).
 const CHUNK_HEADROOM: usize = 16 << 10;
 
@@ -109,7 +113,7 @@ impl Producer {
         acks: mpsc::UnboundedSender<Ack>,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
-        let (tx, rx) = mpsc::channel(1);
+        let (tx, rx) = mpsc::channel(SUBMIT_QUEUE);
         let stats = Arc::new(ProducerStats::default());
         let room = Arc::new(Notify::new());
         let task = tokio::spawn(
