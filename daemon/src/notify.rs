@@ -182,6 +182,7 @@ impl Liveness {
             SourceConfig::SyntheticSerial(c) if c.rate_hz > 0.0 => {
                 Some(Duration::from_secs_f64(1.0 / c.rate_hz))
             }
+            SourceConfig::V4l(c) if c.fps > 0.0 => Some(Duration::from_secs_f64(1.0 / c.fps)),
             SourceConfig::SyntheticAudio(_) | SourceConfig::Alsa(_) => {
                 Some(Duration::from_millis(bucket_ms as u64))
             }

@@ -28,6 +28,7 @@ fn stall_after_ms(cfg: Option<&SourceConfig>, bucket_ms: u32) -> u64 {
     let period_ms = match cfg {
         Some(SourceConfig::SyntheticCamera(c)) => 1000.0 / c.fps,
         Some(SourceConfig::SyntheticSerial(c)) => 1000.0 / c.rate_hz,
+        Some(SourceConfig::V4l(c)) => 1000.0 / c.fps,
         Some(SourceConfig::SyntheticAudio(_)) | Some(SourceConfig::Alsa(_)) => bucket_ms as f64,
         _ => 1000.0,
     };
@@ -99,6 +100,7 @@ impl rigd_web::StatusSource for Runtime {
                 modality: modality.to_string(),
                 state: format!("{:?}", e.health.state()).to_lowercase(),
                 reason: e.health.reason(),
+                detail: e.health.detail(),
                 frames,
                 bytes,
                 drops,

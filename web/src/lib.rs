@@ -99,6 +99,9 @@ pub struct SourceStatus {
     pub state: String,
     /// Why the source is retrying or failed (the device error), empty while running.
     pub reason: String,
+    /// What the device agreed to at its last open (format, size, rate, buffers); empty for
+    /// sources that do not negotiate.
+    pub detail: String,
     /// Frames captured since start.
     pub frames: u64,
     pub bytes: u64,
