@@ -108,7 +108,7 @@ class Rigd:
             time.sleep(0.1)
         raise RuntimeError(f"rigd not ready after {timeout}s:\n{self.log()}")
 
-    def wait_for(self, predicate, timeout=60, what="condition"):
+    def wait_for(self, predicate, timeout=60, what="condition", interval=0.2):
         deadline = time.time() + timeout
         last = None
         while time.time() < deadline:
@@ -118,7 +118,7 @@ class Rigd:
                     return last
             except OSError:
                 pass
-            time.sleep(0.2)
+            time.sleep(interval)
         raise AssertionError(f"timed out waiting for {what}; last status: {json.dumps(last)[:2000]}\n{self.log()[-4000:]}")
 
     def stop(self, timeout=30) -> int:

@@ -2,6 +2,7 @@
 //! append of the same bytes with fdatasync at the same group-commit interval.
 //!
 //! usage: cargo bench -p rigd --bench spool -- DIR FRAME_BYTES TOTAL_BYTES [FSYNC_MS]
+//!        cargo bench -p rigd --bench spool -- --fill DIR TOTAL_BYTES
 //! prints JSON lines: raw write, spool write (with space used), spool drain (with space left).
 
 use bytes::Bytes;
@@ -26,11 +27,67 @@ fn du(path: &Path) -> u64 {
     total
 }
 
+/// `--fill DIR TOTAL_BYTES`: a spool at DIR holding TOTAL_BYTES of a rig's mix per 33 ms bucket
+/// (a 250 kB camera frame, a 6336-byte audio block, three 80-byte serial records), closed cleanly;
+/// for the startup benchmark (tests/bench/startup.py).
+fn fill(dir: &Path, total: u64) {
+    let _ = std::fs::remove_dir_all(dir);
+    let cfg = SpoolConfig {
+        path: dir.to_path_buf(),
+        max_bytes: ByteSize(total * 2 + (1 << 30)),
+        free_reserve: ByteSize(0),
+        ..Default::default()
+    };
+    let spool = Spool::open(&cfg).expect("open spool");
+    let mix: Vec<(std::sync::Arc<str>, Bytes, usize)> = vec![
+        ("front".into(), Bytes::from(vec![0xd8u8; 250_000]), 1),
+        ("mic".into(), Bytes::from(vec![0x11u8; 6336]), 1),
+        ("gps".into(), Bytes::from(vec![b'$'; 80]), 3),
+    ];
+    let (mut seqs, mut bytes, mut records, mut buckets) = (vec![0u64; mix.len()], 0u64, 0u64, 0u64);
+    let start = Instant::now();
+    let mut ns = 1_700_000_000_000_000_000i64;
+    while bytes < total {
+        for (i, (source, payload, per_bucket)) in mix.iter().enumerate() {
+            for _ in 0..*per_bucket {
+                spool
+                    .append(&Frame {
+                        source: source.clone(),
+                        seq: seqs[i],
+                        capture_ns: ns,
+                        clock: ClockState::Unsynced,
+                        media: Media::Serial { text: false },
+                        payload: payload.clone(),
+                    })
+                    .expect("append");
+                spool.note_seq(source, seqs[i] + 1).expect("note");
+                seqs[i] += 1;
+                bytes += payload.len() as u64;
+                records += 1;
+            }
+        }
+        ns += 33_000_000;
+        buckets += 1;
+        if buckets % 64 == 0 {
+            spool.commit().expect("commit");
+        }
+    }
+    spool.close().expect("close");
+    println!(
+        "{{\"what\":\"fill\",\"records\":{records},\"bytes\":{bytes},\"secs\":{:.1}}}",
+        start.elapsed().as_secs_f64()
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
+    if args.first().map(String::as_str) == Some("--fill") && args.len() == 3 {
+        fill(Path::new(&args[1]), args[2].parse().expect("TOTAL_BYTES"));
+        return;
+    }
     if args.len() < 3 {
         eprintln!("usage: spool DIR FRAME_BYTES TOTAL_BYTES [FSYNC_MS]");
         std::process::exit(2);

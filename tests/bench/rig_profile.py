@@ -6,6 +6,7 @@
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -13,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import Rigd, unique  # noqa: E402
+from harness import ROOT, Rigd, unique  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -51,6 +52,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--secs", type=float, default=60)
     ap.add_argument("--url", default="pulsar://127.0.0.1:6650")
+    ap.add_argument("--outage-secs", type=float, default=30, help="then stop the broker this long (0: skip)")
     a = ap.parse_args()
     rig = unique("profile")
     cfg = f"""
@@ -105,9 +107,45 @@ bind = "127.0.0.1:{{WEB_PORT}}"
                 lat = f", capture-to-receipt p99 <= {p99 * 1e3:.1f} ms" if p99 else ""
                 print(f"| {a1['id']} ({a1['kind']}) | {rate:.1f} frames/s, {mbps:.2f} MB/s, drops {a1['drops']}{lat} |")
             print(f"| published (all sources) | {s1['uplink']['published'] - s0['uplink']['published']} |")
+            if a.outage_secs > 0:
+                outage(d, a)
             assert d.stop() == 0
         finally:
             d.close()
+            broker_ctl("start")  # leave the broker running whatever happened
+
+
+def broker_ctl(cmd):
+    subprocess.run([str(ROOT / "tests/pulsar/broker.sh"), cmd], check=True, capture_output=True)
+
+
+def outage(d, a):
+    """The same profile while the broker is away (everything spools), then the drain after it."""
+    pid = d.proc.pid
+    broker_ctl("stop")
+    d.wait_for(lambda s: not s["uplink"]["connected"], timeout=30, what="uplink down")
+    s0, c0, t0 = d.status(), cpu_seconds(pid), time.time()
+    time.sleep(a.outage_secs)
+    s1, c1, t1 = d.status(), cpu_seconds(pid), time.time()
+    spooled = s1["spool"]
+    broker_ctl("start")
+    tb = time.time()
+    d.wait_for(lambda s: s["uplink"]["connected"], timeout=120, what="uplink back")
+    c2, t2 = cpu_seconds(pid), time.time()
+    d.wait_for(lambda s: s["spool"]["records"] < 20, timeout=600, what="spool drained", interval=0.1)
+    s3, c3, t3 = d.status(), cpu_seconds(pid), time.time()
+    live_rate = sum(x["bytes"] for x in s1["sources"]) - sum(x["bytes"] for x in s0["sources"])
+    live_rate /= (t1 - t0)
+    drain_rate = spooled["bytes"] / max(t3 - t2, 1e-3)
+    print(f"| outage window (broker stopped) | {t1 - t0:.0f} s |")
+    print(f"| rigd CPU during the outage (spooling everything) | {100 * (c1 - c0) / (t1 - t0):.1f} % |")
+    print(f"| spooled at the end of the outage | {spooled['records']} records, {spooled['bytes'] / 1e6:.0f} MB |")
+    print(f"| broker restart to uplink connected | {t2 - tb:.1f} s |")
+    print(f"| drain after reconnect (capture going on) | {t3 - t2:.1f} s, {drain_rate / 1e6:.1f} MB/s "
+          f"= {drain_rate / max(live_rate, 1):.1f}x the capture rate |")
+    print(f"| rigd CPU during the drain | {100 * (c3 - c2) / max(t3 - t2, 1e-3):.1f} % |")
+    print(f"| rigd peak RSS after outage and drain (VmHWM) | {status_kb(pid, 'VmHWM') / 1024:.1f} MiB |")
+    print(f"| frames dropped by the spool | {s3['spool']['dropped']} |")
 
 
 if __name__ == "__main__":

@@ -75,7 +75,15 @@ PY
 done
 echo
 
-echo "## Full rig profile: 1080p MJPEG 30 fps + 48 kHz stereo + 100 Hz serial, publishing live"
+echo "## Full rig profile: 1080p MJPEG 30 fps + 48 kHz stereo + 100 Hz serial, publishing live, then a broker outage and the drain"
 echo
-secs=60; [ $QUICK = 1 ] && secs=8
-python3 tests/bench/rig_profile.py --secs "$secs" --url "$URL"
+secs=60; outage=30; [ $QUICK = 1 ] && secs=8 && outage=5
+python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs "$outage" --url "$URL"
+echo
+
+echo "## Startup to READY (sd_notify), empty spool and a large one"
+echo
+spool_bytes=$((10 << 30)); [ $QUICK = 1 ] && spool_bytes=$((256 << 20))
+filler=$(cargo bench --locked -q -p rigd --bench spool --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "spool"][-1])')
+python3 tests/bench/startup.py --spool-bytes "$spool_bytes" --rigd target/release/rigd --filler "$filler"
