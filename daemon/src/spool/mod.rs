@@ -819,7 +819,7 @@ impl Spool {
     ) -> Result<Vec<Frame>, SpoolError> {
         // Uncommitted entries first: a commit moving one to sled meanwhile is then seen twice
         // (deduplicated below), never missed.
-        let mut wanted: BTreeMap<u64, Option<Location>> = self
+        let uncommitted: Vec<(u64, Option<Location>)> = self
             .pending()
             .entries
             .get(source)
@@ -830,9 +830,24 @@ impl Spool {
                     .collect()
             })
             .unwrap_or_default();
+        let mut committed = Vec::new();
         for item in self.tree(source)?.range(from.to_be_bytes()..).take(max) {
             let (k, v) = item.map_err(self.ix())?;
-            wanted.entry(key_seq(&k)).or_insert(Location::decode(&v));
+            committed.push((key_seq(&k), Location::decode(&v)));
+        }
+        // Each side was cut at `max`: beyond the lower cut, the other side's entries may not be
+        // followed by everything between (a quarantined record makes room for one), so stop there.
+        let mut bound = u64::MAX;
+        for side in [&uncommitted, &committed] {
+            if side.len() >= max {
+                bound = bound.min(side.last().map_or(u64::MAX, |e| e.0));
+            }
+        }
+        let mut wanted: BTreeMap<u64, Option<Location>> = BTreeMap::new();
+        for (seq, loc) in uncommitted.into_iter().chain(committed) {
+            if seq <= bound {
+                wanted.entry(seq).or_insert(loc);
+            }
         }
         let mut out = Vec::new();
         let mut bytes = 0usize;

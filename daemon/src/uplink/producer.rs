@@ -710,6 +710,8 @@ impl Task {
             tokio::select! {
                 biased;
                 _ = self.shutdown.changed() => {
+                    self.flush_batch(&mut link).await?;
+                    link.flush().await?;
                     return self.finish(link).await;
                 }
                 cmd = link.inbound.recv() => {
