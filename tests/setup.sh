@@ -10,6 +10,9 @@ APT_PKGS=("${BUILD_PKGS[@]}" socat curl ca-certificates openjdk-17-jre-headless 
 # The camera VM test (tests/vm/camera.sh): QEMU, a static busybox and cpio for the initramfs, kmod
 # for depmod/modprobe on the unpacked kernel package.
 APT_PKGS+=(qemu-system-x86 busybox-static cpio kmod)
+# The vehicle-in-a-box test (tests/vm/vehicle.sh): debootstrap for the cached guest, mkfs.ext4 -d for
+# its disk image without loop mounts (e2fsprogs), qemu-img to inspect that image (qemu-utils).
+APT_PKGS+=(debootstrap qemu-utils e2fsprogs)
 [ "${1:-}" = "--build-deps" ] && APT_PKGS=("${BUILD_PKGS[@]}")
 missing=()
 # Node.js runs the browser test's driver (playwright-core, tests/web); any node >= 20 will do.

@@ -7,7 +7,8 @@ tag = uuid.uuid4().hex[:8]
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(path)
 s.settimeout(1)
-s.sendall(f"\necho B{tag}; {cmd}; echo E{tag}\n".encode())
+# The extra `echo` ends output that has no final newline (curl's JSON) before the end marker.
+s.sendall(f"\necho B{tag}; {cmd}; echo; echo E{tag}\n".encode())
 buf, deadline = b"", time.time() + timeout
 while time.time() < deadline:
     try:
