@@ -396,3 +396,62 @@ fn a_drain_in_steps_continues_past_a_quarantined_record() {
     assert_eq!(&got[..], &expect[..got.len()]);
     assert!(got.len() >= 40, "{got:?}");
 }
+
+#[test]
+fn a_clean_start_takes_the_stored_counts_and_they_stay_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.max_bytes = ByteSize(8 << 20); // 1 MiB segments
+    {
+        let spool = Spool::open(&c).unwrap();
+        for seq in 0..300 {
+            spool.append(&frame("cam", seq, 10_000)).unwrap();
+            spool.append(&frame("gps", seq, 100)).unwrap();
+        }
+        for seq in 0..100 {
+            spool.remove(&"cam".into(), seq).unwrap();
+        }
+        spool.close().unwrap();
+    }
+    let spool = Spool::open(&c).unwrap();
+    assert!(
+        spool.meta.get("counts").unwrap().is_none(),
+        "removed once read"
+    );
+    let (cam, gps): (Arc<str>, Arc<str>) = ("cam".into(), "gps".into());
+    assert_eq!(spool.stats(&cam).records.load(Ordering::Relaxed), 200);
+    assert_eq!(spool.stats(&gps).records.load(Ordering::Relaxed), 300);
+    assert_eq!(seqs(&spool, "cam"), (100..300).collect::<Vec<_>>());
+    // The per-segment live counts came from the store: draining everything deletes every segment
+    // but the one being written.
+    for seq in 100..300 {
+        spool.remove(&cam, seq).unwrap();
+    }
+    for seq in 0..300 {
+        spool.remove(&gps, seq).unwrap();
+    }
+    assert!(
+        segment_files(dir.path()).len() <= 1,
+        "{:?}",
+        segment_files(dir.path())
+    );
+    // Counts that do not match the segment files are not trusted.
+    spool.close().unwrap();
+    drop(spool);
+    std::fs::write(dir.path().join("spool/segments/00000000000000ff.seg"), b"").unwrap();
+    let spool = Spool::open(&c).unwrap();
+    assert_eq!(spool.stats(&gps).records.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn counts_round_trip_and_garbage_is_refused() {
+    let c = Counts {
+        segments: vec![(1, 5), (7, 0)],
+        sources: vec![("cam".into(), 5, 5000), ("gps".into(), 0, 0)],
+    };
+    assert_eq!(Counts::decode(&c.encode()), Some(c.clone()));
+    let b = c.encode();
+    for cut in 0..b.len() {
+        assert_eq!(Counts::decode(&b[..cut]), None);
+    }
+}
