@@ -16,6 +16,7 @@ import argparse
 import io
 import json
 import math
+import os
 import struct
 import sys
 import time
@@ -154,6 +155,12 @@ def exactly_once(ns: str, rig: str, sources: list[str], survived: dict | None) -
 
 
 def main() -> int:
+    # The client library logs to file descriptor 1; the shell script reads the result from stdout,
+    # so the library's lines go to stderr and only the result stays on stdout.
+    sys.stdout.flush()
+    result = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = result
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["namespace", "arrived", "count", "exactly-once"])
     ap.add_argument("args", nargs="+")
