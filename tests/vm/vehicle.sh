@@ -265,7 +265,7 @@ power_cut() {
   log "  status after the reboot: $(guest 'systemctl show -p StatusText --value rigd' 30 || true)"
   wait_for 180 drained || { log "  not drained 180 s after the reboot"; return 1; }
   t_drained=$(now)
-  log "  rigd after the reboot: $(guest 'journalctl -u rigd -b -o short-monotonic --no-pager | grep -iE "uplink|producer|spool|broker" | head -8 | cut -c1-220' 30 | tr '\n' '|' || true)"
+  log "  rigd after the reboot (guest uptime, message): $(guest 'journalctl -u rigd -b -o short-monotonic --no-pager | grep -E "did not shut down cleanly|uplink (connected|down)" | head -8 | sed -E "s/ vehicle rigd.*Z +/ /; s/(WARN|INFO) rigd::[a-z:_]+: //" | cut -c1-160' 30 | tr '\n' '|' || true)"
   log "  power cut to drained: $(secs "$t_kill" "$t_drained") s (boot $(secs "$t_boot" "$t_ready") s, drain $(secs "$t_ready" "$t_drained") s)"
   [ -n "$SURVIVED" ] || { log "  could not read what the broker and the spool held at the cut"; return 1; }
 }
