@@ -685,7 +685,7 @@ impl Task {
         self.pending_bytes = 0;
         self.pending_frames = 0;
         self.stats.in_flight.store(0, Ordering::Relaxed);
-        for p in resend.drain(..) {
+        while let Some(p) = resend.pop_front() {
             let resume = Resume {
                 batch: p.batch,
                 generation: p.generation,
@@ -697,7 +697,15 @@ impl Task {
                 uncompressed: p.uncompressed,
                 chunks: p.chunks,
             };
-            self.send(&mut link, p.frame, Some(resume)).await?;
+            if let Err(e) = self.send(&mut link, p.frame, Some(resume)).await {
+                // The link died again: what was not resent yet stays pending, in order.
+                for p in resend {
+                    self.pending_bytes += p.bytes();
+                    self.pending_frames += p.frames();
+                    self.pending.push_back(p);
+                }
+                return Err(e);
+            }
         }
         link.flush().await?;
         let mut ping_timer = tokio::time::interval(Duration::from_secs(5));
@@ -848,18 +856,29 @@ impl Task {
             plan::resend(frame.seq, 0, 1, self.broker_last, false),
             plan::Resend::Done
         );
-        if known || !self.cfg.batch.admits(size) || size * 4 > link.max_message_size {
-            self.flush_batch(link).await?;
-            return self.send(link, frame, None).await;
-        }
-        if let Some(b) = &self.open_batch {
-            let full = b.frames.len() >= self.cfg.batch.max_messages
+        let alone = known || !self.cfg.batch.admits(size) || size * 4 > link.max_message_size;
+        let full = self.open_batch.as_ref().is_some_and(|b| {
+            b.frames.len() >= self.cfg.batch.max_messages
                 || b.bytes + size > self.cfg.batch.max_bytes
-                || b.frames[0].1.key != envelope.key;
-            if full {
-                self.flush_batch(link).await?;
+                || b.frames[0].1.key != envelope.key
+        });
+        if alone || full {
+            if let Err(e) = self.flush_batch(link).await {
+                // The link died: the batch is pending (resent on reconnect); this frame waits as
+                // the next open batch, alone (a frame too big to batch fills it).
+                self.hold(frame, envelope, size);
+                return Err(e);
             }
         }
+        if alone {
+            return self.send(link, frame, None).await;
+        }
+        self.hold(frame, envelope, size);
+        Ok(())
+    }
+
+    /// Adds a frame to the open batch (opening one).
+    fn hold(&mut self, frame: Frame, envelope: Envelope, size: usize) {
         let b = self.open_batch.get_or_insert_with(|| OpenBatch {
             frames: Vec::new(),
             bytes: 0,
@@ -867,7 +886,6 @@ impl Task {
         });
         b.bytes += size;
         b.frames.push((frame, envelope));
-        Ok(())
     }
 
     /// Sends the open batch: one frame goes out as a plain message, several as a batch message.
@@ -1073,9 +1091,24 @@ impl Task {
             metadata.num_chunks_from_msg = Some(n as i32);
             metadata.total_chunk_msg_size = Some(pending.wire.len() as i32);
         }
+        // Queued before any write that can fail: a link that dies mid-frame leaves it pending, to
+        // be resent on reconnect or handed back at shutdown, never dropped.
         let payload: Bytes = pending.wire.clone();
-        for (i, range) in pending.chunks.iter().enumerate().skip(pending.receipts) {
-            let seq_id = pending.sequence_id(i);
+        let chunks = pending.chunks.clone();
+        let (skip, frames, seq, generation) = (
+            pending.receipts,
+            pending.frames(),
+            pending.frame.seq,
+            pending.generation,
+        );
+        self.pending_bytes += pending.bytes();
+        self.pending_frames += frames;
+        self.pending.push_back(pending);
+        self.stats
+            .in_flight
+            .store(self.pending_frames, Ordering::Relaxed);
+        for (i, range) in chunks.iter().enumerate().skip(skip) {
+            let seq_id = plan::sequence_id(seq, generation, i);
             metadata.sequence_id = seq_id;
             let cmd = BaseCommand {
                 r#type: Type::Send as i32,
@@ -1083,7 +1116,7 @@ impl Task {
                     producer_id: link.producer_id,
                     sequence_id: seq_id,
                     highest_sequence_id: highest,
-                    num_messages: Some(pending.frames() as i32),
+                    num_messages: Some(frames as i32),
                     is_chunk: Some(n > 1),
                     ..Default::default()
                 }),
@@ -1097,23 +1130,13 @@ impl Task {
                 // Test hook: a crash between the chunks of a frame, after the broker stored some.
                 link.flush().await?;
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                tracing::error!(
-                    seq = pending.frame.seq,
-                    chunk = i,
-                    "RIGD_FAILPOINT: aborting between chunks"
-                );
+                tracing::error!(seq, chunk = i, "RIGD_FAILPOINT: aborting between chunks");
                 std::process::abort();
             }
             if link.out.len() >= 1 << 20 {
                 link.flush().await?;
             }
         }
-        self.pending_bytes += pending.bytes();
-        self.pending_frames += pending.frames();
-        self.pending.push_back(pending);
-        self.stats
-            .in_flight
-            .store(self.pending_frames, Ordering::Relaxed);
         Ok(())
     }
 }
