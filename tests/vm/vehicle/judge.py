@@ -92,6 +92,21 @@ def arrived(ns: str, rig: str, sources: list[str], timeout: float) -> int:
             fig += f", {max(rms_dbfs(m['payload']) for m in msgs):.1f} dBFS"
             if max(rms_dbfs(m["payload"]) for m in msgs) < -60:
                 problems.append(f"{src}: only silence (the speaker-test tone did not come through)")
+            # Paced capture: over about 2 s of blocks, the samples delivered per second of capture
+            # time match the sample rate within 1% (snd-aloop runs on the guest's real clock).
+            paced = consume(BROKER_URL, [topic(ns, rig, src)], idle_timeout_s=3, max_messages=70,
+                            total_timeout_s=max(5.0, deadline - time.time()))
+            if len(paced) >= 10:
+                caps = [int(m["properties"]["capture-ns"]) for m in paced]
+                samples = sum(int(m["properties"]["frames"]) for m in paced[:-1])
+                span = (caps[-1] - caps[0]) / 1e9
+                rate = int(p["sample-rate"])
+                measured = samples / span if span > 0 else 0
+                fig += f", {samples} samples in {span:.2f} s of capture = {measured:.0f}/s (rate {rate})"
+                if span < 1.5 or abs(measured - rate) > rate / 100:
+                    problems.append(f"{src}: {measured:.0f} samples/s over {span:.2f} s, not {rate} within 1%")
+            else:
+                problems.append(f"{src}: only {len(paced)} audio blocks for the pacing check")
         else:
             fig += f" {msgs[-1]['payload'][:40].decode(errors='replace')!r}"
         figures[src] = fig
