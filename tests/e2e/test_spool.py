@@ -145,7 +145,9 @@ def test_corrupt_and_truncated_spool_starts_quarantines_and_drains_the_rest(brok
     finally:
         online.close()
     q = s["spool"]["quarantined"]
-    assert 1 <= q <= 8, q
+    # Each flipped byte spoils at most one record; the torn 3000 bytes hold whole records of at
+    # least ~100 bytes (a serial record with its header), however the last commit ordered them.
+    assert 1 <= q <= 5 + 3000 // 100, q
     assert len(list((tmp_path / "spool" / "quarantine").iterdir())) >= 1
     total_before = sum(x["spooled_records"] for x in before["sources"])
     total_received = 0
