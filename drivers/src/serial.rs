@@ -609,12 +609,7 @@ mod unavailable {
         }
 
         fn run(&mut self, _sink: &mut FrameSink, _stop: &StopFlag) -> Result<(), SourceError> {
-            Err(SourceError::Device {
-                source_id: self.id.clone(),
-                device: self.device.clone(),
-                message: "rigd was built without the `serial` feature".to_string(),
-                retryable: false,
-            })
+            Err(SourceError::not_built(&self.id, &self.device, "serial"))
         }
     }
 }

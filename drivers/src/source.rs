@@ -26,6 +26,16 @@ pub enum SourceError {
 }
 
 impl SourceError {
+    /// The error of a device kind whose Cargo feature was left out of the build (for good).
+    pub fn not_built(source_id: &str, device: &str, feature: &str) -> Self {
+        SourceError::Device {
+            source_id: source_id.to_string(),
+            device: device.to_string(),
+            message: format!("rigd was built without the `{feature}` feature"),
+            retryable: false,
+        }
+    }
+
     pub fn retryable(&self) -> bool {
         match self {
             SourceError::Device { retryable, .. } => *retryable,

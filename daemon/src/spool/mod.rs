@@ -128,6 +128,9 @@ struct Pending {
     entries: HashMap<Arc<str>, BTreeMap<u64, (Location, u64)>>,
     /// Per source: (next sequence, serial when noted).
     seq_notes: HashMap<Arc<str>, (u64, u64)>,
+    /// Per source: the highest seq ever indexed (committed or not), so that an append above it
+    /// needs no index lookup.
+    highest: HashMap<Arc<str>, u64>,
 }
 
 struct Writer {
@@ -302,6 +305,28 @@ impl Spool {
             .get(seq.to_be_bytes())
             .map_err(self.ix())?;
         Ok(v.and_then(|v| Location::decode(&v)))
+    }
+
+    /// Whether a record may already be stored. Lanes append in increasing `seq`; only a frame
+    /// handed back by the uplink at shutdown comes again, so only a seq not above the highest one
+    /// indexed is looked up.
+    fn already_stored(&self, source: &Arc<str>, seq: u64) -> Result<bool, SpoolError> {
+        let known = self.pending().highest.get(source).copied();
+        let highest = match known {
+            Some(h) => Some(h),
+            None => {
+                let last = self.tree(source)?.last().map_err(self.ix())?;
+                let last = last.map(|(k, _)| key_seq(&k));
+                if let Some(l) = last {
+                    self.pending().highest.insert(source.clone(), l);
+                }
+                last
+            }
+        };
+        if highest.is_none_or(|h| seq > h) {
+            return Ok(false);
+        }
+        Ok(self.lookup(source, seq)?.is_some())
     }
 
     /// Removes a record's index entry, committed or not; returns where it was.
@@ -658,7 +683,7 @@ impl Spool {
 
     /// Stores a frame, applying the capacity policy.
     pub fn append(&self, frame: &Frame) -> Result<Appended, SpoolError> {
-        if self.lookup(&frame.source, frame.seq)?.is_some() {
+        if self.already_stored(&frame.source, frame.seq)? {
             // Already stored (a spooled frame the uplink handed back at shutdown).
             return Ok(Appended::Stored);
         }
@@ -715,6 +740,10 @@ impl Spool {
             let mut p = self.pending();
             let serial = p.serial;
             p.serial += 1;
+            p.highest
+                .entry(frame.source.clone())
+                .and_modify(|h| *h = (*h).max(frame.seq))
+                .or_insert(frame.seq);
             p.entries
                 .entry(frame.source.clone())
                 .or_default()

@@ -13,7 +13,7 @@
 
 use bytes::{BufMut, BytesMut};
 use prost::Message as _;
-use pulsar::proto::{KeyValue, SingleMessageMetadata};
+use pulsar::proto::SingleMessageMetadata;
 use std::time::Duration;
 
 use crate::wire::Envelope;
@@ -52,14 +52,7 @@ impl BatchPolicy {
 /// Appends one message to a batch payload.
 pub fn push(out: &mut BytesMut, envelope: &Envelope, sequence_id: u64, payload: &[u8]) {
     let meta = SingleMessageMetadata {
-        properties: envelope
-            .properties
-            .iter()
-            .map(|(k, v)| KeyValue {
-                key: k.clone(),
-                value: v.clone(),
-            })
-            .collect(),
+        properties: super::codec::key_values(envelope),
         partition_key: Some(envelope.key.clone()),
         payload_size: payload.len() as i32,
         event_time: Some(envelope.event_time_ms),

@@ -7,7 +7,21 @@
 
 use bytes::{BufMut, BytesMut};
 use prost::Message as _;
-use pulsar::proto::{BaseCommand, MessageMetadata};
+use pulsar::proto::{BaseCommand, KeyValue, MessageMetadata};
+
+use crate::wire::Envelope;
+
+/// A message's properties as metadata key-value pairs (message or batch entry metadata).
+pub fn key_values(envelope: &Envelope) -> Vec<KeyValue> {
+    envelope
+        .properties
+        .iter()
+        .map(|(k, v)| KeyValue {
+            key: k.clone(),
+            value: v.clone(),
+        })
+        .collect()
+}
 
 /// A malformed frame from the broker; the connection cannot continue.
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use pulsar::proto::{
     base_command::Type, command_lookup_topic_response::LookupType, BaseCommand, CommandConnect,
     CommandLookupTopic, CommandPartitionedTopicMetadata, CommandPing, CommandPong, CommandProducer,
-    CommandSend, KeyValue, MessageMetadata,
+    CommandSend, MessageMetadata,
 };
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -697,7 +697,7 @@ impl Task {
                 uncompressed: p.uncompressed,
                 chunks: p.chunks,
             };
-            if let Err(e) = self.send(&mut link, p.frame, Some(resume)).await {
+            if let Err(e) = self.send(&mut link, p.frame, resume, true).await {
                 // The link died again: what was not resent yet stays pending, in order.
                 for p in resend {
                     self.pending_bytes += p.bytes();
@@ -871,7 +871,8 @@ impl Task {
             }
         }
         if alone {
-            return self.send(link, frame, None).await;
+            let resume = self.fresh(link, &frame, envelope);
+            return self.send(link, frame, resume, false).await;
         }
         self.hold(frame, envelope, size);
         Ok(())
@@ -899,7 +900,8 @@ impl Task {
         };
         let rest: Vec<(Frame, Envelope)> = frames.collect();
         if rest.is_empty() {
-            return self.send(link, first, None).await;
+            let resume = self.fresh(link, &first, envelope);
+            return self.send(link, first, resume, false).await;
         }
         let mut raw = BytesMut::with_capacity(b.bytes + 64 * (rest.len() + 1));
         batch::push(
@@ -924,16 +926,43 @@ impl Task {
             compression,
             uncompressed: raw.len(),
         };
-        self.send(link, first, Some(resume)).await
+        self.send(link, first, resume, false).await
     }
 
-    /// Writes a frame's SEND frames into the link's buffer. `resume` carries a pending frame's state
-    /// when it is resent after a reconnect.
+    /// A new frame's first send: its payload compressed and cut into chunks for the broker's
+    /// message size.
+    fn fresh(&self, link: &Link, frame: &Frame, envelope: Envelope) -> Resume {
+        let len = frame.payload.len();
+        let max_chunk = link
+            .max_message_size
+            .saturating_sub(CHUNK_HEADROOM + envelope_size(&envelope))
+            .max(1024);
+        let (compression, wire) = if len > self.cfg.max_frame_bytes {
+            (0, frame.payload.clone()) // refused by `send`: not worth compressing
+        } else {
+            compress::compress(self.cfg.compression, &frame.payload)
+        };
+        Resume {
+            batch: Vec::new(),
+            uncompressed: len,
+            generation: 0,
+            receipts: 0,
+            submitted: Instant::now(),
+            chunks: plan::chunk_ranges(wire.len(), max_chunk),
+            envelope,
+            wire,
+            compression,
+        }
+    }
+
+    /// Writes a frame's SEND frames into the link's buffer: a new frame ([`Task::fresh`]), a batch,
+    /// or with `resuming` a pending one resent after a reconnect.
     async fn send(
         &mut self,
         link: &mut Link,
         frame: Frame,
-        resume: Option<Resume>,
+        resume: Resume,
+        resuming: bool,
     ) -> Result<(), LinkError> {
         let len = frame.payload.len();
         let ack_now = |task: &mut Self, frame: Frame, outcome: Outcome| {
@@ -956,7 +985,6 @@ impl Task {
             ack_now(self, frame, Outcome::Refused(reason));
             return Ok(());
         }
-        let resuming = resume.is_some();
         let Resume {
             batch,
             mut generation,
@@ -967,29 +995,7 @@ impl Task {
             compression,
             uncompressed,
             chunks,
-        } = match resume {
-            Some(r) => r,
-            None => {
-                let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
-                let max_chunk = link
-                    .max_message_size
-                    .saturating_sub(CHUNK_HEADROOM + envelope_size(&envelope))
-                    .max(1024);
-                let (compression, wire) = compress::compress(self.cfg.compression, &frame.payload);
-                let chunks = plan::chunk_ranges(wire.len(), max_chunk);
-                Resume {
-                    batch: Vec::new(),
-                    uncompressed: len,
-                    generation: 0,
-                    receipts: 0,
-                    submitted: Instant::now(),
-                    envelope,
-                    wire,
-                    compression,
-                    chunks,
-                }
-            }
-        };
+        } = resume;
         if chunks.len() > plan::MAX_CHUNKS {
             let reason = format!(
                 "{len} bytes would take {} chunks at the broker's max message size ({} bytes); the most is {}",
@@ -1057,15 +1063,7 @@ impl Task {
             producer_name: self.cfg.producer_name.clone(),
             sequence_id: pending.sequence_id(0),
             publish_time: (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64,
-            properties: pending
-                .envelope
-                .properties
-                .iter()
-                .map(|(k, v)| KeyValue {
-                    key: k.clone(),
-                    value: v.clone(),
-                })
-                .collect(),
+            properties: codec::key_values(&pending.envelope),
             partition_key: Some(pending.envelope.key.clone()),
             event_time: Some(pending.envelope.event_time_ms),
             uncompressed_size: Some(pending.uncompressed as u32),
