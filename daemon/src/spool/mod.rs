@@ -5,9 +5,10 @@
 //! - `segments/{id:016x}.seg`: append-only files of [`record`]s (self-describing: source, seq,
 //!   crc32c). Only the newest segment is written; a segment whose records are all removed is deleted,
 //!   so space comes back as the spool drains.
-//! - `index/`: a sled database. Tree `i:{source}` maps big-endian `seq` to the record's location
-//!   (segment u64, offset u64, length u32, capture_ns i64, little-endian); tree `meta` holds `seq:{source}` (next
-//!   capture sequence) and `clean` (1 after a clean shutdown).
+//! - `index/`: a sled database. Tree `i:{source}` holds the source's record locations (segment,
+//!   offset, length, capture time) in [`pages`] of up to 256 records, keyed by big-endian `seq`;
+//!   tree `meta` holds `seq:{source}` (next capture sequence), `clean` (1 after a clean shutdown)
+//!   and `counts` (what a clean shutdown counted).
 //! - `quarantine/`: records that failed their checksum, one file each, kept for inspection.
 //! - `LOCK`: held (flock) by the process that has the spool open.
 //!
@@ -21,18 +22,24 @@
 //!   to sled, which may write them to disk at any moment after. So an index entry or sequence note
 //!   that survives a crash or power cut never points past data that did not: a crash loses the
 //!   frames of the last commit interval whole, never leaving a hole in a source's sequence.
+//! - A removal (receipt, quarantine) is held in memory too and reaches sled with the next commit; a
+//!   segment left without records is deleted only after that commit, so a crash never leaves an
+//!   index entry pointing into a deleted segment. A crash can bring back a record whose receipt
+//!   came in the last commit interval: it is published again under its sequence id, which the
+//!   broker's deduplication drops.
 //! - Opening never fails because of damaged contents: an index sled cannot open is moved aside and
 //!   rebuilt from the segments; a record that fails its checksum is quarantined and counted.
 //! - Sequence numbers never repeat for published frames: in `on-outage` mode an unclean shutdown
 //!   makes the next sequence jump by [`CRASH_SEQ_MARGIN`], past anything published but not yet
 //!   committed; in `always` mode nothing is published before it is committed, so no jump is needed.
 
+mod pages;
 pub mod record;
 pub mod snapshot;
 
 use bytes::Bytes;
 use rigd_drivers::Frame;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
@@ -98,6 +105,8 @@ struct Location {
 }
 
 impl Location {
+    /// The earlier one-entry-per-record index value (still read, see [`pages`]).
+    #[cfg(test)]
     fn encode(&self) -> [u8; 28] {
         let mut b = [0u8; 28];
         b[..8].copy_from_slice(&self.segment.to_le_bytes());
@@ -131,6 +140,10 @@ struct Pending {
     /// Per source: the highest seq ever indexed (committed or not), so that an append above it
     /// needs no index lookup.
     highest: HashMap<Arc<str>, u64>,
+    /// Per source: committed records removed since the last commit (their pages still list them).
+    removed: HashMap<Arc<str>, BTreeSet<u64>>,
+    /// Sources whose oldest capture time is refreshed at the next commit (it moved by a removal).
+    stale_oldest: HashSet<Arc<str>>,
 }
 
 struct Writer {
@@ -149,6 +162,8 @@ struct Segments {
     /// Per segment: (file size, live records).
     info: BTreeMap<u64, (u64, u64)>,
     readers: HashMap<u64, Arc<File>>,
+    /// Segments left without records, deleted after the next commit has made the removals durable.
+    emptied: Vec<u64>,
 }
 
 pub struct Spool {
@@ -248,6 +263,7 @@ impl Spool {
                 writer: None,
                 info: BTreeMap::new(),
                 readers: HashMap::new(),
+                emptied: Vec::new(),
             }),
             pending: Mutex::new(Pending::default()),
             disk_bytes: AtomicU64::new(0),
@@ -300,11 +316,33 @@ impl Spool {
         if let Some((loc, _)) = pending.entries.get(source).and_then(|m| m.get(&seq)) {
             return Ok(Some(*loc));
         }
-        let v = self
-            .tree(source)?
-            .get(seq.to_be_bytes())
-            .map_err(self.ix())?;
-        Ok(v.and_then(|v| Location::decode(&v)))
+        if pending
+            .removed
+            .get(source)
+            .is_some_and(|r| r.contains(&seq))
+        {
+            return Ok(None);
+        }
+        self.committed(source, seq)
+    }
+
+    /// A record's location as sled has it (removals not yet committed still listed).
+    fn committed(&self, source: &Arc<str>, seq: u64) -> Result<Option<Location>, SpoolError> {
+        let tree = self.tree(source)?;
+        let Some((key, v)) = page_at(&tree, seq).map_err(self.ix())? else {
+            return Ok(None);
+        };
+        let page = pages::decode(key, &v).unwrap_or_default();
+        Ok(page
+            .binary_search_by_key(&seq, |e| e.0)
+            .ok()
+            .map(|i| page[i].1))
+    }
+
+    /// The highest seq sled has for a source.
+    fn last_committed(&self, source: &Arc<str>) -> Result<Option<u64>, SpoolError> {
+        let last = self.tree(source)?.last().map_err(self.ix())?;
+        Ok(last.and_then(|(k, v)| pages::last_seq(key_seq(&k), &v)))
     }
 
     /// Whether a record may already be stored. Lanes append in increasing `seq`; only a frame
@@ -315,8 +353,7 @@ impl Spool {
         let highest = match known {
             Some(h) => Some(h),
             None => {
-                let last = self.tree(source)?.last().map_err(self.ix())?;
-                let last = last.map(|(k, _)| key_seq(&k));
+                let last = self.last_committed(source)?;
                 if let Some(l) = last {
                     self.pending().highest.insert(source.clone(), l);
                 }
@@ -329,18 +366,120 @@ impl Spool {
         Ok(self.lookup(source, seq)?.is_some())
     }
 
-    /// Removes a record's index entry, committed or not; returns where it was.
+    /// Removes a record's index entry, committed or not; returns where it was. A committed entry
+    /// leaves sled with the next commit.
     fn unindex(&self, source: &Arc<str>, seq: u64) -> Result<Option<Location>, SpoolError> {
-        // Held across the sled removal so a commit cannot move the entry in between.
+        // Held across the sled read so a commit cannot move the entry in between.
         let mut pending = self.pending();
         if let Some((loc, _)) = pending.entries.get_mut(source).and_then(|m| m.remove(&seq)) {
+            pending.stale_oldest.insert(source.clone());
             return Ok(Some(loc));
         }
-        let v = self
-            .tree(source)?
-            .remove(seq.to_be_bytes())
-            .map_err(self.ix())?;
-        Ok(v.and_then(|v| Location::decode(&v)))
+        if pending
+            .removed
+            .get(source)
+            .is_some_and(|r| r.contains(&seq))
+        {
+            return Ok(None);
+        }
+        let loc = self.committed(source, seq)?;
+        if loc.is_some() {
+            pending
+                .removed
+                .entry(source.clone())
+                .or_default()
+                .insert(seq);
+            pending.stale_oldest.insert(source.clone());
+        }
+        Ok(loc)
+    }
+
+    /// Writes entries of a source (increasing seq, possibly already stored: the new location
+    /// wins) into its pages: merged into the page whose range holds them, else new pages.
+    fn store_entries(
+        &self,
+        tree: &sled::Tree,
+        entries: &[(u64, Location)],
+    ) -> Result<(), SpoolError> {
+        let failed = std::cell::RefCell::new(None);
+        let placed = pages::place(
+            entries,
+            |seq| match page_at(tree, seq) {
+                Ok(Some((key, v))) => pages::last_seq(key, &v)
+                    .filter(|last| *last >= seq)
+                    .map(|_| key),
+                Ok(None) => None,
+                Err(e) => {
+                    failed.borrow_mut().get_or_insert(e);
+                    None
+                }
+            },
+            |seq| match tree.range((seq + 1).to_be_bytes()..).next() {
+                Some(Ok((k, _))) => Some(key_seq(&k)),
+                Some(Err(e)) => {
+                    failed.borrow_mut().get_or_insert(e);
+                    None
+                }
+                None => None,
+            },
+        );
+        if let Some(e) = failed.into_inner() {
+            return Err(self.ix()(e));
+        }
+        let mut batch = sled::Batch::default();
+        for (key, new) in placed {
+            match key {
+                None => batch.insert(&new[0].0.to_be_bytes(), pages::encode(&new)),
+                Some(key) => {
+                    let old = tree.get(key.to_be_bytes()).map_err(self.ix())?;
+                    let mut page: BTreeMap<u64, Location> = old
+                        .and_then(|v| pages::decode(key, &v))
+                        .unwrap_or_default()
+                        .into_iter()
+                        .collect();
+                    page.extend(new);
+                    let page: Vec<_> = page.into_iter().collect();
+                    batch.insert(&key.to_be_bytes(), pages::encode(&page));
+                }
+            }
+        }
+        tree.apply_batch(batch).map_err(self.ix())
+    }
+
+    /// Rewrites the pages that list records removed since the last commit.
+    fn apply_removals(&self, p: &mut Pending) -> Result<(), SpoolError> {
+        for (source, removed) in std::mem::take(&mut p.removed) {
+            let tree = self.tree(&source)?;
+            let removed: Vec<u64> = removed.into_iter().collect();
+            let mut batch = sled::Batch::default();
+            let mut i = 0;
+            while i < removed.len() {
+                let seq = removed[i];
+                let Some((key, v)) = page_at(&tree, seq).map_err(self.ix())? else {
+                    i += 1;
+                    continue;
+                };
+                let page = pages::decode(key, &v).unwrap_or_default();
+                let Some(&(last, _)) = page.last().filter(|(last, _)| *last >= seq) else {
+                    i += 1;
+                    continue;
+                };
+                let n = removed[i..].partition_point(|s| *s <= last);
+                let gone = &removed[i..i + n];
+                let kept: Vec<_> = page
+                    .into_iter()
+                    .filter(|(s, _)| gone.binary_search(s).is_err())
+                    .collect();
+                if kept.is_empty() {
+                    batch.remove(&key.to_be_bytes());
+                } else {
+                    batch.insert(&key.to_be_bytes(), pages::encode(&kept));
+                }
+                i += n;
+            }
+            tree.apply_batch(batch).map_err(self.ix())?;
+        }
+        Ok(())
     }
 
     /// Reads the segment list and the index; rebuilds the index from segments when asked.
@@ -388,9 +527,11 @@ impl Spool {
             }
             _ => false,
         };
-        // Count what the index holds; entries pointing at a missing segment are stale.
+        // Count what the index holds; entries pointing at a missing segment are stale. A page
+        // that does not decode means the index cannot be trusted: it is rebuilt from the segments.
+        let mut bad_page = false;
         for name in self.index.tree_names() {
-            if counted {
+            if counted || bad_page {
                 break;
             }
             let Some(source) = name.strip_prefix(b"i:") else {
@@ -399,26 +540,52 @@ impl Spool {
             let source: Arc<str> = String::from_utf8_lossy(source).into();
             let tree = self.tree(&source)?;
             let stats = self.stats(&source);
-            let mut stale = Vec::new();
+            let mut rewrites = Vec::new();
             for item in tree.iter() {
                 let (k, v) = item.map_err(self.ix())?;
-                match Location::decode(&v).filter(|l| segs.info.contains_key(&l.segment)) {
-                    Some(loc) => {
-                        if let Some(i) = segs.info.get_mut(&loc.segment) {
-                            i.1 += 1;
-                        }
+                let key = key_seq(&k);
+                let Some(page) = pages::decode(key, &v) else {
+                    tracing::error!(source = %source, page = key, "spool: index page unreadable; rebuilding the index from the segments");
+                    bad_page = true;
+                    break;
+                };
+                let live = page.len();
+                let mut kept = Vec::with_capacity(live);
+                for (seq, loc) in page {
+                    if let Some(i) = segs.info.get_mut(&loc.segment) {
+                        i.1 += 1;
                         stats.records.fetch_add(1, Ordering::Relaxed);
                         stats.bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
+                        kept.push((seq, loc));
+                    } else {
+                        tracing::error!(source = %source, seq, "spool: record lost (its segment is gone); counted as quarantined");
+                        stats.quarantined.fetch_add(1, Ordering::Relaxed);
+                        self.quarantined.fetch_add(1, Ordering::Relaxed);
                     }
-                    None => stale.push(k),
+                }
+                if kept.len() != live {
+                    rewrites.push((k, kept));
                 }
             }
-            for k in stale {
-                tracing::error!(source = %source, seq = key_seq(&k), "spool: record lost (its segment is gone); counted as quarantined");
-                tree.remove(k).map_err(self.ix())?;
-                stats.quarantined.fetch_add(1, Ordering::Relaxed);
-                self.quarantined.fetch_add(1, Ordering::Relaxed);
+            for (k, kept) in rewrites {
+                if kept.is_empty() {
+                    tree.remove(k).map_err(self.ix())?;
+                } else {
+                    tree.insert(k, pages::encode(&kept)).map_err(self.ix())?;
+                }
             }
+        }
+        if bad_page {
+            if rebuild {
+                return Err(SpoolError::Index {
+                    path: self.path.clone(),
+                    source: sled::Error::Unsupported(
+                        "index pages unreadable after a rebuild".into(),
+                    ),
+                });
+            }
+            drop(segs);
+            return self.reload_from_segments();
         }
         // Segments nothing points to any more are deleted; a new segment is started for writing.
         let empty: Vec<u64> = segs
@@ -441,9 +608,30 @@ impl Spool {
         Ok(())
     }
 
+    /// Forgets the index and the counts, then loads again with the index rebuilt from segments.
+    fn reload_from_segments(&self) -> Result<(), SpoolError> {
+        for name in self.index.tree_names() {
+            if name.starts_with(b"i:") {
+                self.index.drop_tree(&name).map_err(self.ix())?;
+            }
+        }
+        self.trees.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        for (_, stats) in self.all_stats() {
+            stats.records.store(0, Ordering::Relaxed);
+            stats.bytes.store(0, Ordering::Relaxed);
+        }
+        {
+            let mut segs = self.segs();
+            segs.info.clear();
+        }
+        self.disk_bytes.store(0, Ordering::Relaxed);
+        self.load(true, None)
+    }
+
     /// Re-inserts every valid record of segment `id` into the index (index rebuild).
     fn rebuild_from(&self, id: u64) -> Result<(), SpoolError> {
         let data = std::fs::read(self.segment_path(id)).map_err(self.io("read segment"))?;
+        let mut found: BTreeMap<Arc<str>, BTreeMap<u64, Location>> = BTreeMap::new();
         let mut at = 0usize;
         while at + record::PREFIX <= data.len() {
             let Ok(total) = record::total_len(&data[at..at + record::PREFIX]) else {
@@ -460,9 +648,7 @@ impl Spool {
                         len: total as u32,
                         capture_ns: f.capture_ns,
                     };
-                    self.tree(&f.source)?
-                        .insert(f.seq.to_be_bytes(), &loc.encode()[..])
-                        .map_err(self.ix())?;
+                    found.entry(f.source).or_default().insert(f.seq, loc);
                 }
                 Err(e) => {
                     self.quarantine_bytes(
@@ -482,6 +668,10 @@ impl Spool {
                 torn_bytes = data.len() - at,
                 "spool: torn tail of a segment ignored"
             );
+        }
+        for (source, entries) in found {
+            let entries: Vec<_> = entries.into_iter().collect();
+            self.store_entries(&self.tree(&source)?, &entries)?;
         }
         Ok(())
     }
@@ -568,12 +758,7 @@ impl Spool {
             .map_err(self.ix())?
             .map(|v| u64::from_le_bytes(v.as_ref().try_into().unwrap_or_default()))
             .unwrap_or(0);
-        let stored = self
-            .tree(source)?
-            .last()
-            .map_err(self.ix())?
-            .map(|(k, _)| key_seq(&k) + 1)
-            .unwrap_or(0);
+        let stored = self.last_committed(source)?.map_or(0, |s| s + 1);
         let next = noted.max(stored).max(pending_note).max(pending_last);
         let jump = self.unclean_start && self.mode == SpoolMode::OnOutage && next > 0;
         Ok(if jump { next + CRASH_SEQ_MARGIN } else { next })
@@ -620,33 +805,45 @@ impl Spool {
         if let Some(f) = sync {
             f.sync_data().map_err(self.io("fdatasync segment"))?;
         }
-        self.apply_pending(watermark)?;
+        let stale = {
+            let mut p = self.pending();
+            self.apply_removals(&mut p)?;
+            self.apply_pending(&mut p, watermark)?;
+            std::mem::take(&mut p.stale_oldest)
+        };
         self.index.flush().map_err(self.ix())?;
         self.durable.send_replace(e);
+        // The removals are durable: segments they emptied can go.
+        let mut segs = self.segs();
+        for id in std::mem::take(&mut segs.emptied) {
+            if segs.info.get(&id).is_some_and(|i| i.1 == 0) {
+                self.delete_segment(&mut segs, id);
+            }
+        }
+        drop(segs);
+        for source in stale {
+            self.update_oldest(&source)?;
+        }
         Ok(())
     }
 
     /// Moves to sled the index entries and sequence notes of appends below `watermark`.
-    fn apply_pending(&self, watermark: u64) -> Result<(), SpoolError> {
-        let mut p = self.pending();
+    fn apply_pending(&self, p: &mut Pending, watermark: u64) -> Result<(), SpoolError> {
         let sources: Vec<Arc<str>> = p.entries.keys().cloned().collect();
         for source in sources {
             let Some(m) = p.entries.get_mut(&source) else {
                 continue;
             };
-            let mut batch = sled::Batch::default();
-            let mut moved = Vec::new();
-            for (seq, (loc, serial)) in m.iter() {
-                if *serial < watermark {
-                    batch.insert(&seq.to_be_bytes(), &loc.encode()[..]);
-                    moved.push(*seq);
-                }
-            }
+            let moved: Vec<(u64, Location)> = m
+                .iter()
+                .filter(|(_, (_, serial))| *serial < watermark)
+                .map(|(seq, (loc, _))| (*seq, *loc))
+                .collect();
             if moved.is_empty() {
                 continue;
             }
-            self.tree(&source)?.apply_batch(batch).map_err(self.ix())?;
-            for seq in moved {
+            self.store_entries(&self.tree(&source)?, &moved)?;
+            for (seq, _) in moved {
                 m.remove(&seq);
             }
             if m.is_empty() {
@@ -773,9 +970,8 @@ impl Spool {
                 .get_ref()
                 .sync_data()
                 .map_err(self.io("fdatasync segment"))?;
-            let id = w.id;
-            if segs.info.get(&id).is_some_and(|i| i.1 == 0) {
-                self.delete_segment(segs, id);
+            if segs.info.get(&w.id).is_some_and(|i| i.1 == 0) {
+                segs.emptied.push(w.id);
             }
         }
         let id = segs.info.keys().next_back().map(|k| k + 1).unwrap_or(1);
@@ -804,7 +1000,8 @@ impl Spool {
         self.release_segment(loc);
     }
 
-    /// One record of a segment is gone; the segment is deleted when none is left.
+    /// One record of a segment is gone; the segment is deleted after the next commit when none
+    /// is left.
     fn release_segment(&self, loc: Location) {
         let mut segs = self.segs();
         let empty = match segs.info.get_mut(&loc.segment) {
@@ -814,8 +1011,9 @@ impl Spool {
             }
             None => false,
         };
-        if empty {
-            self.delete_segment(&mut segs, loc.segment);
+        let active = segs.writer.as_ref().is_some_and(|w| w.id == loc.segment);
+        if empty && !active {
+            segs.emptied.push(loc.segment);
         }
     }
 
@@ -856,6 +1054,13 @@ impl Spool {
             }
             at += total;
         }
+        // The segment goes now, to make room: its removals are made durable first.
+        {
+            let mut p = self.pending();
+            self.apply_removals(&mut p)?;
+            p.stale_oldest.clear();
+        }
+        self.index.flush().map_err(self.ix())?;
         {
             let mut segs = self.segs();
             self.delete_segment(&mut segs, id);
@@ -874,24 +1079,25 @@ impl Spool {
         from: u64,
         max: usize,
     ) -> Result<Vec<Frame>, SpoolError> {
-        // Uncommitted entries first: a commit moving one to sled meanwhile is then seen twice
-        // (deduplicated below), never missed.
-        let uncommitted: Vec<(u64, Option<Location>)> = self
-            .pending()
-            .entries
-            .get(source)
-            .map(|m| {
-                m.range(from..)
-                    .take(max)
-                    .map(|(s, (l, _))| (*s, Some(*l)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut committed = Vec::new();
-        for item in self.tree(source)?.range(from.to_be_bytes()..).take(max) {
-            let (k, v) = item.map_err(self.ix())?;
-            committed.push((key_seq(&k), Location::decode(&v)));
-        }
+        // Both sides under the pending lock, so a commit cannot move an entry between them.
+        let (uncommitted, committed) = {
+            let p = self.pending();
+            let uncommitted: Vec<(u64, Option<Location>)> = p
+                .entries
+                .get(source)
+                .map(|m| {
+                    m.range(from..)
+                        .take(max)
+                        .map(|(s, (l, _))| (*s, Some(*l)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let removed = p.removed.get(source);
+            let committed = self.committed_from(source, from, max, |seq| {
+                removed.is_some_and(|r| r.contains(&seq))
+            })?;
+            (uncommitted, committed)
+        };
         // Each side was cut at `max`: beyond the lower cut, the other side's entries may not be
         // followed by everything between (a quarantined record makes room for one), so stop there.
         let mut bound = u64::MAX;
@@ -952,15 +1158,57 @@ impl Spool {
         Ok(out)
     }
 
+    /// Up to `max` committed entries of a source with `seq >= from`, in order, leaving out those
+    /// `gone` says are removed. A page that does not decode yields a `None` location (quarantined
+    /// by the reader).
+    fn committed_from(
+        &self,
+        source: &Arc<str>,
+        from: u64,
+        max: usize,
+        gone: impl Fn(u64) -> bool,
+    ) -> Result<Vec<(u64, Option<Location>)>, SpoolError> {
+        let tree = self.tree(source)?;
+        let mut out = Vec::new();
+        let first = page_at(&tree, from).map_err(self.ix())?;
+        let rest = tree.range((from.saturating_add(1)).to_be_bytes()..);
+        let mut pages = first
+            .into_iter()
+            .map(Ok)
+            .chain(rest.map(|r| r.map(|(k, v)| (key_seq(&k), v))));
+        while out.len() < max {
+            let Some(item) = pages.next() else { break };
+            let (key, v) = item.map_err(self.ix())?;
+            match pages::decode(key, &v) {
+                Some(page) => {
+                    for (seq, loc) in page {
+                        if seq >= from && !gone(seq) && out.len() < max {
+                            out.push((seq, Some(loc)));
+                        }
+                    }
+                }
+                None if key >= from => out.push((key, None)),
+                None => {}
+            }
+        }
+        Ok(out)
+    }
+
     /// Refreshes a source's oldest capture time from the index.
     fn update_oldest(&self, source: &Arc<str>) -> Result<(), SpoolError> {
-        let pending_first = self
-            .pending()
-            .entries
-            .get(source)
-            .and_then(|m| m.first_key_value().map(|(s, (l, _))| (*s, *l)));
-        let first = self.tree(source)?.first().map_err(self.ix())?;
-        let committed_first = first.and_then(|(k, v)| Some((key_seq(&k), Location::decode(&v)?)));
+        let (pending_first, committed_first) = {
+            let p = self.pending();
+            let pending_first = p
+                .entries
+                .get(source)
+                .and_then(|m| m.first_key_value().map(|(s, (l, _))| (*s, *l)));
+            let removed = p.removed.get(source);
+            let committed = self.committed_from(source, 0, 1, |seq| {
+                removed.is_some_and(|r| r.contains(&seq))
+            })?;
+            let committed_first = committed.first().and_then(|(s, l)| l.map(|l| (*s, l)));
+            (pending_first, committed_first)
+        };
         let oldest = match (pending_first, committed_first) {
             (Some(a), Some(b)) => Some(if a.0 < b.0 { a.1 } else { b.1 }),
             (a, b) => a.or(b).map(|x| x.1),
@@ -996,10 +1244,14 @@ impl Spool {
     }
 
     /// Removes a record after its receipt. Missing records (dropped meanwhile) are fine.
+    /// The source's oldest capture time follows at the next commit.
     pub fn remove(&self, source: &Arc<str>, seq: u64) -> Result<(), SpoolError> {
         if let Some(loc) = self.unindex(source, seq)? {
-            self.release(&self.stats(source), loc);
-            self.update_oldest(source)?;
+            let stats = self.stats(source);
+            self.release(&stats, loc);
+            if stats.records.load(Ordering::Relaxed) == 0 {
+                stats.oldest_ns.store(0, Ordering::Relaxed);
+            }
         }
         Ok(())
     }
@@ -1007,23 +1259,30 @@ impl Spool {
     /// Drops every record of a source (technician action); returns how many.
     pub fn clear_source(&self, source: &Arc<str>) -> Result<u64, SpoolError> {
         let tree = self.tree(source)?;
-        let stats = self.stats(source);
-        let mut n = 0;
-        let uncommitted = self.pending().entries.remove(source).unwrap_or_default();
-        for (loc, _) in uncommitted.into_values() {
-            self.release(&stats, loc);
-            stats.dropped.fetch_add(1, Ordering::Relaxed);
-            n += 1;
-        }
-        while let Some((_, v)) = tree.pop_min().map_err(self.ix())? {
-            if let Some(loc) = Location::decode(&v) {
-                self.release(&stats, loc);
+        let mut gone = Vec::new();
+        {
+            // Under the pending lock, so a commit cannot add this source's pages meanwhile.
+            let mut p = self.pending();
+            let uncommitted = p.entries.remove(source).unwrap_or_default();
+            gone.extend(uncommitted.into_values().map(|(loc, _)| loc));
+            // Removed but still listed: already released.
+            let removed = p.removed.remove(source).unwrap_or_default();
+            while let Some((k, v)) = tree.pop_min().map_err(self.ix())? {
+                let page = pages::decode(key_seq(&k), &v).unwrap_or_default();
+                gone.extend(
+                    page.into_iter()
+                        .filter(|(seq, _)| !removed.contains(seq))
+                        .map(|(_, loc)| loc),
+                );
             }
+        }
+        let stats = self.stats(source);
+        for loc in &gone {
+            self.release(&stats, *loc);
             stats.dropped.fetch_add(1, Ordering::Relaxed);
-            n += 1;
         }
         stats.oldest_ns.store(0, Ordering::Relaxed);
-        Ok(n)
+        Ok(gone.len() as u64)
     }
 
     /// Marks a clean shutdown, stores the counts a clean start uses, and commits.
@@ -1150,6 +1409,17 @@ enum IndexOpen {
     Busy(sled::Error),
     #[error("index damaged: {0}")]
     Damaged(sled::Error),
+}
+
+/// The page that may hold `seq`: the one with the greatest key not above it.
+fn page_at(tree: &sled::Tree, seq: u64) -> sled::Result<Option<(u64, sled::IVec)>> {
+    match tree.range(..=seq.to_be_bytes()).next_back() {
+        Some(item) => {
+            let (k, v) = item?;
+            Ok(Some((key_seq(&k), v)))
+        }
+        None => Ok(None),
+    }
 }
 
 fn key_seq(k: &[u8]) -> u64 {

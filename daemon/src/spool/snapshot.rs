@@ -18,7 +18,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::{key_seq, record, Location, SpoolError};
+use super::{key_seq, pages, record, SpoolError};
 
 /// One live record as the index (or a scan) lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,30 +236,38 @@ impl SpoolSnapshot {
             let tree = db
                 .open_tree(&name)
                 .map_err(|e| format!("index tree {source}: {e}"))?;
-            let mut entries = Vec::with_capacity(tree.len());
+            let mut entries = Vec::new();
             for item in tree.iter() {
                 let (k, v) = item.map_err(|e| format!("index tree {source}: {e}"))?;
-                let seq = key_seq(&k);
-                match Location::decode(&v) {
-                    Some(loc) if segments.binary_search(&loc.segment).is_ok() => {
+                let key = key_seq(&k);
+                let Some(page) = pages::decode(key, &v) else {
+                    self.listing_corrupt.push(Corrupt {
+                        source: Some(source.to_string()),
+                        seq: Some(key),
+                        segment: 0,
+                        offset: 0,
+                        reason: format!("bad index page ({} records)", pages::count(&v)),
+                    });
+                    continue;
+                };
+                for (seq, loc) in page {
+                    if segments.binary_search(&loc.segment).is_ok() {
                         entries.push(Entry {
                             seq,
                             capture_ns: loc.capture_ns,
                             len: loc.len,
                             segment: loc.segment,
                             offset: loc.offset,
-                        })
+                        });
+                    } else {
+                        self.listing_corrupt.push(Corrupt {
+                            source: Some(source.to_string()),
+                            seq: Some(seq),
+                            segment: loc.segment,
+                            offset: loc.offset,
+                            reason: "its segment file is gone".into(),
+                        });
                     }
-                    other => self.listing_corrupt.push(Corrupt {
-                        source: Some(source.to_string()),
-                        seq: Some(seq),
-                        segment: other.map(|l| l.segment).unwrap_or(0),
-                        offset: other.map(|l| l.offset).unwrap_or(0),
-                        reason: match other {
-                            Some(_) => "its segment file is gone".into(),
-                            None => "bad index entry".into(),
-                        },
-                    }),
                 }
             }
             if !entries.is_empty() {
