@@ -405,6 +405,13 @@ async fn run_port(
     };
     let filter = KalmanConfiguration {
         step_threshold: Duration::from_nanos(cfg.step_threshold_ns as i64),
+        // The filter trusts its offsets only after pairing a few Sync and Delay_Resp samples taken
+        // closer together than this; statime's 200 ms default suits 8 Hz sync, but at ptp4l's
+        // default 1 Hz few pairs qualify, and from a 50 ppm error the clock stepped again and
+        // again instead of learning the frequency (docs/CLOCK.md, benchmark).
+        estimate_threshold: Duration::from_seconds(
+            (1.5 * 2f64.powi(cfg.log_sync_interval.into())).max(0.2),
+        ),
         ..Default::default()
     };
     let rng = SmallRng::seed_from_u64(rigd_drivers::realtime_ns() as u64);

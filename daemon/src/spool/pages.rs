@@ -199,4 +199,21 @@ mod tests {
             .collect();
         assert_eq!(got, vec![(Some(100), vec![150, 151]), (None, vec![250])]);
     }
+
+    proptest::proptest! {
+        /// Whatever bytes sled hands back: no panic, and what decodes re-encodes to the same bytes.
+        #[test]
+        fn garbage_never_panics_and_what_decodes_is_exact(
+            key in 0u64..1000,
+            v in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+        ) {
+            let _ = last_seq(key, &v);
+            let _ = count(&v);
+            if let Some(page) = decode(key, &v) {
+                if v.len() != LEGACY {
+                    proptest::prop_assert_eq!(encode(&page), v);
+                }
+            }
+        }
+    }
 }
