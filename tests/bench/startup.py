@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 
-def ready_ms(rigd, config, env):
+def ready_ms(rigd, config, env, crash=False):
+    """Exec to READY=1 in ms; then SIGTERM (a clean shutdown) or, with crash, SIGKILL (so the next
+    start is an unclean one, which walks the spool index)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "notify")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -34,7 +36,7 @@ def ready_ms(rigd, config, env):
                 if "READY=1" in msg.split("\n"):
                     return (time.monotonic() - t0) * 1e3
         finally:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
             proc.wait(timeout=60)
             sock.close()
 
@@ -73,14 +75,20 @@ def main():
         config.write_text(f'[rig]\nid = "startup"\n[[source]]\nid = "gps"\nkind = "synthetic-serial"\nrate-hz = 1\n'
                           f'[spool]\npath = "{spool}"\nmax-bytes = "{max(size * 2, 1 << 30)}"\nfree-reserve = "0"\n'
                           f'[web]\nbind = "127.0.0.1:0"\n')
-        warm = [ready_ms(a.rigd, config, env) for _ in range(3)]
-        cold = []
-        for _ in range(3):
-            if not drop_caches():
-                break
-            cold.append(ready_ms(a.rigd, config, env))
-        cold_s = f"{statistics.median(cold):.0f} ms" if cold else "not measured (needs root)"
-        print(f"| {label} | {records} | {statistics.median(warm):.0f} ms | {cold_s} |")
+        rows = [(label if not size else f"{label}, after a clean shutdown", False)]
+        if size:
+            rows.append((f"{label}, after a crash (kill -9)", True))
+        for row, crash in rows:
+            if crash:
+                ready_ms(a.rigd, config, env, crash=True)  # leaves the spool unclean
+            warm = [ready_ms(a.rigd, config, env, crash) for _ in range(3)]
+            cold = []
+            for _ in range(3):
+                if not drop_caches():
+                    break
+                cold.append(ready_ms(a.rigd, config, env, crash))
+            cold_s = f"{statistics.median(cold):.0f} ms" if cold else "not measured (needs root)"
+            print(f"| {row} | {records} | {statistics.median(warm):.0f} ms | {cold_s} |")
     subprocess.run(["rm", "-rf", str(base)], check=True)
 
 

@@ -332,11 +332,7 @@ impl Spool {
         let Some((key, v)) = page_at(&tree, seq).map_err(self.ix())? else {
             return Ok(None);
         };
-        let page = pages::decode(key, &v).unwrap_or_default();
-        Ok(page
-            .binary_search_by_key(&seq, |e| e.0)
-            .ok()
-            .map(|i| page[i].1))
+        Ok(pages::find(key, &v, seq))
     }
 
     /// The highest seq sled has for a source.
@@ -884,8 +880,8 @@ impl Spool {
             // Already stored (a spooled frame the uplink handed back at shutdown).
             return Ok(Appended::Stored);
         }
-        let rec = record::encode(frame);
-        let len = rec.len() as u64;
+        let head = record::header(frame);
+        let len = (head.len() + frame.payload.len()) as u64;
         let mut dropped = 0;
         while self.full(len) {
             if self.when_full == WhenFull::DropNewest {
@@ -926,7 +922,10 @@ impl Spool {
                 len: len as u32,
                 capture_ns: frame.capture_ns,
             };
-            w.file.write_all(&rec).map_err(self.io("write segment"))?;
+            w.file
+                .write_all(&head)
+                .and_then(|()| w.file.write_all(&frame.payload))
+                .map_err(self.io("write segment"))?;
             w.len += len;
             let id = w.id;
             if let Some(i) = segs.info.get_mut(&id) {

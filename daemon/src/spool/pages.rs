@@ -83,6 +83,45 @@ pub fn last_seq(key: u64, v: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(v[at..at + 8].try_into().ok()?))
 }
 
+/// One seq's location in a page's bytes, found by binary search without decoding the page.
+pub fn find(key: u64, v: &[u8], seq: u64) -> Option<Location> {
+    if v.len() == LEGACY {
+        return (seq == key).then(|| Location::decode(v)).flatten();
+    }
+    if v.len() < HEADER || v[0] != VERSION || (v.len() - HEADER) % ENTRY != 0 {
+        return None;
+    }
+    let body = &v[HEADER..];
+    let n = body.len() / ENTRY;
+    let seq_at = |i: usize| {
+        u64::from_le_bytes(
+            body[i * ENTRY..i * ENTRY + 8]
+                .try_into()
+                .unwrap_or_default(),
+        )
+    };
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match seq_at(mid).cmp(&seq) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => {
+                let e = &body[mid * ENTRY..(mid + 1) * ENTRY];
+                let u64_at =
+                    |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().unwrap_or_default());
+                return Some(Location {
+                    segment: u64_at(8),
+                    offset: u64_at(16),
+                    len: u32::from_le_bytes(e[24..28].try_into().unwrap_or_default()),
+                    capture_ns: u64_at(28) as i64,
+                });
+            }
+        }
+    }
+    None
+}
+
 /// How many entries a page's bytes hold, without decoding them.
 pub fn count(v: &[u8]) -> usize {
     if v.len() == LEGACY {
@@ -148,6 +187,10 @@ mod tests {
         assert_eq!(decode(10, &v), Some(page.clone()));
         assert_eq!(last_seq(10, &v), Some(page.last().unwrap().0));
         assert_eq!(count(&v), page.len());
+        for (seq, l) in &page {
+            assert_eq!(find(10, &v, *seq), Some(*l));
+            assert_eq!(find(10, &v, seq + 1), None);
+        }
         // A key above the first entry, a truncation or a wrong version is not a page.
         assert_eq!(decode(11, &v), None);
         assert_eq!(decode(10, &v[..v.len() - 1]), None);
@@ -161,6 +204,8 @@ mod tests {
         let l = loc(7);
         let v = l.encode();
         assert_eq!(decode(42, &v), Some(vec![(42, l)]));
+        assert_eq!(find(42, &v, 42), Some(l));
+        assert_eq!(find(42, &v, 43), None);
         assert_eq!(last_seq(42, &v), Some(42));
         assert_eq!(count(&v), 1);
     }
@@ -209,6 +254,7 @@ mod tests {
         ) {
             let _ = last_seq(key, &v);
             let _ = count(&v);
+            let _ = find(key, &v, key + 3);
             if let Some(page) = decode(key, &v) {
                 if v.len() != LEGACY {
                     proptest::prop_assert_eq!(encode(&page), v);

@@ -33,10 +33,19 @@ pub enum RecordError {
     Unknown(&'static str),
 }
 
+/// A frame's whole record.
 pub fn encode(frame: &Frame) -> Vec<u8> {
+    let mut out = header(frame);
+    out.extend_from_slice(&frame.payload);
+    out
+}
+
+/// A frame's record up to its payload, length and checksum filled in: the spool writes the payload
+/// after it straight from the frame, without copying it into a record first.
+pub fn header(frame: &Frame) -> Vec<u8> {
     let src = frame.source.as_bytes();
     let src_len = src.len().min(255);
-    let mut out = Vec::with_capacity(PREFIX + 8 + 1 + src_len + 32 + frame.payload.len());
+    let mut out = Vec::with_capacity(PREFIX + 8 + 1 + src_len + 32);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[0; 8]);
     out.extend_from_slice(&frame.seq.to_le_bytes());
@@ -65,10 +74,9 @@ pub fn encode(frame: &Frame) -> Vec<u8> {
             out.push(u8::from(*text));
         }
     }
-    out.extend_from_slice(&frame.payload);
-    let len = (out.len() - PREFIX) as u32;
+    let len = (out.len() - PREFIX + frame.payload.len()) as u32;
     out[4..8].copy_from_slice(&len.to_le_bytes());
-    let crc = crc32c::crc32c(&out[PREFIX..]);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[PREFIX..]), &frame.payload);
     out[8..12].copy_from_slice(&crc.to_le_bytes());
     out
 }
