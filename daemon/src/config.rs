@@ -189,8 +189,19 @@ impl ClockConfig {
                     .to_string(),
             );
         }
-        if self.target != ClockTarget::Virtual {
-            p.push("clock.target: only `virtual` is implemented so far".to_string());
+        if self.target == ClockTarget::Phc {
+            p.push(
+                "clock.target: `phc` is not implemented (it needs hardware timestamping); use `virtual` or `system`"
+                    .to_string(),
+            );
+        }
+        if self.target == ClockTarget::System
+            && (self.simulate_offset_ns != 0 || self.simulate_ppm != 0.0)
+        {
+            p.push(
+                "clock.simulate-offset-ns / simulate-ppm: testing knobs of the virtual clock, not allowed with target = \"system\""
+                    .to_string(),
+            );
         }
         for (key, v) in [
             ("log-sync-interval", self.log_sync_interval),
@@ -1328,5 +1339,21 @@ mod tests {
         assert!(p[0].contains("clock.log-sync-interval"), "{p:?}");
         let p = problems("[rig]\nid = \"a\"\n[clock]\ndelay-mechanism = \"e2e\"\nlog-sync = 1\n");
         assert!(p[0].contains("log-sync"), "{p:?}");
+    }
+
+    #[test]
+    fn clock_targets_system_is_accepted_phc_and_knobs_on_a_real_clock_are_not() {
+        let base = "[rig]\nid = \"a\"\n[clock]\ninterface = \"eth0\"\n";
+        assert_eq!(
+            problems(&format!("{base}target = \"system\"\n")),
+            Vec::<String>::new()
+        );
+        let p = problems(&format!("{base}target = \"phc\"\n"));
+        assert!(
+            p.len() == 1 && p[0].contains("clock.target: `phc`"),
+            "{p:?}"
+        );
+        let p = problems(&format!("{base}target = \"system\"\nsimulate-ppm = 50.0\n"));
+        assert!(p.len() == 1 && p[0].contains("simulate-ppm"), "{p:?}");
     }
 }

@@ -13,7 +13,9 @@ mod source;
 pub mod synthetic;
 pub mod v4l;
 
-pub use clock::{monotonic_ns_now, realtime_ns, ClockState, FrameClock, Stamp, SystemClock};
+pub use clock::{
+    monotonic_ns_now, realtime_ns, ClockState, FrameClock, KernelClock, Stamp, SystemClock,
+};
 pub use frame::{Frame, Media, Modality};
 pub use source::{
     AudioLevel, FrameSink, SinkClosed, Source, SourceError, SourceHealth, SourceState, StopFlag,

@@ -26,30 +26,8 @@ is_static() { { ldd "$1" 2>&1 || true; } | grep -qE 'not a dynamic executable|st
 BUSYBOX=/bin/busybox
 [ -x $BUSYBOX ] && is_static $BUSYBOX || { log "missing a static busybox (apt-get install busybox-static)"; exit 1; }
 
-# 1. Kernel (cached): the ABI linux-image-amd64 points at; a cached one when apt cannot say.
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
-kernel_abi() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{sub("linux-image-","",$2); print $2; exit}' || true; }
-ABI=$(kernel_abi)
-if [ -z "$ABI" ] && ! ls -d "$CACHE"/kernel-*/.done >/dev/null 2>&1; then
-  $SUDO apt-get update -qq >&2 2>&1 || true   # a fresh machine may have no package lists yet
-  ABI=$(kernel_abi)
-fi
-if [ -z "$ABI" ]; then
-  ABI=$(ls -d "$CACHE"/kernel-*/.done 2>/dev/null | head -1 | sed 's|.*/kernel-||; s|/.done||' || true)
-  [ -n "$ABI" ] || { log "cannot tell the kernel ABI (apt-cache depends linux-image-amd64) and nothing is cached"; exit 1; }
-fi
-KROOT=$CACHE/kernel-$ABI
-if [ ! -f "$KROOT/.done" ]; then
-  log "fetching linux-image-$ABI into $KROOT"
-  rm -rf "$KROOT"; mkdir -p "$KROOT/deb"
-  (cd "$KROOT/deb" && apt-get download "linux-image-$ABI" 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2) || true
-  DEB=$(ls "$KROOT"/deb/linux-image-"$ABI"_*.deb 2>/dev/null) || { log "apt-get download linux-image-$ABI failed"; exit 1; }
-  dpkg-deb -x "$DEB" "$KROOT/root"
-  rm -f "$DEB"
-  depmod -b "$KROOT/root" "$ABI"   # the package ships no modules.dep
-  touch "$KROOT/.done"
-fi
-VMLINUZ=$KROOT/root/boot/vmlinuz-$ABI
+# 1. Kernel (cached): sets ABI, KROOT, VMLINUZ, SUDO.
+. tests/vm/kernel.sh
 
 # 1b. v4l2loopback (cached) for MJPEG passthrough: Debian's v4l2loopback-dkms source built against
 # linux-headers-$ABI. Without the headers (and no way to install them) that check is skipped.

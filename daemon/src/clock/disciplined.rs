@@ -13,7 +13,7 @@
 //! current correction into that base whenever a new filter takes over (a new master, a master back
 //! after holdover), so a fresh filter starts from the frequency already learned instead of zero.
 
-use rigd_drivers::{ClockState, FrameClock, Stamp};
+use rigd_drivers::{ClockState, FrameClock, KernelClock, Stamp};
 use std::sync::atomic::{fence, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -47,6 +47,11 @@ pub struct DisciplinedClock {
     state: AtomicU8,
     steps: AtomicU64,
     adjustments: AtomicU64,
+    /// `target = "system"`: corrections go to this kernel clock (the mapping stays the identity
+    /// but for the floor); `None`: the virtual clock, corrections live in the mapping.
+    kernel: Option<KernelClock>,
+    /// The last kernel call failed (logged once until one succeeds again).
+    kernel_failing: std::sync::atomic::AtomicBool,
     writer: Mutex<Writer>,
 }
 
@@ -78,6 +83,8 @@ impl DisciplinedClock {
             state: AtomicU8::new(ClockState::Unsynced.as_u8()),
             steps: AtomicU64::new(0),
             adjustments: AtomicU64::new(0),
+            kernel: None,
+            kernel_failing: std::sync::atomic::AtomicBool::new(false),
             writer: Mutex::new(Writer {
                 mapping: m,
                 simulated_ppm,
@@ -90,6 +97,39 @@ impl DisciplinedClock {
     }
 
     /// Over CLOCK_REALTIME.
+    /// A clock that steers the kernel clock `k` itself (`target = "system"`), starting from the
+    /// frequency offset the kernel has now.
+    pub fn kernel(k: KernelClock) -> std::io::Result<Self> {
+        let base_ppm = k.frequency_ppm()?;
+        let mut c = Self::new(Box::new(move || k.now_ns()), 0, 0.0);
+        c.kernel = Some(k);
+        c.writer
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .base_ppm = base_ppm;
+        Ok(c)
+    }
+
+    /// True when this clock steers a kernel clock rather than a virtual one.
+    pub fn steers_kernel(&self) -> bool {
+        self.kernel.is_some()
+    }
+
+    fn kernel_result(&self, what: &str, r: std::io::Result<()>) {
+        match r {
+            Ok(()) => {
+                if self.kernel_failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!(what, "clock: the kernel clock takes corrections again");
+                }
+            }
+            Err(e) => {
+                if !self.kernel_failing.swap(true, Ordering::Relaxed) {
+                    tracing::error!(what, error = %e, "clock: cannot steer the kernel clock; frames keep its uncorrected time");
+                }
+            }
+        }
+    }
+
     pub fn realtime(offset_ns: i64, simulated_ppm: f64) -> Self {
         Self::new(
             Box::new(rigd_drivers::realtime_ns),
@@ -190,6 +230,14 @@ impl DisciplinedClock {
     /// statime's set_frequency: `ppm` is absolute against the base.
     pub fn set_frequency(&self, ppm: f64) -> i64 {
         self.adjustments.fetch_add(1, Ordering::Relaxed);
+        if let Some(k) = self.kernel {
+            let total = self.write(|w, _| {
+                w.filter_ppm = ppm;
+                combined_rate(&[w.base_ppm, w.filter_ppm]) * 1e6
+            });
+            self.kernel_result("frequency", k.set_frequency_ppm(total));
+            return k.now_ns();
+        }
         self.write(|w, raw| {
             w.filter_ppm = ppm;
             let rate = combined_rate(&[w.simulated_ppm, w.base_ppm, w.filter_ppm]);
@@ -202,6 +250,19 @@ impl DisciplinedClock {
     pub fn step(&self, delta_ns: i64) -> i64 {
         self.adjustments.fetch_add(1, Ordering::Relaxed);
         self.steps.fetch_add(1, Ordering::Relaxed);
+        if let Some(k) = self.kernel {
+            return self.write(|w, raw| {
+                // The kernel clock jumps; frame time holds at its last value over a backward step.
+                let before = w.mapping.frame(raw);
+                let r = k.step_ns(delta_ns);
+                let stepped = r.is_ok();
+                self.kernel_result("step", r);
+                if stepped && delta_ns < 0 {
+                    w.mapping.floor_ns = w.mapping.floor_ns.max(before);
+                }
+                k.now_ns()
+            });
+        }
         self.write(|w, raw| {
             w.mapping.step(raw, delta_ns);
             w.mapping.ptp(raw)

@@ -7,7 +7,8 @@
 //! - [`disciplined`]: the shared clock: lock-free reads for capture, statime's `Clock` for the port.
 //! - `port`: the PTP port task (sockets, timers, BMCA) on its own thread.
 //!
-//! The host's own clock is never adjusted: `target = "virtual"` is the only target implemented.
+//! With `target = "virtual"` (the default) the host's own clock is never adjusted; with
+//! `target = "system"` the port steers CLOCK_REALTIME itself (clock_adjtime, CAP_SYS_TIME).
 
 pub mod disciplined;
 pub mod lock;
@@ -21,7 +22,7 @@ use tokio::sync::watch;
 pub use disciplined::DisciplinedClock;
 use lock::{LockPolicy, LockTracker};
 
-use crate::config::ClockConfig;
+use crate::config::{ClockConfig, ClockTarget};
 
 /// What the status API shows about PTP, written by the port task.
 #[derive(Debug, Clone, Default)]
@@ -120,10 +121,19 @@ pub fn start(
     cfg: &ClockConfig,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<(Arc<Ptp>, std::thread::JoinHandle<()>)> {
-    let clock = Arc::new(DisciplinedClock::realtime(
-        cfg.simulate_offset_ns,
-        cfg.simulate_ppm,
-    ));
+    let clock = Arc::new(match cfg.target {
+        ClockTarget::System => {
+            let c = DisciplinedClock::kernel(rigd_drivers::KernelClock::realtime())?;
+            tracing::warn!(
+                "clock: target = system: rigd steps and slews this host's CLOCK_REALTIME \
+                 (stop any other time daemon: chrony, ntpd, systemd-timesyncd, phc2sys)"
+            );
+            c
+        }
+        ClockTarget::Virtual | ClockTarget::Phc => {
+            DisciplinedClock::realtime(cfg.simulate_offset_ns, cfg.simulate_ppm)
+        }
+    });
     if cfg.simulate_offset_ns != 0 || cfg.simulate_ppm != 0.0 {
         tracing::warn!(
             offset_ns = cfg.simulate_offset_ns,
