@@ -1,9 +1,10 @@
 //! Spool write and drain throughput against the physical limit of the same disk: a raw sequential
 //! append of the same bytes with fdatasync at the same group-commit interval.
 //!
-//! usage: cargo bench -p rigd --bench spool -- DIR FRAME_BYTES TOTAL_BYTES [FSYNC_MS]
+//! usage: cargo bench -p rigd --bench spool -- DIR FRAME_BYTES TOTAL_BYTES [FSYNC_MS [ROUNDS]]
 //!        cargo bench -p rigd --bench spool -- --fill DIR TOTAL_BYTES
-//! prints JSON lines: raw write, spool write (with space used), spool drain (with space left).
+//! prints JSON lines: one per round, then the medians over ROUNDS (default 3): raw write, spool
+//! write (with space used), spool drain (with space left).
 
 use bytes::Bytes;
 use rigd::config::{ByteSize, SpoolConfig};
@@ -89,7 +90,7 @@ fn main() {
         return;
     }
     if args.len() < 3 {
-        eprintln!("usage: spool DIR FRAME_BYTES TOTAL_BYTES [FSYNC_MS]");
+        eprintln!("usage: spool DIR FRAME_BYTES TOTAL_BYTES [FSYNC_MS [ROUNDS]]");
         std::process::exit(2);
     }
     let dir = Path::new(&args[0]);
@@ -100,12 +101,68 @@ fn main() {
             .map(|v| v.parse().expect("FSYNC_MS"))
             .unwrap_or(50),
     );
+    let rounds: usize = args
+        .get(4)
+        .map(|v| v.parse().expect("ROUNDS"))
+        .unwrap_or(3);
     let n = (total / size as u64).max(1);
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).expect("bench dir");
     let payload = Bytes::from((0..size).map(|i| (i * 31 % 251) as u8).collect::<Vec<_>>());
+    let bytes = n as f64 * size as f64;
 
-    // Raw: the same payload bytes appended to one file, fdatasync every interval.
+    // A virtual disk's speed depends on what is still being written back: raw and spool take
+    // turns, each after a sync, and the medians are compared.
+    let (mut raw, mut write, mut drain) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut used, mut left) = (0, 0);
+    for round in 0..rounds {
+        settle();
+        let r = raw_write(dir, &payload, n, every);
+        settle();
+        let (w, u, spool) = spool_write(dir, &payload, n, every);
+        let (d, l) = spool_drain(dir, spool);
+        println!(
+            "{{\"what\":\"round\",\"round\":{round},\"raw_mb_per_s\":{:.1},\"spool_mb_per_s\":{:.1},\"drain_mb_per_s\":{:.1}}}",
+            bytes / r / 1e6,
+            bytes / w / 1e6,
+            bytes / d / 1e6
+        );
+        raw.push(r);
+        write.push(w);
+        drain.push(d);
+        (used, left) = (u, l);
+    }
+    let (raw_secs, secs, drain_secs) = (median(raw), median(write), median(drain));
+    println!(
+        "{{\"what\":\"raw-write\",\"frame_bytes\":{size},\"frames\":{n},\"rounds\":{rounds},\"secs\":{raw_secs:.3},\"mb_per_s\":{:.1}}}",
+        bytes / raw_secs / 1e6
+    );
+    println!(
+        "{{\"what\":\"spool-write\",\"frame_bytes\":{size},\"frames\":{n},\"rounds\":{rounds},\"secs\":{secs:.3},\"mb_per_s\":{:.1},\"frames_per_s\":{:.0},\"ratio_to_raw\":{:.2},\"disk_bytes_per_byte\":{:.3}}}",
+        bytes / secs / 1e6,
+        n as f64 / secs,
+        raw_secs / secs,
+        used as f64 / bytes
+    );
+    println!(
+        "{{\"what\":\"spool-drain\",\"frame_bytes\":{size},\"frames\":{n},\"rounds\":{rounds},\"secs\":{drain_secs:.3},\"mb_per_s\":{:.1},\"disk_bytes_left\":{left}}}",
+        bytes / drain_secs / 1e6
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Writes back what earlier steps left dirty, so each measurement starts from a quiet disk.
+fn settle() {
+    let _ = std::process::Command::new("sync").status();
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The physical limit: the same payload bytes appended to one file, fdatasync every interval.
+fn raw_write(dir: &Path, payload: &Bytes, n: u64, every: Duration) -> f64 {
     let mut raw = std::io::BufWriter::with_capacity(
         1 << 20,
         std::fs::File::create(dir.join("raw.bin")).expect("raw"),
@@ -113,7 +170,7 @@ fn main() {
     let start = Instant::now();
     let mut last = start;
     for _ in 0..n {
-        raw.write_all(&payload).expect("raw write");
+        raw.write_all(payload).expect("raw write");
         if last.elapsed() >= every {
             raw.flush().expect("flush");
             raw.get_ref().sync_data().expect("fdatasync");
@@ -122,18 +179,18 @@ fn main() {
     }
     raw.flush().expect("flush");
     raw.get_ref().sync_data().expect("fdatasync");
-    let raw_secs = start.elapsed().as_secs_f64();
+    let secs = start.elapsed().as_secs_f64();
     drop(raw);
     let _ = std::fs::remove_file(dir.join("raw.bin"));
-    let bytes = n as f64 * size as f64;
-    println!(
-        "{{\"what\":\"raw-write\",\"frame_bytes\":{size},\"frames\":{n},\"secs\":{raw_secs:.3},\"mb_per_s\":{:.1}}}",
-        bytes / raw_secs / 1e6
-    );
+    secs
+}
 
+/// Appends n frames with a group commit every interval; (seconds, disk bytes used, the spool).
+fn spool_write(dir: &Path, payload: &Bytes, n: u64, every: Duration) -> (f64, u64, Spool) {
+    let _ = std::fs::remove_dir_all(dir.join("spool"));
     let cfg = SpoolConfig {
         path: dir.join("spool"),
-        max_bytes: ByteSize(total * 4 + (1 << 30)),
+        max_bytes: ByteSize(n * payload.len() as u64 * 4 + (1 << 30)),
         free_reserve: ByteSize(0),
         ..Default::default()
     };
@@ -159,14 +216,15 @@ fn main() {
     spool.commit().expect("commit");
     let secs = start.elapsed().as_secs_f64();
     let used = du(&dir.join("spool"));
-    println!(
-        "{{\"what\":\"spool-write\",\"frame_bytes\":{size},\"frames\":{n},\"secs\":{secs:.3},\"mb_per_s\":{:.1},\"frames_per_s\":{:.0},\"ratio_to_raw\":{:.2},\"disk_bytes_per_byte\":{:.3}}}",
-        bytes / secs / 1e6,
-        n as f64 / secs,
-        raw_secs / secs,
-        used as f64 / bytes
-    );
+    let spool = std::sync::Arc::try_unwrap(spool)
+        .ok()
+        .expect("the bench holds the only handle");
+    (secs, used, spool)
+}
 
+/// Reads back and removes every frame, in order; (seconds, disk bytes left).
+fn spool_drain(dir: &Path, spool: Spool) -> (f64, u64) {
+    let source: std::sync::Arc<str> = "bench".into();
     let start = Instant::now();
     let mut from = 0;
     loop {
@@ -182,10 +240,6 @@ fn main() {
     spool.commit().expect("commit");
     let secs = start.elapsed().as_secs_f64();
     let left = du(&dir.join("spool"));
-    println!(
-        "{{\"what\":\"spool-drain\",\"frame_bytes\":{size},\"frames\":{n},\"secs\":{secs:.3},\"mb_per_s\":{:.1},\"disk_bytes_left\":{left}}}",
-        bytes / secs / 1e6
-    );
     drop(spool);
-    let _ = std::fs::remove_dir_all(dir);
+    (secs, left)
 }

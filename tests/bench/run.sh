@@ -55,7 +55,7 @@ PY
 done
 echo
 
-echo "## Spool write and drain vs raw sequential write with fdatasync (group commit 50 ms)"
+echo "## Spool write and drain vs raw sequential write with fdatasync (group commit 50 ms; medians of 3 rounds, raw and spool in turns)"
 echo
 echo "| frame | raw MB/s | spool MB/s | spool / raw | frames/s | disk bytes per byte | drain MB/s | left after drain |"
 echo "|---|---|---|---|---|---|---|---|"
