@@ -101,10 +101,7 @@ fn main() {
             .map(|v| v.parse().expect("FSYNC_MS"))
             .unwrap_or(50),
     );
-    let rounds: usize = args
-        .get(4)
-        .map(|v| v.parse().expect("ROUNDS"))
-        .unwrap_or(3);
+    let rounds: usize = args.get(4).map(|v| v.parse().expect("ROUNDS")).unwrap_or(3);
     let n = (total / size as u64).max(1);
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).expect("bench dir");
