@@ -241,7 +241,8 @@ impl Spool {
             .is_some_and(|v| v.as_ref() != [1]);
         // After a clean shutdown the counts it stored spare walking the index; they are removed
         // now, so that a crash of this run never finds stale ones.
-        let counts = (!unclean_start)
+        let rebuild_asked = meta.get("rebuild").map_err(ix)?.is_some();
+        let counts = (!unclean_start && !rebuild_asked)
             .then(|| meta.get("counts").ok().flatten())
             .flatten()
             .and_then(|v| Counts::decode(&v));
@@ -278,7 +279,13 @@ impl Spool {
             durable,
             free_bytes: AtomicU64::new(u64::MAX),
         };
-        spool.load(rebuild, counts)?;
+        if rebuild_asked && !rebuild {
+            tracing::warn!(spool = %spool.path.display(), "spool: rebuilding the index from the segments, as the last run asked");
+            spool.reload_from_segments()?;
+            spool.meta.remove("rebuild").map_err(spool.ix())?;
+        } else {
+            spool.load(rebuild, counts)?;
+        }
         spool.refresh_free_space();
         Ok(Arc::new(spool))
     }
@@ -394,6 +401,7 @@ impl Spool {
     /// wins) into its pages: merged into the page whose range holds them, else new pages.
     fn store_entries(
         &self,
+        source: &Arc<str>,
         tree: &sled::Tree,
         entries: &[(u64, Location)],
     ) -> Result<(), SpoolError> {
@@ -428,11 +436,12 @@ impl Spool {
                 None => batch.insert(&new[0].0.to_be_bytes(), pages::encode(&new)),
                 Some(key) => {
                     let old = tree.get(key.to_be_bytes()).map_err(self.ix())?;
-                    let mut page: BTreeMap<u64, Location> = old
-                        .and_then(|v| pages::decode(key, &v))
-                        .unwrap_or_default()
-                        .into_iter()
-                        .collect();
+                    let decoded = old.as_ref().map(|v| pages::decode(key, v));
+                    if let Some(None) = decoded {
+                        self.bad_page(source, tree, key)?;
+                    }
+                    let mut page: BTreeMap<u64, Location> =
+                        decoded.flatten().unwrap_or_default().into_iter().collect();
                     page.extend(new);
                     let page: Vec<_> = page.into_iter().collect();
                     batch.insert(&key.to_be_bytes(), pages::encode(&page));
@@ -667,7 +676,7 @@ impl Spool {
         }
         for (source, entries) in found {
             let entries: Vec<_> = entries.into_iter().collect();
-            self.store_entries(&self.tree(&source)?, &entries)?;
+            self.store_entries(&source, &self.tree(&source)?, &entries)?;
         }
         Ok(())
     }
@@ -838,7 +847,7 @@ impl Spool {
             if moved.is_empty() {
                 continue;
             }
-            self.store_entries(&self.tree(&source)?, &moved)?;
+            self.store_entries(&source, &self.tree(&source)?, &moved)?;
             for (seq, _) in moved {
                 m.remove(&seq);
             }
@@ -1158,8 +1167,7 @@ impl Spool {
     }
 
     /// Up to `max` committed entries of a source with `seq >= from`, in order, leaving out those
-    /// `gone` says are removed. A page that does not decode yields a `None` location (quarantined
-    /// by the reader).
+    /// `gone` says are removed. A page that does not decode is set aside (see [`Spool::bad_page`]).
     fn committed_from(
         &self,
         source: &Arc<str>,
@@ -1186,11 +1194,24 @@ impl Spool {
                         }
                     }
                 }
-                None if key >= from => out.push((key, None)),
-                None => {}
+                None => self.bad_page(source, &tree, key)?,
             }
         }
         Ok(out)
+    }
+
+    /// An index page that does not decode (sled checksums its log, so only a bug or a bad disk
+    /// gets here): it is dropped so that reading goes on past it, counted as quarantined, and the
+    /// next start rebuilds the index from the segments, where its records still are.
+    fn bad_page(&self, source: &Arc<str>, tree: &sled::Tree, key: u64) -> Result<(), SpoolError> {
+        tracing::error!(source = %source, page = key, "spool: index page unreadable; dropped, the next start rebuilds the index from the segments");
+        tree.remove(key.to_be_bytes()).map_err(self.ix())?;
+        self.meta.insert("rebuild", &[1u8][..]).map_err(self.ix())?;
+        self.stats(source)
+            .quarantined
+            .fetch_add(1, Ordering::Relaxed);
+        self.quarantined.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Refreshes a source's oldest capture time from the index.
