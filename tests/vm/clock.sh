@@ -95,6 +95,8 @@ while [ $i -lt 90 ] && [ $locked -lt 30 ] && kill -0 $pid 2>/dev/null; do
   case "$st" in *'"state":"locked"'*) locked=$((locked + 1));; esac
 done
 kill $pid 2>/dev/null; sleep 1
+grep -m1 'clock stepped' /tmp/rigd.log | sed 's/^/RIGD-VM-CLOCK FIRST-STEP /'
+grep -c 'clock stepped' /tmp/rigd.log | sed 's/^/RIGD-VM-CLOCK STEPS /'
 tail -40 /tmp/rigd.log | sed 's/^/RIGD-VM-CLOCK LOG /'
 echo "RIGD-VM-CLOCK DONE locked_samples $locked"
 poweroff -f
@@ -144,7 +146,7 @@ timeout "$TIMEOUT" ip netns exec "$NS" qemu-system-x86_64 -accel tcg -cpu max -m
   > "$WORK/console.log"
 qemu_rc=${PIPESTATUS[0]}
 set -e
-grep -E 'RIGD-VM-CLOCK (BOOTED|LOG|DONE)' "$WORK/console.log" | cut -d' ' -f2- >&2 || true
+grep -E 'RIGD-VM-CLOCK (BOOTED|FIRST-STEP|STEPS|LOG|DONE)' "$WORK/console.log" | cut -d' ' -f2- >&2 || true
 if [ "$qemu_rc" = 124 ]; then
   log "the guest did not finish within ${TIMEOUT} s; console: $WORK/console.log"
   exit 1

@@ -110,11 +110,6 @@ impl DisciplinedClock {
         Ok(c)
     }
 
-    /// True when this clock steers a kernel clock rather than a virtual one.
-    pub fn steers_kernel(&self) -> bool {
-        self.kernel.is_some()
-    }
-
     fn kernel_result(&self, what: &str, r: std::io::Result<()>) {
         match r {
             Ok(()) => {
