@@ -12,6 +12,7 @@ use rigd::spool::Spool;
 use rigd_drivers::{ClockState, Frame, Media};
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn du(path: &Path) -> u64 {
@@ -40,7 +41,7 @@ fn fill(dir: &Path, total: u64) {
         ..Default::default()
     };
     let spool = Spool::open(&cfg).expect("open spool");
-    let mix: Vec<(std::sync::Arc<str>, Bytes, usize)> = vec![
+    let mix: Vec<(Arc<str>, Bytes, usize)> = vec![
         ("front".into(), Bytes::from(vec![0xd8u8; 250_000]), 1),
         ("mic".into(), Bytes::from(vec![0x11u8; 6336]), 1),
         ("gps".into(), Bytes::from(vec![b'$'; 80]), 3),
@@ -183,7 +184,7 @@ fn raw_write(dir: &Path, payload: &Bytes, n: u64, every: Duration) -> f64 {
 }
 
 /// Appends n frames with a group commit every interval; (seconds, disk bytes used, the spool).
-fn spool_write(dir: &Path, payload: &Bytes, n: u64, every: Duration) -> (f64, u64, Spool) {
+fn spool_write(dir: &Path, payload: &Bytes, n: u64, every: Duration) -> (f64, u64, Arc<Spool>) {
     let _ = std::fs::remove_dir_all(dir.join("spool"));
     let cfg = SpoolConfig {
         path: dir.join("spool"),
@@ -192,7 +193,7 @@ fn spool_write(dir: &Path, payload: &Bytes, n: u64, every: Duration) -> (f64, u6
         ..Default::default()
     };
     let spool = Spool::open(&cfg).expect("open spool");
-    let source: std::sync::Arc<str> = "bench".into();
+    let source: Arc<str> = "bench".into();
     let start = Instant::now();
     let mut last = start;
     for seq in 0..n {
@@ -213,15 +214,12 @@ fn spool_write(dir: &Path, payload: &Bytes, n: u64, every: Duration) -> (f64, u6
     spool.commit().expect("commit");
     let secs = start.elapsed().as_secs_f64();
     let used = du(&dir.join("spool"));
-    let spool = std::sync::Arc::try_unwrap(spool)
-        .ok()
-        .expect("the bench holds the only handle");
     (secs, used, spool)
 }
 
 /// Reads back and removes every frame, in order; (seconds, disk bytes left).
-fn spool_drain(dir: &Path, spool: Spool) -> (f64, u64) {
-    let source: std::sync::Arc<str> = "bench".into();
+fn spool_drain(dir: &Path, spool: Arc<Spool>) -> (f64, u64) {
+    let source: Arc<str> = "bench".into();
     let start = Instant::now();
     let mut from = 0;
     loop {

@@ -1090,21 +1090,17 @@ impl Spool {
         // Both sides under the pending lock, so a commit cannot move an entry between them.
         let (uncommitted, committed) = {
             let p = self.pending();
-            let uncommitted: Vec<(u64, Option<Location>)> = p
+            let uncommitted: Vec<(u64, Location)> = p
                 .entries
                 .get(source)
                 .map(|m| {
                     m.range(from..)
                         .take(max)
-                        .map(|(s, (l, _))| (*s, Some(*l)))
+                        .map(|(s, (l, _))| (*s, *l))
                         .collect()
                 })
                 .unwrap_or_default();
-            let removed = p.removed.get(source);
-            let committed = self.committed_from(source, from, max, |seq| {
-                removed.is_some_and(|r| r.contains(&seq))
-            })?;
-            (uncommitted, committed)
+            (uncommitted, self.committed_from(&p, source, from, max)?)
         };
         // Each side was cut at `max`: beyond the lower cut, the other side's entries may not be
         // followed by everything between (a quarantined record makes room for one), so stop there.
@@ -1114,7 +1110,7 @@ impl Spool {
                 bound = bound.min(side.last().map_or(u64::MAX, |e| e.0));
             }
         }
-        let mut wanted: BTreeMap<u64, Option<Location>> = BTreeMap::new();
+        let mut wanted: BTreeMap<u64, Location> = BTreeMap::new();
         for (seq, loc) in uncommitted.into_iter().chain(committed) {
             if seq <= bound {
                 wanted.entry(seq).or_insert(loc);
@@ -1123,21 +1119,19 @@ impl Spool {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         for (seq, loc) in wanted {
-            let result = match loc {
-                None => Err("bad index entry".to_string()),
-                Some(loc) => match self.read_at(loc) {
-                    Err(e) => Err(format!(
-                        "cannot read {} bytes at {}: {e}",
-                        loc.len, loc.offset
+            let raw = self.read_at(loc).map(Bytes::from);
+            let result = match &raw {
+                Err(e) => Err(format!(
+                    "cannot read {} bytes at {}: {e}",
+                    loc.len, loc.offset
+                )),
+                Ok(b) => match record::decode(b.clone()) {
+                    Err(e) => Err(e.to_string()),
+                    Ok(f) if f.seq != seq || f.source != *source => Err(format!(
+                        "record is {}/{} where the index expects {source}/{seq}",
+                        f.source, f.seq
                     )),
-                    Ok(b) => match record::decode(Bytes::from(b)) {
-                        Err(e) => Err(e.to_string()),
-                        Ok(f) if f.seq != seq || f.source != *source => Err(format!(
-                            "record is {}/{} where the index expects {source}/{seq}",
-                            f.source, f.seq
-                        )),
-                        Ok(f) => Ok(f),
-                    },
+                    Ok(f) => Ok(f),
                 },
             };
             match result {
@@ -1146,17 +1140,16 @@ impl Spool {
                     out.push(f);
                 }
                 Err(why) => {
-                    let (segment, offset) = loc.map(|l| (l.segment, l.offset)).unwrap_or_default();
-                    let raw = loc.and_then(|l| self.read_at(l).ok()).unwrap_or_default();
-                    self.quarantine_bytes(&format!("{source}-{seq}"), segment, offset, &raw, &why);
+                    // The bytes as read (none when the read failed) go to quarantine/.
+                    let raw = raw.unwrap_or_default();
+                    let name = format!("{source}-{seq}");
+                    self.quarantine_bytes(&name, loc.segment, loc.offset, &raw, &why);
                     self.unindex(source, seq)?;
                     let stats = self.stats(source);
                     stats.quarantined.fetch_add(1, Ordering::Relaxed);
                     stats.records.fetch_sub(1, Ordering::Relaxed);
-                    if let Some(loc) = loc {
-                        stats.bytes.fetch_sub(loc.len as u64, Ordering::Relaxed);
-                        self.release_segment(loc);
-                    }
+                    stats.bytes.fetch_sub(loc.len as u64, Ordering::Relaxed);
+                    self.release_segment(loc);
                 }
             }
             if out.len() >= max || bytes >= 32 << 20 {
@@ -1167,14 +1160,17 @@ impl Spool {
     }
 
     /// Up to `max` committed entries of a source with `seq >= from`, in order, leaving out those
-    /// `gone` says are removed. A page that does not decode is set aside (see [`Spool::bad_page`]).
+    /// removed since the last commit (`p`: the pending state the caller holds locked). A page
+    /// that does not decode is set aside (see [`Spool::bad_page`]).
     fn committed_from(
         &self,
+        p: &Pending,
         source: &Arc<str>,
         from: u64,
         max: usize,
-        gone: impl Fn(u64) -> bool,
-    ) -> Result<Vec<(u64, Option<Location>)>, SpoolError> {
+    ) -> Result<Vec<(u64, Location)>, SpoolError> {
+        let removed = p.removed.get(source);
+        let gone = |seq: u64| removed.is_some_and(|r| r.contains(&seq));
         let tree = self.tree(source)?;
         let mut out = Vec::new();
         let first = page_at(&tree, from).map_err(self.ix())?;
@@ -1190,7 +1186,7 @@ impl Spool {
                 Some(page) => {
                     for (seq, loc) in page {
                         if seq >= from && !gone(seq) && out.len() < max {
-                            out.push((seq, Some(loc)));
+                            out.push((seq, loc));
                         }
                     }
                 }
@@ -1222,11 +1218,7 @@ impl Spool {
                 .entries
                 .get(source)
                 .and_then(|m| m.first_key_value().map(|(s, (l, _))| (*s, *l)));
-            let removed = p.removed.get(source);
-            let committed = self.committed_from(source, 0, 1, |seq| {
-                removed.is_some_and(|r| r.contains(&seq))
-            })?;
-            let committed_first = committed.first().and_then(|(s, l)| l.map(|l| (*s, l)));
+            let committed_first = self.committed_from(&p, source, 0, 1)?.first().copied();
             (pending_first, committed_first)
         };
         let oldest = match (pending_first, committed_first) {
