@@ -168,3 +168,27 @@ def nmea_valid(line: str) -> bool:
     for ch in body.encode():
         x ^= ch
     return cs.strip().upper() == f"{x:02X}"
+
+
+def broker_pid() -> int:
+    """The shared test broker's JVM, as tests/pulsar/broker.sh recorded it."""
+    data = Path(os.environ.get("PULSAR_DATA", ROOT / "target" / "pulsar-data"))
+    pid = int((data / "broker.pid").read_text().strip())
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert b"java" in cmdline, f"pid {pid} is not the broker's JVM"
+    return pid
+
+
+class FrozenBroker:
+    """SIGSTOP of the test broker (a peer that goes silent: the kernel keeps the connection and
+    ACKs until the buffers fill, then nothing moves); SIGCONT on exit, whatever happened."""
+
+    def __enter__(self):
+        self.pid = broker_pid()
+        os.kill(self.pid, signal.SIGSTOP)
+        self.frozen_at = time.time()
+        return self
+
+    def __exit__(self, *exc):
+        os.kill(self.pid, signal.SIGCONT)
+        return False

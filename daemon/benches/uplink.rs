@@ -38,7 +38,7 @@ async fn main() {
             producer_name: format!("bench-{}", topic.rsplit('/').next().unwrap_or("x")),
             rig: "bench".into(),
             bucket_ms: 33,
-            token: None,
+            token: rigd::uplink::Token::None,
             max_in_flight: window,
             max_in_flight_bytes: (64 << 20).max(size * 2),
             max_frame_bytes: 64 << 20,

@@ -19,6 +19,11 @@ use crate::wire::producer_name;
 
 /// Frames buffered between a capture thread and its lane.
 const CAPTURE_QUEUE: usize = 256;
+/// Shutdown deadlines: capture threads to stop, lanes beyond the uplink's receipt grace (their
+/// producers are aborted at the grace plus a second), the group commit to finish its last round.
+const CAPTURE_STOP: Duration = Duration::from_secs(2);
+const LANE_SLACK: Duration = Duration::from_secs(3);
+const COMMIT_STOP: Duration = Duration::from_secs(2);
 
 /// What status reads for one source.
 pub struct SourceEntry {
@@ -140,12 +145,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         };
         tracing::warn!(spool = %spool.path().display(), "previous run did not shut down cleanly; {note}");
     }
-    let token = config
-        .pulsar
-        .token_file
-        .as_deref()
-        .map(read_token)
-        .transpose()?;
+    // Read once now so a missing token fails the start; the uplink re-reads it at every
+    // connection and authentication challenge (a rotated token needs no restart).
+    let token = match config.pulsar.token_file.as_deref() {
+        Some(path) => {
+            read_token(path)?;
+            crate::uplink::Token::File(path.to_path_buf())
+        }
+        None => crate::uplink::Token::None,
+    };
     let tls = match &config.pulsar.url {
         Some(url) if url.starts_with("pulsar+ssl://") => Some(
             crate::uplink::tls_config(config.pulsar.tls_ca_file.as_deref())
@@ -220,6 +228,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             spool: spool.clone(),
             stats: lane_stats,
             paused: uplink_paused.clone(),
+            shutdown: shutdown_rx.clone(),
         };
         lanes.push(tokio::spawn(lane.run()));
         let source = build_source(sc, config.rig.bucket_ms, clock.clone());
@@ -242,6 +251,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             spool: spool.clone(),
             stats: stats.clone(),
             paused: uplink_paused.clone(),
+            shutdown: shutdown_rx.clone(),
         };
         lanes.push(tokio::spawn(lane.run()));
         let topic = config
@@ -320,19 +330,38 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     notifier.stopping("stopping: capture stops, unacknowledged frames go to the spool");
     tracing::info!("shutting down: stopping capture, spooling what is unacknowledged");
 
-    // Capture stops first, so the lanes see their channels close after the last frame.
+    // Capture stops first, so the lanes see their channels close after the last frame. Every
+    // step has a deadline (docs/UPLINK.md, "Shutdown"): a capture thread stuck in a device read or
+    // a lane stuck on the network cannot hold the stop, and the lanes still hand what they hold
+    // to the spool, which commits last.
     stop.raise();
+    let capture_deadline = tokio::time::Instant::now() + CAPTURE_STOP;
     for c in captures {
-        let _ = tokio::task::spawn_blocking(move || c.join()).await;
+        let name = c.thread().name().unwrap_or("capture").to_string();
+        let join = tokio::task::spawn_blocking(move || c.join());
+        if tokio::time::timeout_at(capture_deadline, join)
+            .await
+            .is_err()
+        {
+            tracing::warn!(thread = %name, "capture did not stop in time; its lane stops without it");
+        }
     }
     runtime.events.close(); // ends the events lane like a stopped capture
     let _ = shutdown_tx.send(true);
+    let lane_deadline = tokio::time::Instant::now() + crate::uplink::SHUTDOWN_GRACE + LANE_SLACK;
     for l in lanes {
-        let _ = l.await;
+        if tokio::time::timeout_at(lane_deadline, l).await.is_err() {
+            tracing::error!("a lane did not stop in time; frames it held are lost");
+        }
     }
-    let _ = committer.await;
+    if tokio::time::timeout(COMMIT_STOP, committer).await.is_err() {
+        tracing::warn!("the group commit did not stop in time (slow disk?)");
+    }
     if let Some(t) = ptp_thread {
-        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        let join = tokio::task::spawn_blocking(move || t.join());
+        if tokio::time::timeout(CAPTURE_STOP, join).await.is_err() {
+            tracing::warn!("the PTP task did not stop in time");
+        }
     }
     let _ = web.await;
     let s = spool.clone();

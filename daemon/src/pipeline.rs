@@ -46,6 +46,8 @@ pub struct Lane {
     pub stats: Arc<LaneStats>,
     /// Raised by a technician (web UI): submit nothing new, spool as during an outage.
     pub paused: Arc<AtomicBool>,
+    /// The daemon stops: take what is queued and end even if capture has not closed the channel.
+    pub shutdown: watch::Receiver<bool>,
 }
 
 struct State {
@@ -114,6 +116,13 @@ impl Lane {
                 frame = self.frames.recv() => {
                     let Some(frame) = frame else { break };
                     self.on_frame(frame, producer.as_ref(), &mut st);
+                }
+                _ = self.shutdown.changed() => {
+                    // A capture thread that did not stop still holds the channel open.
+                    while let Ok(frame) = self.frames.try_recv() {
+                        self.on_frame(frame, producer.as_ref(), &mut st);
+                    }
+                    break;
                 }
                 ack = ack => {
                     if let Some(ack) = ack { self.on_ack(ack, &mut st); }

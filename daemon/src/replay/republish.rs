@@ -100,7 +100,10 @@ async fn republish(
                 producer_name: wire::producer_name(&target.rig, &p.source),
                 rig: target.rig.clone(),
                 bucket_ms: target.bucket_ms,
-                token: target.token.clone(),
+                token: target
+                    .token
+                    .clone()
+                    .map_or(crate::uplink::Token::None, crate::uplink::Token::Fixed),
                 max_in_flight: 1000,
                 max_in_flight_bytes: 64 << 20,
                 max_frame_bytes: record_limit(),

@@ -5,11 +5,15 @@
 mod batch;
 mod codec;
 mod compress;
+mod connect;
 pub mod plan;
 mod producer;
+pub mod window;
 
 pub use batch::BatchPolicy;
-pub use producer::{Ack, Outcome, Producer, ProducerConfig, ProducerStats};
+pub use connect::Token;
+pub use producer::{Producer, ProducerConfig, ProducerStats, SHUTDOWN_GRACE};
+pub use window::{Ack, Outcome};
 
 /// Client TLS settings: the CA certificates of `ca_file` (PEM), or the Mozilla roots when absent.
 pub fn tls_config(

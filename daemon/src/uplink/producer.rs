@@ -1,46 +1,42 @@
-//! One Pulsar producer per source, speaking the binary protocol itself: connect, lookup (with
-//! redirects), producer creation under a stable name, pipelined SENDs with Pulsar-native chunking,
-//! receipts in order, ping/pong, reconnect with backoff, and deduplication-safe sequence ids.
+//! One Pulsar producer per source: the caller's handle and the session task that carries out what
+//! the [`Window`] decides over one connection at a time.
 //!
 //! Invariants:
-//! - Frames are sent in submission order and acknowledged to the caller in that order.
-//! - A frame is acknowledged only when the broker persisted it (its last chunk's receipt), or when
-//!   the broker reported at producer creation that it already holds that sequence id.
-//! - Nothing awaiting a receipt is dropped: on reconnect it is resent (chunks from the first one
-//!   without a receipt, same uuid and sequence id); on shutdown it is returned to the caller.
+//! - Every frame a caller handed over lives in the window until it is acknowledged, so the session
+//!   may be cancelled at any await (a frozen broker, shutdown) without losing one: `close` takes
+//!   what is left from the window even when the task has to be aborted.
+//! - Every wait has a deadline: connection setup (each request, and the whole setup raced against
+//!   shutdown), writes and receipts (by progress, see the window), shutdown (a bounded grace for
+//!   outstanding receipts, then the frames go back to the caller).
 
-use bytes::{Bytes, BytesMut};
-use pulsar::proto::{
-    base_command::Type, command_lookup_topic_response::LookupType, BaseCommand, CommandConnect,
-    CommandLookupTopic, CommandPartitionedTopicMetadata, CommandPing, CommandPong, CommandProducer,
-    CommandSend, MessageMetadata,
-};
-use std::collections::VecDeque;
+use bytes::Buf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::batch::{self, BatchPolicy};
-use super::codec;
-use super::compress;
-use super::plan::{self, Backoff};
-use crate::wire::Envelope;
+use super::batch::BatchPolicy;
+use super::connect::{self, Link, LinkError, Setup, Token};
+use super::plan::Backoff;
+use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
 use rigd_drivers::Frame;
 
-const PROTOCOL_VERSION: i32 = 21;
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const PING_IDLE: Duration = Duration::from_secs(30);
 const DEAD_IDLE: Duration = Duration::from_secs(90);
-/// Frames handed over but not yet taken by the producer task: enough that a burst of small
-/// frames costs the task one wake-up, not one each. They count as in flight (returned at shutdown,
-/// lost with the in-flight window on a power cut in `on-outage` mode).
-const SUBMIT_QUEUE: usize = 64;
-/// Room left in a chunk for the command and metadata (the Java client leaves the metadata size).
-const CHUNK_HEADROOM: usize = 16 << 10;
+/// The whole connection setup (lookups, redirects, producer creation).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Written ahead into the socket per turn (whole frames).
+const WRITE_AHEAD: usize = 1 << 20;
+/// A link with no progress for this long while frames are outstanding is reported stalled
+/// (status: not connected; new frames spool).
+const STALL_AFTER: Duration = Duration::from_secs(5);
+/// On shutdown: how long outstanding receipts are waited for before the frames go to the spool.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// How long `close` waits for the task beyond the grace before aborting it.
+const CLOSE_SLACK: Duration = Duration::from_secs(1);
+/// A terminated topic is looked at again this often (an operator may recreate it).
+const TERMINATED_RETRY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub struct ProducerConfig {
@@ -50,10 +46,12 @@ pub struct ProducerConfig {
     pub producer_name: String,
     pub rig: String,
     pub bucket_ms: u32,
-    pub token: Option<String>,
+    pub token: Token,
     pub max_in_flight: usize,
     pub max_in_flight_bytes: usize,
     pub max_frame_bytes: usize,
+    /// No byte accepted by the link and no receipt for this long, while frames are outstanding:
+    /// the connection is dead.
     pub send_timeout: Duration,
     /// Client TLS settings for `pulsar+ssl://` (see [`super::tls_config`]).
     pub tls: Option<Arc<rustls::ClientConfig>>,
@@ -62,31 +60,10 @@ pub struct ProducerConfig {
     pub batch: BatchPolicy,
 }
 
-/// What became of a submitted frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// The broker persisted it.
-    Persisted,
-    /// The broker already held this sequence id (a re-send after a restart).
-    AlreadyPersisted,
-    /// It can never be published (too large); counted and dropped by the caller.
-    Refused(String),
-}
-
-/// An acknowledgement to the caller, in submission order.
-#[derive(Debug, Clone)]
-pub struct Ack {
-    pub seq: u64,
-    pub outcome: Outcome,
-    /// Submission to last receipt.
-    pub latency: Duration,
-    /// The frame's capture time (rig clock, ns), for capture-to-receipt latency.
-    pub capture_ns: i64,
-}
-
 /// State shared with status and metrics.
 #[derive(Debug, Default)]
 pub struct ProducerStats {
+    /// A producer is up and the link moves (false while stalled).
     pub connected: AtomicBool,
     pub in_flight: AtomicUsize,
     pub published: AtomicU64,
@@ -94,1048 +71,438 @@ pub struct ProducerStats {
     pub reconnects: AtomicU64,
     pub refused: AtomicU64,
     pub max_message_size: AtomicUsize,
+    /// The broker terminated the topic: nothing more can be published to it.
+    pub terminated: AtomicBool,
     pub last_error: Mutex<String>,
+}
+
+impl ProducerStats {
+    fn set_error(&self, msg: &str) {
+        if let Ok(mut l) = self.last_error.lock() {
+            if *l != msg {
+                *l = msg.to_string();
+            }
+        }
+    }
+}
+
+/// What the handle and the task share.
+struct Shared {
+    window: Mutex<Window>,
+    stats: Arc<ProducerStats>,
+    acks: mpsc::UnboundedSender<Ack>,
+    /// Handle -> task: frames were submitted, or close was asked for.
+    work: Notify,
+    /// Task -> caller: room, acks or the connection changed.
+    room: Notify,
+    closing: AtomicBool,
+    source: String,
+    last_refused_log: Mutex<Option<Instant>>,
+}
+
+impl Shared {
+    fn window(&self) -> MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands the window's acks to the caller and updates the counters; one place for both.
+    fn settle(&self, w: &mut Window) {
+        let mut any = false;
+        for ack in w.take_acks() {
+            any = true;
+            match &ack.outcome {
+                Outcome::Persisted => {
+                    self.stats.published.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .published_bytes
+                        .fetch_add(ack.bytes as u64, Ordering::Relaxed);
+                }
+                Outcome::Refused(why) => {
+                    let n = self.stats.refused.fetch_add(1, Ordering::Relaxed) + 1;
+                    let mut last = self
+                        .last_refused_log
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if last.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                        tracing::error!(source = %self.source, seq = ack.seq, bytes = ack.bytes,
+                            reason = %why, refused_total = n, "frame refused by the uplink");
+                        *last = Some(Instant::now());
+                    }
+                }
+                Outcome::AlreadyPersisted => {}
+            }
+            let _ = self.acks.send(ack);
+        }
+        self.stats.in_flight.store(w.frames(), Ordering::Relaxed);
+        if any {
+            self.room.notify_one();
+        }
+    }
 }
 
 /// The caller's side of a producer.
 pub struct Producer {
-    tx: mpsc::Sender<Frame>,
-    stats: Arc<ProducerStats>,
-    room: Arc<Notify>,
-    task: tokio::task::JoinHandle<Vec<Frame>>,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Producer {
     /// Starts the producer task. Acks arrive on `acks` in submission order. The task stops when
-    /// `shutdown` turns true, returning every frame without a receipt from [`Producer::close`].
+    /// `shutdown` turns true or [`Producer::close`] is called.
     pub fn spawn(
         cfg: ProducerConfig,
         acks: mpsc::UnboundedSender<Ack>,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
-        let (tx, rx) = mpsc::channel(SUBMIT_QUEUE);
-        let stats = Arc::new(ProducerStats::default());
-        let room = Arc::new(Notify::new());
-        let task = tokio::spawn(
-            Task {
-                cfg,
-                rx,
-                acks,
-                stats: stats.clone(),
-                room: room.clone(),
-                pending: VecDeque::new(),
-                pending_bytes: 0,
-                pending_frames: 0,
-                open_batch: None,
-                shutdown,
-                broker_last: None,
-                next_request: 1,
+        let now = Instant::now();
+        let window = Window::new(
+            WindowConfig {
+                producer_name: cfg.producer_name.clone(),
+                rig: cfg.rig.clone(),
+                bucket_ms: cfg.bucket_ms,
+                max_in_flight: cfg.max_in_flight,
+                max_in_flight_bytes: cfg.max_in_flight_bytes,
+                max_frame_bytes: cfg.max_frame_bytes,
+                compression: cfg.compression,
+                batch: cfg.batch,
+                progress_timeout: cfg.send_timeout.max(STALL_AFTER * 2),
+                stall_after: STALL_AFTER,
                 run: rigd_drivers::realtime_ns() as u64 / 1_000_000,
+            },
+            now,
+        );
+        let shared = Arc::new(Shared {
+            window: Mutex::new(window),
+            stats: Arc::new(ProducerStats::default()),
+            acks,
+            work: Notify::new(),
+            room: Notify::new(),
+            closing: AtomicBool::new(false),
+            source: cfg
+                .topic
+                .rsplit('/')
+                .next()
+                .unwrap_or(&cfg.topic)
+                .to_string(),
+            last_refused_log: Mutex::new(None),
+        });
+        let setup = Setup::new(
+            cfg.url.clone(),
+            cfg.topic.clone(),
+            cfg.producer_name.clone(),
+            cfg.token.clone(),
+            cfg.tls.clone(),
+        );
+        let task = tokio::spawn(
+            Session {
+                shared: shared.clone(),
+                setup,
+                shutdown,
             }
             .run(),
         );
-        Producer {
-            tx,
-            stats,
-            room,
-            task,
-        }
+        Producer { shared, task }
     }
 
-    /// Hands a frame over if the producer is connected and its window has room; otherwise gives it
-    /// back (the caller spools it).
+    /// Hands a frame over if the producer is connected, its link moves and its window has room;
+    /// otherwise gives it back (the caller spools it).
     pub fn try_submit(&self, frame: Frame) -> Result<(), Frame> {
-        if !self.stats.connected.load(Ordering::Acquire) {
-            return Err(frame);
+        let mut w = self.shared.window();
+        let r = w.submit(frame, Instant::now());
+        self.shared.settle(&mut w);
+        drop(w);
+        if r.is_ok() {
+            self.shared.work.notify_one();
         }
-        self.tx.try_send(frame).map_err(|e| e.into_inner())
+        r
     }
 
-    /// Resolves when the window may have room again or the connection state changed.
+    /// Resolves when the window may have room again, acks arrived or the connection changed.
     pub async fn room(&self) {
-        self.room.notified().await
+        self.shared.room.notified().await
     }
 
     pub fn is_connected(&self) -> bool {
-        self.stats.connected.load(Ordering::Acquire)
+        self.shared.stats.connected.load(Ordering::Acquire)
     }
 
     pub fn stats(&self) -> &Arc<ProducerStats> {
-        &self.stats
+        &self.shared.stats
     }
 
-    /// Waits for the task to end (after shutdown) and returns the frames it could not publish.
-    pub async fn close(self) -> Vec<Frame> {
-        drop(self.tx);
-        self.task.await.unwrap_or_default()
-    }
-}
-
-struct Pending {
-    frame: Frame,
-    /// The other frames of a batch message, after `frame` (empty when not a batch).
-    batch: Vec<Frame>,
-    envelope: Envelope,
-    generation: u64,
-    /// The payload as it goes on the wire (compressed or the frame's own bytes), its codec and
-    /// its size before compression.
-    wire: Bytes,
-    compression: i32,
-    uncompressed: usize,
-    /// Chunk ranges of the wire payload (one when not chunked).
-    chunks: Vec<std::ops::Range<usize>>,
-    receipts: usize,
-    submitted: Instant,
-    sent: Instant,
-}
-
-/// The state of a pending frame carried into its resend after a reconnect.
-struct Resume {
-    batch: Vec<Frame>,
-    generation: u64,
-    receipts: usize,
-    submitted: Instant,
-    envelope: Envelope,
-    wire: Bytes,
-    compression: i32,
-    uncompressed: usize,
-    chunks: Vec<std::ops::Range<usize>>,
-}
-
-impl Pending {
-    /// The sequence id of chunk `i` (every chunk has its own, see [`plan::sequence_id`]).
-    fn sequence_id(&self, i: usize) -> u64 {
-        plan::sequence_id(self.frame.seq, self.generation, i)
-    }
-
-    fn frames(&self) -> usize {
-        1 + self.batch.len()
-    }
-
-    fn bytes(&self) -> usize {
-        self.frame.payload.len() + self.batch.iter().map(|f| f.payload.len()).sum::<usize>()
-    }
-}
-
-/// Small frames of one key waiting to go out as one batch message.
-struct OpenBatch {
-    frames: Vec<(Frame, Envelope)>,
-    bytes: usize,
-    opened: Instant,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum LinkError {
-    #[error("connect to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
-    #[error("connection: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("protocol: {0}")]
-    Codec(#[from] codec::CodecError),
-    #[error("broker: {0}")]
-    Broker(String),
-    #[error("timed out waiting for {0}")]
-    Timeout(&'static str),
-    #[error("connection closed by the broker")]
-    Closed,
-    #[error("shutting down")]
-    Shutdown,
-}
-
-/// A live connection: a writer half and decoded inbound commands from a reader task.
-struct Link {
-    writer: tokio::io::WriteHalf<Box<dyn Conn>>,
-    inbound: mpsc::Receiver<Result<BaseCommand, LinkError>>,
-    reader: tokio::task::JoinHandle<()>,
-    out: BytesMut,
-    max_message_size: usize,
-    producer_id: u64,
-    last_inbound: Instant,
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        self.reader.abort();
-    }
-}
-
-impl Link {
-    async fn flush(&mut self) -> Result<(), LinkError> {
-        if !self.out.is_empty() {
-            self.writer.write_all(&self.out).await?;
-            self.out.clear();
+    /// Stops the producer: outstanding receipts get [`SHUTDOWN_GRACE`], then the task ends (or is
+    /// aborted where it hangs) and every frame without an ack is returned. Acks decided before
+    /// are on the ack channel by then. Bounded whatever the network does.
+    pub async fn close(mut self) -> Vec<Frame> {
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.work.notify_one();
+        if tokio::time::timeout(SHUTDOWN_GRACE + CLOSE_SLACK, &mut self.task)
+            .await
+            .is_err()
+        {
+            tracing::warn!(source = %self.shared.source, "uplink did not stop within its grace; aborted");
+            self.task.abort();
+            let _ = (&mut self.task).await;
         }
-        Ok(())
-    }
-
-    async fn command(&mut self, cmd: BaseCommand) -> Result<(), LinkError> {
-        codec::encode_command(&cmd, &mut self.out);
-        self.flush().await
-    }
-
-    /// Waits for the response to request `id`, answering pings meanwhile.
-    async fn response(
-        &mut self,
-        what: &'static str,
-        matches: impl Fn(&BaseCommand) -> bool,
-    ) -> Result<BaseCommand, LinkError> {
-        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
-        loop {
-            let cmd = tokio::time::timeout_at(deadline, self.inbound.recv())
-                .await
-                .map_err(|_| LinkError::Timeout(what))?
-                .ok_or(LinkError::Closed)??;
-            if cmd.r#type == Type::Ping as i32 {
-                self.command(pong()).await?;
-                continue;
-            }
-            if let Some(e) = &cmd.error {
-                return Err(LinkError::Broker(format!(
-                    "{what}: {} ({})",
-                    e.message, e.error
-                )));
-            }
-            if matches(&cmd) {
-                return Ok(cmd);
-            }
-        }
+        let mut w = self.shared.window();
+        self.shared.settle(&mut w);
+        let left = w.take_all();
+        self.shared.stats.in_flight.store(0, Ordering::Relaxed);
+        self.shared.stats.connected.store(false, Ordering::Release);
+        left
     }
 }
 
-fn pong() -> BaseCommand {
-    BaseCommand {
-        r#type: Type::Pong as i32,
-        pong: Some(CommandPong {}),
-        ..Default::default()
-    }
-}
-
-fn ping() -> BaseCommand {
-    BaseCommand {
-        r#type: Type::Ping as i32,
-        ping: Some(CommandPing {}),
-        ..Default::default()
-    }
-}
-
-/// A byte stream to a broker: plain TCP or TLS.
-trait Conn: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Conn for T {}
-
-/// Where to connect: from `pulsar://host:port` or `pulsar+ssl://host:port`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Endpoint {
-    host: String,
-    port: u16,
-    tls: bool,
-}
-
-impl Endpoint {
-    fn parse(url: &str) -> Result<Self, LinkError> {
-        let (rest, tls, default_port) = if let Some(r) = url.strip_prefix("pulsar+ssl://") {
-            (r, true, 6651)
-        } else if let Some(r) = url.strip_prefix("pulsar://") {
-            (r, false, 6650)
-        } else {
-            return Err(LinkError::Broker(format!(
-                "unsupported service URL `{url}` (use pulsar:// or pulsar+ssl://)"
-            )));
-        };
-        let rest = rest.trim_end_matches('/');
-        let (host, port) = match rest.rsplit_once(':') {
-            Some((h, p)) => (
-                h,
-                p.parse()
-                    .map_err(|_| LinkError::Broker(format!("bad port in `{url}`")))?,
-            ),
-            None => (rest, default_port),
-        };
-        Ok(Endpoint {
-            host: host.trim_matches(['[', ']']).to_string(),
-            port,
-            tls,
-        })
-    }
-
-    fn addr(&self) -> String {
-        format!("{}:{}", self.host, self.port)
-    }
-}
-
-struct Task {
-    cfg: ProducerConfig,
-    rx: mpsc::Receiver<Frame>,
-    acks: mpsc::UnboundedSender<Ack>,
-    stats: Arc<ProducerStats>,
-    room: Arc<Notify>,
-    pending: VecDeque<Pending>,
-    pending_bytes: usize,
-    /// Frames in `pending` (a batch message holds several).
-    pending_frames: usize,
-    open_batch: Option<OpenBatch>,
+/// The task: connects, serves a connection until it fails, backs off, again; until stopped.
+struct Session {
+    shared: Arc<Shared>,
+    setup: Setup,
     shutdown: watch::Receiver<bool>,
-    /// The broker's last persisted sequence id at producer creation (None: it had none).
-    broker_last: Option<u64>,
-    next_request: u64,
-    /// Distinguishes this process's chunk uuids from an earlier run's (ms since the epoch).
-    run: u64,
 }
 
-impl Task {
-    async fn run(mut self) -> Vec<Frame> {
+impl Session {
+    fn stopping(&self) -> bool {
+        *self.shutdown.borrow() || self.shared.closing.load(Ordering::Acquire)
+    }
+
+    async fn run(mut self) {
         let seed = std::process::id() as u64
-            ^ self.cfg.producer_name.len() as u64
+            ^ self.setup.producer_name.len() as u64
             ^ rigd_drivers::realtime_ns() as u64;
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10), seed);
         let mut last_logged_error = String::new();
+        let shared = self.shared.clone();
+        let stats = &shared.stats;
         loop {
-            if *self.shutdown.borrow() {
+            if self.stopping() {
                 break;
             }
-            let result = match self.establish().await {
-                Ok(link) => {
+            let established = tokio::select! {
+                r = tokio::time::timeout(SETUP_TIMEOUT, self.setup.establish()) => {
+                    r.unwrap_or_else(|_| Err(LinkError::Timeout("connection setup".into())))
+                }
+                _ = stopped(&mut self.shutdown, &shared) => break,
+            };
+            let result = match established {
+                Ok((mut link, broker_last)) => {
                     backoff.reset();
                     if !last_logged_error.is_empty()
-                        || self.stats.reconnects.load(Ordering::Relaxed) == 0
+                        || stats.reconnects.load(Ordering::Relaxed) == 0
                     {
-                        tracing::info!(topic = %self.cfg.topic, producer = %self.cfg.producer_name,
-                            broker_last_sequence_id = ?self.broker_last, "uplink connected");
+                        tracing::info!(topic = %self.setup.topic, producer = %self.setup.producer_name,
+                            broker_last_sequence_id = ?broker_last, "uplink connected");
                     }
                     last_logged_error.clear();
-                    self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
-                    self.stats.connected.store(true, Ordering::Release);
-                    self.room.notify_waiters();
-                    let r = self.serve(link).await;
-                    self.stats.connected.store(false, Ordering::Release);
-                    self.room.notify_waiters();
+                    stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .max_message_size
+                        .store(link.max_message_size, Ordering::Relaxed);
+                    stats.terminated.store(false, Ordering::Relaxed);
+                    shared.window().connected(
+                        link.producer_id,
+                        link.max_message_size,
+                        broker_last,
+                        Instant::now(),
+                    );
+                    stats.connected.store(true, Ordering::Release);
+                    shared.room.notify_one();
+                    let r = self.serve(&mut link).await;
+                    shared.window().disconnected();
+                    stats.connected.store(false, Ordering::Release);
+                    shared.room.notify_one();
                     r
                 }
                 Err(e) => Err(e),
             };
-            match result {
+            let delay = match result {
                 Err(LinkError::Shutdown) => break,
                 Err(e) => {
+                    let terminated = matches!(e, LinkError::Terminated(_));
                     let msg = e.to_string();
                     if msg != last_logged_error {
-                        tracing::warn!(topic = %self.cfg.topic, error = %msg, in_flight = self.pending.len(),
-                            "uplink down; frames go to the spool until it is back");
+                        let in_flight = shared.window().frames();
+                        if terminated {
+                            tracing::error!(topic = %self.setup.topic, error = %msg, in_flight,
+                                "topic terminated by the broker: nothing more can be published to it; frames stay in the spool");
+                        } else {
+                            tracing::warn!(topic = %self.setup.topic, error = %msg, in_flight,
+                                "uplink down; frames go to the spool until it is back");
+                        }
                         last_logged_error = msg.clone();
                     }
-                    if let Ok(mut l) = self.stats.last_error.lock() {
-                        *l = msg;
+                    stats.set_error(&msg);
+                    if terminated {
+                        stats.terminated.store(true, Ordering::Relaxed);
+                        TERMINATED_RETRY
+                    } else {
+                        backoff.next_delay()
                     }
                 }
-                Ok(()) => {}
-            }
-            let delay = backoff.next_delay();
+                Ok(()) => backoff.next_delay(),
+            };
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
-                _ = self.shutdown.changed() => {}
+                _ = stopped(&mut self.shutdown, &shared) => break,
             }
         }
-        self.stats.connected.store(false, Ordering::Release);
-        self.rx.close();
-        let mut left: Vec<Frame> = Vec::new();
-        for p in self.pending.drain(..) {
-            left.push(p.frame);
-            left.extend(p.batch);
-        }
-        if let Some(b) = self.open_batch.take() {
-            left.extend(b.frames.into_iter().map(|(f, _)| f));
-        }
-        while let Ok(f) = self.rx.try_recv() {
-            left.push(f);
-        }
-        self.stats.in_flight.store(0, Ordering::Relaxed);
-        left
+        stats.connected.store(false, Ordering::Release);
     }
 
-    fn request_id(&mut self) -> u64 {
-        self.next_request += 1;
-        self.next_request
-    }
-
-    async fn open(&mut self, ep: &Endpoint, proxy_to: Option<String>) -> Result<Link, LinkError> {
-        let addr = ep.addr();
-        let tcp = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(&addr))
-            .await
-            .map_err(|_| LinkError::Timeout("TCP connect"))?
-            .map_err(|source| LinkError::Connect {
-                addr: addr.clone(),
-                source,
-            })?;
-        tcp.set_nodelay(true)?;
-        let stream: Box<dyn Conn> = if ep.tls {
-            let tls = self.cfg.tls.clone().ok_or_else(|| {
-                LinkError::Broker("pulsar+ssl:// without a TLS configuration".into())
-            })?;
-            let name = rustls_pki_types::ServerName::try_from(ep.host.clone())
-                .map_err(|e| LinkError::Broker(format!("TLS server name `{}`: {e}", ep.host)))?;
-            let s = tokio::time::timeout(
-                REQUEST_TIMEOUT,
-                tokio_rustls::TlsConnector::from(tls).connect(name, tcp),
-            )
-            .await
-            .map_err(|_| LinkError::Timeout("TLS handshake"))?
-            .map_err(|source| LinkError::Connect {
-                addr: format!("{addr} (TLS)"),
-                source,
-            })?;
-            Box::new(s)
-        } else {
-            Box::new(tcp)
-        };
-        let (mut read, writer) = tokio::io::split(stream);
-        let (tx, inbound) = mpsc::channel(1024);
-        let reader = tokio::spawn(async move {
-            let mut buf = BytesMut::with_capacity(64 << 10);
-            loop {
-                match read.read_buf(&mut buf).await {
-                    Ok(0) => {
-                        let _ = tx.send(Err(LinkError::Closed)).await;
-                        return;
-                    }
-                    Ok(_) => loop {
-                        match codec::decode(&mut buf) {
-                            Ok(Some(cmd)) => {
-                                if tx.send(Ok(cmd)).await.is_err() {
-                                    return;
-                                }
-                            }
-                            Ok(None) => break,
-                            Err(e) => {
-                                let _ = tx.send(Err(e.into())).await;
-                                return;
-                            }
-                        }
-                    },
-                    Err(e) => {
-                        let _ = tx.send(Err(e.into())).await;
-                        return;
-                    }
-                }
-            }
-        });
-        let mut link = Link {
-            writer,
-            inbound,
-            reader,
-            out: BytesMut::new(),
-            max_message_size: 5 << 20,
-            producer_id: 1,
-            last_inbound: Instant::now(),
-        };
-        let connect = CommandConnect {
-            client_version: format!("rigd-{}", env!("CARGO_PKG_VERSION")),
-            protocol_version: Some(PROTOCOL_VERSION),
-            auth_method_name: self.cfg.token.as_ref().map(|_| "token".to_string()),
-            auth_data: self.cfg.token.as_ref().map(|t| t.as_bytes().to_vec()),
-            proxy_to_broker_url: proxy_to,
-            ..Default::default()
-        };
-        link.command(BaseCommand {
-            r#type: Type::Connect as i32,
-            connect: Some(connect),
-            ..Default::default()
-        })
-        .await?;
-        let connected = link
-            .response("CONNECTED", |c| c.connected.is_some())
-            .await?;
-        if let Some(size) = connected.connected.and_then(|c| c.max_message_size) {
-            link.max_message_size = size.max(64 << 10) as usize;
-        }
-        Ok(link)
-    }
-
-    /// Connects, looks the topic up (following redirects), and creates the producer.
-    async fn establish(&mut self) -> Result<Link, LinkError> {
-        let service = Endpoint::parse(&self.cfg.url)?;
-        let mut link = self.open(&service, None).await?;
-
-        let id = self.request_id();
-        let topic = self.cfg.topic.clone();
-        link.command(BaseCommand {
-            r#type: Type::PartitionedMetadata as i32,
-            partition_metadata: Some(CommandPartitionedTopicMetadata {
-                topic: topic.clone(),
-                request_id: id,
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await?;
-        let meta = link
-            .response("PARTITIONED_METADATA", |c| {
-                c.partition_metadata_response.is_some()
-            })
-            .await?;
-        if let Some(m) = meta.partition_metadata_response {
-            if let Some(msg) = m.message.filter(|_| m.response == Some(1)) {
-                return Err(LinkError::Broker(format!(
-                    "partitioned metadata of {topic}: {msg}"
-                )));
-            }
-            if m.partitions.unwrap_or(0) > 0 {
-                return Err(LinkError::Broker(format!(
-                    "{topic} is partitioned ({} partitions); rigd publishes one non-partitioned topic per source",
-                    m.partitions.unwrap_or(0)
-                )));
-            }
-        }
-
-        let mut authoritative = false;
-        for _hop in 0..8 {
-            let id = self.request_id();
-            link.command(BaseCommand {
-                r#type: Type::Lookup as i32,
-                lookup_topic: Some(CommandLookupTopic {
-                    topic: topic.clone(),
-                    request_id: id,
-                    authoritative: Some(authoritative),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await?;
-            let r = link
-                .response("LOOKUP", |c| c.lookup_topic_response.is_some())
-                .await?;
-            let r = r.lookup_topic_response.unwrap_or_default();
-            let broker = if service.tls {
-                r.broker_service_url_tls.clone()
-            } else {
-                r.broker_service_url.clone()
-            };
-            let broker = match broker.filter(|b| !b.is_empty()) {
-                Some(b) => Some(Endpoint::parse(&b)?),
-                None => None,
-            };
-            match r.response.and_then(|v| LookupType::try_from(v).ok()) {
-                Some(LookupType::Connect) => {
-                    match broker {
-                        Some(b) if r.proxy_through_service_url() => {
-                            link = self.open(&service, Some(b.addr())).await?;
-                        }
-                        Some(b) if b != service => link = self.open(&b, None).await?,
-                        _ => {}
-                    }
-                    return self.create_producer(link).await;
-                }
-                Some(LookupType::Redirect) => {
-                    authoritative = r.authoritative.unwrap_or(false);
-                    let b = broker.ok_or_else(|| {
-                        LinkError::Broker(format!(
-                            "lookup of {topic}: redirect without a broker URL"
-                        ))
-                    })?;
-                    link = self.open(&b, None).await?;
-                }
-                _ => {
-                    return Err(LinkError::Broker(format!(
-                        "lookup of {topic} failed: {}",
-                        r.message.unwrap_or_else(|| "no reason given".into())
-                    )))
-                }
-            }
-        }
-        Err(LinkError::Broker(format!(
-            "lookup of {topic}: too many redirects"
-        )))
-    }
-
-    async fn create_producer(&mut self, mut link: Link) -> Result<Link, LinkError> {
-        let id = self.request_id();
-        link.command(BaseCommand {
-            r#type: Type::Producer as i32,
-            producer: Some(CommandProducer {
-                topic: self.cfg.topic.clone(),
-                producer_id: link.producer_id,
-                request_id: id,
-                producer_name: Some(self.cfg.producer_name.clone()),
-                user_provided_producer_name: Some(true),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await?;
+    /// Writes what the window gives and feeds back what the broker says, until the link fails,
+    /// or after a stop once nothing is outstanding or the grace is over.
+    async fn serve(&mut self, link: &mut Link) -> Result<(), LinkError> {
+        let shared = self.shared.clone();
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut draining: Option<Instant> = None;
+        let mut need_flush = false;
+        let mut abort_armed = false;
         loop {
-            let r = link
-                .response("PRODUCER_SUCCESS", |c| c.producer_success.is_some())
-                .await?;
-            let s = r.producer_success.unwrap_or_default();
-            if s.producer_ready.unwrap_or(true) {
-                self.broker_last = s.last_sequence_id.filter(|v| *v >= 0).map(|v| v as u64);
-                break;
+            let now = Instant::now();
+            if draining.is_none() && self.stopping() {
+                shared.window().close();
+                draining = Some(now + SHUTDOWN_GRACE);
             }
-        }
-        self.stats
-            .max_message_size
-            .store(link.max_message_size, Ordering::Relaxed);
-        Ok(link)
-    }
-
-    /// Resends what awaits a receipt, then publishes until the link fails or shutdown.
-    async fn serve(&mut self, mut link: Link) -> Result<(), LinkError> {
-        // Resend in order: each pending frame from its first chunk without a receipt.
-        let mut resend = std::mem::take(&mut self.pending);
-        self.pending_bytes = 0;
-        self.pending_frames = 0;
-        self.stats.in_flight.store(0, Ordering::Relaxed);
-        while let Some(p) = resend.pop_front() {
-            let resume = Resume {
-                batch: p.batch,
-                generation: p.generation,
-                receipts: p.receipts,
-                submitted: p.submitted,
-                envelope: p.envelope,
-                wire: p.wire,
-                compression: p.compression,
-                uncompressed: p.uncompressed,
-                chunks: p.chunks,
-            };
-            if let Err(e) = self.send(&mut link, p.frame, resume, true).await {
-                // The link died again: what was not resent yet stays pending, in order.
-                for p in resend {
-                    self.pending_bytes += p.bytes();
-                    self.pending_frames += p.frames();
-                    self.pending.push_back(p);
+            let (batch_due, health, idle) = {
+                let mut w = shared.window();
+                w.close_batch_if_due(now);
+                while link.out.len() < WRITE_AHEAD && !abort_armed {
+                    match w.encode_next(&mut link.out, now) {
+                        Some(e) if e.chunks > 1 && abort_after_chunk() == Some(e.chunk) => {
+                            abort_armed = true;
+                        }
+                        Some(_) => {}
+                        None => break,
+                    }
                 }
-                return Err(e);
+                shared.settle(&mut w);
+                (w.batch_due(), w.health(now), w.idle())
+            };
+            let moving = health == Health::Moving;
+            if shared.stats.connected.swap(moving, Ordering::AcqRel) != moving {
+                shared.room.notify_one();
+                if !moving {
+                    let why = format!(
+                        "link stalled: no byte accepted and no receipt for {} s",
+                        STALL_AFTER.as_secs()
+                    );
+                    tracing::warn!(topic = %self.setup.topic, "{why}; new frames go to the spool");
+                    shared.stats.set_error(&why);
+                }
             }
-        }
-        link.flush().await?;
-        let mut ping_timer = tokio::time::interval(Duration::from_secs(5));
-        loop {
-            let window_open = self.window_open();
-            let batch_due = self
-                .open_batch
-                .as_ref()
-                .map(|b| tokio::time::Instant::from_std(b.opened + self.cfg.batch.delay));
+            if health == Health::Dead {
+                return Err(LinkError::Timeout(
+                    "progress on the link (no byte accepted, no receipt)".into(),
+                ));
+            }
+            if let Some(deadline) = draining {
+                if idle || now >= deadline {
+                    return Err(LinkError::Shutdown);
+                }
+            }
+            if abort_armed && link.out.is_empty() {
+                // Test hook: a crash between the chunks of a frame, after the broker stored some.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                tracing::error!("RIGD_FAILPOINT: aborting between chunks");
+                std::process::abort();
+            }
+            let wake_at = |t: Option<Instant>| {
+                tokio::time::Instant::from_std(t.unwrap_or(now + Duration::from_secs(3600)))
+            };
+            // One write (or, once everything is written, a flush for TLS) per turn; cancel-safe:
+            // bytes leave `out` only when the socket took them.
+            let (writer, out) = (&mut link.writer, &link.out);
+            let io = async move {
+                if out.is_empty() {
+                    writer.flush().await.map(|()| None)
+                } else {
+                    writer.write(out).await.map(Some)
+                }
+            };
             tokio::select! {
                 biased;
-                _ = self.shutdown.changed() => {
-                    self.flush_batch(&mut link).await?;
-                    link.flush().await?;
-                    return self.finish(link).await;
+                r = self.shutdown.changed(), if draining.is_none() => {
+                    if r.is_err() {
+                        // The daemon's side is gone: stop as if told to.
+                        shared.closing.store(true, Ordering::Release);
+                    }
                 }
                 cmd = link.inbound.recv() => {
                     let cmd = cmd.ok_or(LinkError::Closed)??;
                     link.last_inbound = Instant::now();
-                    self.on_command(&mut link, cmd).await?;
+                    self.on_command(link, cmd)?;
                 }
-                frame = self.rx.recv(), if window_open => {
-                    let Some(frame) = frame else { return Err(LinkError::Shutdown) };
-                    self.submit(&mut link, frame).await?;
-                    // Pipeline: take whatever else is already queued before flushing.
-                    while self.window_open() {
-                        match self.rx.try_recv() {
-                            Ok(f) => self.submit(&mut link, f).await?,
-                            Err(_) => break,
+                r = io, if !link.out.is_empty() || need_flush => {
+                    match r? {
+                        Some(0) => return Err(LinkError::Closed),
+                        Some(n) => {
+                            link.out.advance(n);
+                            need_flush = true;
+                            shared.window().progressed(Instant::now());
                         }
+                        None => need_flush = false,
                     }
-                    if self.cfg.batch.delay.is_zero() || !self.window_open() {
-                        self.flush_batch(&mut link).await?;
-                    }
-                    link.flush().await?;
-                    self.room.notify_waiters();
                 }
-                _ = tokio::time::sleep_until(batch_due.unwrap_or_else(tokio::time::Instant::now)), if batch_due.is_some() => {
-                    self.flush_batch(&mut link).await?;
-                    link.flush().await?;
-                }
-                _ = ping_timer.tick() => {
-                    let idle = link.last_inbound.elapsed();
-                    if idle > DEAD_IDLE {
-                        return Err(LinkError::Timeout("any traffic from the broker"));
+                _ = shared.work.notified(), if draining.is_none() => {}
+                _ = tokio::time::sleep_until(wake_at(batch_due)), if batch_due.is_some() => {}
+                _ = tokio::time::sleep_until(wake_at(draining)), if draining.is_some() => {}
+                _ = tick.tick() => {
+                    let quiet = link.last_inbound.elapsed();
+                    if quiet > DEAD_IDLE {
+                        return Err(LinkError::Timeout("any traffic from the broker".into()));
                     }
-                    if idle > PING_IDLE {
-                        link.command(ping()).await?;
-                    }
-                    if let Some(front) = self.pending.front() {
-                        if front.sent.elapsed() > self.cfg.send_timeout {
-                            return Err(LinkError::Timeout("a send receipt"));
-                        }
+                    if quiet > PING_IDLE {
+                        super::codec::encode_command(&connect::ping(), &mut link.out);
                     }
                 }
             }
         }
     }
 
-    /// On shutdown: give outstanding receipts a moment, then hand the rest back.
-    async fn finish(&mut self, mut link: Link) -> Result<(), LinkError> {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-        while !self.pending.is_empty() {
-            match tokio::time::timeout_at(deadline, link.inbound.recv()).await {
-                Ok(Some(Ok(cmd))) => self.on_command(&mut link, cmd).await?,
-                _ => break,
-            }
-        }
-        Err(LinkError::Shutdown)
-    }
-
-    async fn on_command(&mut self, link: &mut Link, cmd: BaseCommand) -> Result<(), LinkError> {
+    fn on_command(
+        &mut self,
+        link: &mut Link,
+        cmd: pulsar::proto::BaseCommand,
+    ) -> Result<(), LinkError> {
+        use pulsar::proto::base_command::Type;
+        let now = Instant::now();
         if let Some(r) = cmd.send_receipt {
-            let Some(front) = self.pending.front_mut() else {
-                return Ok(());
-            };
-            let id = front.sequence_id(front.receipts);
-            if r.sequence_id < id {
-                return Ok(()); // a receipt for a chunk resent after a reconnect
-            }
-            if r.sequence_id > id {
-                return Err(LinkError::Broker(format!(
-                    "receipt for sequence id {} while {id} is pending",
-                    r.sequence_id
-                )));
-            }
-            front.receipts += 1;
-            if front.receipts >= front.chunks.len() {
-                self.complete_front(Outcome::Persisted);
-            }
+            let mut w = self.shared.window();
+            w.on_receipt(r.sequence_id, now)
+                .map_err(LinkError::Broker)?;
+            self.shared.settle(&mut w);
         } else if let Some(e) = cmd.send_error {
-            return Err(LinkError::Broker(format!(
-                "send error on sequence id {}: {} ({})",
-                e.sequence_id, e.message, e.error
-            )));
+            let mut w = self.shared.window();
+            let action = w.on_send_error(e.sequence_id, e.error, &e.message, now);
+            self.shared.settle(&mut w);
+            match action {
+                OnSendError::Refused => {}
+                OnSendError::Terminated(why) => return Err(LinkError::Terminated(why)),
+                OnSendError::Reconnect(why) => return Err(LinkError::Broker(why)),
+            }
         } else if cmd.close_producer.is_some() {
             return Err(LinkError::Broker(
                 "broker closed the producer (topic moved or unloaded)".into(),
             ));
+        } else if cmd.auth_challenge.is_some() {
+            link.answer_challenge()?;
         } else if cmd.r#type == Type::Ping as i32 {
-            link.command(pong()).await?;
+            super::codec::encode_command(&connect::pong(), &mut link.out);
         }
         Ok(())
     }
+}
 
-    fn complete_front(&mut self, outcome: Outcome) {
-        if let Some(p) = self.pending.pop_front() {
-            self.pending_bytes -= p.bytes();
-            self.pending_frames -= p.frames();
-            self.stats
-                .in_flight
-                .store(self.pending_frames, Ordering::Relaxed);
-            let latency = p.submitted.elapsed();
-            for frame in std::iter::once(p.frame).chain(p.batch) {
-                if outcome == Outcome::Persisted {
-                    self.stats.published.fetch_add(1, Ordering::Relaxed);
-                    self.stats
-                        .published_bytes
-                        .fetch_add(frame.payload.len() as u64, Ordering::Relaxed);
-                }
-                let _ = self.acks.send(Ack {
-                    seq: frame.seq,
-                    outcome: outcome.clone(),
-                    latency,
-                    capture_ns: frame.capture_ns,
-                });
-            }
-            self.room.notify_waiters();
+/// Resolves once the daemon shuts down or the handle asked to close.
+async fn stopped(shutdown: &mut watch::Receiver<bool>, shared: &Shared) {
+    loop {
+        if *shutdown.borrow_and_update() || shared.closing.load(Ordering::Acquire) {
+            return;
         }
-    }
-
-    /// Room for one more frame in the in-flight window (the open batch counts).
-    fn window_open(&self) -> bool {
-        let open = self
-            .open_batch
-            .as_ref()
-            .map_or((0, 0), |b| (b.frames.len(), b.bytes));
-        self.pending_frames + open.0 < self.cfg.max_in_flight
-            && self.pending_bytes + open.1 < self.cfg.max_in_flight_bytes
-    }
-
-    /// Takes a new frame: small frames join the open batch (which goes out first when the key
-    /// changes or it is full); others go out on their own, after the open batch.
-    async fn submit(&mut self, link: &mut Link, frame: Frame) -> Result<(), LinkError> {
-        let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
-        let size = frame.payload.len() + envelope_size(&envelope);
-        let known = matches!(
-            plan::resend(frame.seq, 0, 1, self.broker_last, false),
-            plan::Resend::Done
-        );
-        let alone = known || !self.cfg.batch.admits(size) || size * 4 > link.max_message_size;
-        let full = self.open_batch.as_ref().is_some_and(|b| {
-            b.frames.len() >= self.cfg.batch.max_messages
-                || b.bytes + size > self.cfg.batch.max_bytes
-                || b.frames[0].1.key != envelope.key
-        });
-        if alone || full {
-            if let Err(e) = self.flush_batch(link).await {
-                // The link died: the batch is pending (resent on reconnect); this frame waits as
-                // the next open batch, alone (a frame too big to batch fills it).
-                self.hold(frame, envelope, size);
-                return Err(e);
-            }
+        tokio::select! {
+            r = shutdown.changed() => if r.is_err() { return },
+            _ = shared.work.notified() => {}
         }
-        if alone {
-            let resume = self.fresh(link, &frame, envelope);
-            return self.send(link, frame, resume, false).await;
-        }
-        self.hold(frame, envelope, size);
-        Ok(())
-    }
-
-    /// Adds a frame to the open batch (opening one).
-    fn hold(&mut self, frame: Frame, envelope: Envelope, size: usize) {
-        let b = self.open_batch.get_or_insert_with(|| OpenBatch {
-            frames: Vec::new(),
-            bytes: 0,
-            opened: Instant::now(),
-        });
-        b.bytes += size;
-        b.frames.push((frame, envelope));
-    }
-
-    /// Sends the open batch: one frame goes out as a plain message, several as a batch message.
-    async fn flush_batch(&mut self, link: &mut Link) -> Result<(), LinkError> {
-        let Some(b) = self.open_batch.take() else {
-            return Ok(());
-        };
-        let mut frames = b.frames.into_iter();
-        let Some((first, envelope)) = frames.next() else {
-            return Ok(());
-        };
-        let rest: Vec<(Frame, Envelope)> = frames.collect();
-        if rest.is_empty() {
-            let resume = self.fresh(link, &first, envelope);
-            return self.send(link, first, resume, false).await;
-        }
-        let mut raw = BytesMut::with_capacity(b.bytes + 64 * (rest.len() + 1));
-        batch::push(
-            &mut raw,
-            &envelope,
-            plan::sequence_id(first.seq, 0, 0),
-            &first.payload,
-        );
-        for (f, e) in &rest {
-            batch::push(&mut raw, e, plan::sequence_id(f.seq, 0, 0), &f.payload);
-        }
-        let raw = raw.freeze();
-        let (compression, wire) = compress::compress(self.cfg.compression, &raw);
-        let resume = Resume {
-            batch: rest.into_iter().map(|(f, _)| f).collect(),
-            generation: 0,
-            receipts: 0,
-            submitted: b.opened,
-            envelope,
-            chunks: plan::chunk_ranges(wire.len(), wire.len()),
-            wire,
-            compression,
-            uncompressed: raw.len(),
-        };
-        self.send(link, first, resume, false).await
-    }
-
-    /// A new frame's first send: its payload compressed and cut into chunks for the broker's
-    /// message size.
-    fn fresh(&self, link: &Link, frame: &Frame, envelope: Envelope) -> Resume {
-        let len = frame.payload.len();
-        let max_chunk = link
-            .max_message_size
-            .saturating_sub(CHUNK_HEADROOM + envelope_size(&envelope))
-            .max(1024);
-        let (compression, wire) = if len > self.cfg.max_frame_bytes {
-            (0, frame.payload.clone()) // refused by `send`: not worth compressing
-        } else {
-            compress::compress(self.cfg.compression, &frame.payload)
-        };
-        Resume {
-            batch: Vec::new(),
-            uncompressed: len,
-            generation: 0,
-            receipts: 0,
-            submitted: Instant::now(),
-            chunks: plan::chunk_ranges(wire.len(), max_chunk),
-            envelope,
-            wire,
-            compression,
-        }
-    }
-
-    /// Writes a frame's SEND frames into the link's buffer: a new frame ([`Task::fresh`]), a batch,
-    /// or with `resuming` a pending one resent after a reconnect.
-    async fn send(
-        &mut self,
-        link: &mut Link,
-        frame: Frame,
-        resume: Resume,
-        resuming: bool,
-    ) -> Result<(), LinkError> {
-        let len = frame.payload.len();
-        let ack_now = |task: &mut Self, frame: Frame, outcome: Outcome| {
-            if let Outcome::Refused(reason) = &outcome {
-                task.stats.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(source = %frame.source, seq = frame.seq, bytes = len, reason = %reason, "frame refused by the uplink");
-            }
-            let _ = task.acks.send(Ack {
-                seq: frame.seq,
-                outcome,
-                latency: Duration::ZERO,
-                capture_ns: frame.capture_ns,
-            });
-        };
-        if len > self.cfg.max_frame_bytes {
-            let reason = format!(
-                "{len} bytes is above max-frame-bytes ({})",
-                self.cfg.max_frame_bytes
-            );
-            ack_now(self, frame, Outcome::Refused(reason));
-            return Ok(());
-        }
-        let Resume {
-            batch,
-            mut generation,
-            receipts,
-            submitted,
-            envelope,
-            wire,
-            compression,
-            uncompressed,
-            chunks,
-        } = resume;
-        if chunks.len() > plan::MAX_CHUNKS {
-            let reason = format!(
-                "{len} bytes would take {} chunks at the broker's max message size ({} bytes); the most is {}",
-                chunks.len(),
-                link.max_message_size,
-                plan::MAX_CHUNKS
-            );
-            ack_now(self, frame, Outcome::Refused(reason));
-            return Ok(());
-        }
-        // Decide against what the broker reported holding when this producer was created.
-        let mut receipts = receipts;
-        match plan::resend(
-            frame.seq,
-            generation,
-            chunks.len(),
-            self.broker_last,
-            resuming,
-        ) {
-            plan::Resend::Done => {
-                ack_now(self, frame, Outcome::AlreadyPersisted);
-                for f in batch {
-                    ack_now(self, f, Outcome::AlreadyPersisted);
-                }
-                return Ok(());
-            }
-            plan::Resend::From {
-                generation: g,
-                first,
-            } => {
-                if g > plan::MAX_GENERATION {
-                    ack_now(
-                        self,
-                        frame,
-                        Outcome::Refused("resent too many times under new sequence ids".into()),
-                    );
-                    return Ok(());
-                }
-                if g != generation {
-                    // Cut between its chunks by a restart: out again whole, under a new uuid.
-                    tracing::info!(source = %frame.source, seq = frame.seq, generation = g,
-                        "a frame cut between its chunks by a restart goes out again whole under a new chunk uuid");
-                    generation = g;
-                    receipts = 0;
-                } else {
-                    receipts = receipts.max(first);
-                }
-            }
-        }
-        let pending = Pending {
-            frame,
-            batch,
-            envelope,
-            generation,
-            wire,
-            compression,
-            uncompressed,
-            chunks,
-            receipts,
-            submitted,
-            sent: Instant::now(),
-        };
-        let n = pending.chunks.len();
-        let mut metadata = MessageMetadata {
-            producer_name: self.cfg.producer_name.clone(),
-            sequence_id: pending.sequence_id(0),
-            publish_time: (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64,
-            properties: codec::key_values(&pending.envelope),
-            partition_key: Some(pending.envelope.key.clone()),
-            event_time: Some(pending.envelope.event_time_ms),
-            uncompressed_size: Some(pending.uncompressed as u32),
-            compression: (pending.compression != 0).then_some(pending.compression),
-            ..Default::default()
-        };
-        let highest = pending.batch.last().map(|f| plan::sequence_id(f.seq, 0, 0));
-        if highest.is_some() {
-            // A batch: properties are per message (SingleMessageMetadata), the key is shared.
-            metadata.properties.clear();
-            metadata.num_messages_in_batch = Some(pending.frames() as i32);
-            metadata.highest_sequence_id = highest;
-        }
-        if n > 1 {
-            // A restart sends a frame cut between its chunks again under a new uuid: consumers
-            // drop the earlier run's partial chunks after their reassembly timeout.
-            metadata.uuid = Some(format!(
-                "{}-{:x}-{}",
-                self.cfg.producer_name,
-                self.run,
-                pending.sequence_id(0)
-            ));
-            metadata.num_chunks_from_msg = Some(n as i32);
-            metadata.total_chunk_msg_size = Some(pending.wire.len() as i32);
-        }
-        // Queued before any write that can fail: a link that dies mid-frame leaves it pending, to
-        // be resent on reconnect or handed back at shutdown, never dropped.
-        let payload: Bytes = pending.wire.clone();
-        let chunks = pending.chunks.clone();
-        let (skip, frames, seq, generation) = (
-            pending.receipts,
-            pending.frames(),
-            pending.frame.seq,
-            pending.generation,
-        );
-        self.pending_bytes += pending.bytes();
-        self.pending_frames += frames;
-        self.pending.push_back(pending);
-        self.stats
-            .in_flight
-            .store(self.pending_frames, Ordering::Relaxed);
-        for (i, range) in chunks.iter().enumerate().skip(skip) {
-            let seq_id = plan::sequence_id(seq, generation, i);
-            metadata.sequence_id = seq_id;
-            let cmd = BaseCommand {
-                r#type: Type::Send as i32,
-                send: Some(CommandSend {
-                    producer_id: link.producer_id,
-                    sequence_id: seq_id,
-                    highest_sequence_id: highest,
-                    num_messages: Some(frames as i32),
-                    is_chunk: Some(n > 1),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
-            if n > 1 {
-                metadata.chunk_id = Some(i as i32);
-            }
-            codec::encode_send(&cmd, &metadata, &payload[range.clone()], &mut link.out);
-            if n > 1 && abort_after_chunk() == Some(i) {
-                // Test hook: a crash between the chunks of a frame, after the broker stored some.
-                link.flush().await?;
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                tracing::error!(seq, chunk = i, "RIGD_FAILPOINT: aborting between chunks");
-                std::process::abort();
-            }
-            if link.out.len() >= 1 << 20 {
-                link.flush().await?;
-            }
-        }
-        Ok(())
     }
 }
 
@@ -1150,29 +517,4 @@ fn abort_after_chunk() -> Option<usize> {
             .parse()
             .ok()
     })
-}
-
-/// Bytes the metadata of a message takes besides the payload (properties dominate).
-fn envelope_size(e: &Envelope) -> usize {
-    e.key.len()
-        + e.properties
-            .iter()
-            .map(|(k, v)| k.len() + v.len() + 8)
-            .sum::<usize>()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn service_urls_map_to_endpoints() {
-        let e = Endpoint::parse("pulsar://127.0.0.1:6650").unwrap();
-        assert_eq!((e.addr(), e.tls), ("127.0.0.1:6650".to_string(), false));
-        let e = Endpoint::parse("pulsar+ssl://broker.example/").unwrap();
-        assert_eq!((e.addr(), e.tls), ("broker.example:6651".to_string(), true));
-        assert_eq!(Endpoint::parse("pulsar://[::1]:7000").unwrap().host, "::1");
-        assert!(Endpoint::parse("http://x").is_err());
-        assert!(Endpoint::parse("pulsar://x:notaport").is_err());
-    }
 }

@@ -1,0 +1,518 @@
+//! Connection setup to a broker: TCP (bounded send buffer) or TLS, `CONNECT` with token auth,
+//! `PARTITIONED_METADATA`, `LOOKUP` with redirects, `PRODUCER` under a stable name. Every step has a
+//! deadline; the caller also races the whole setup against shutdown.
+
+use bytes::BytesMut;
+use pulsar::proto::{
+    base_command::Type, command_lookup_topic_response::LookupType, AuthData, BaseCommand,
+    CommandAuthResponse, CommandConnect, CommandLookupTopic, CommandPartitionedTopicMetadata,
+    CommandPing, CommandPong, CommandProducer, ServerError,
+};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::codec;
+
+const PROTOCOL_VERSION: i32 = 21;
+/// Each request of the setup (TCP connect, TLS handshake, each command and its answer).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The socket's send buffer. Small enough that bytes the socket accepts are close to bytes the
+/// link carried (write progress means the link moves: a silent link stops it within a second or
+/// two even at 1 Mbit/s), large enough for a cellular link's bandwidth-delay product.
+const SEND_BUFFER: u32 = 128 << 10;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Codec(#[from] codec::CodecError),
+    #[error("broker: {0}")]
+    Broker(String),
+    #[error("topic terminated: {0}")]
+    Terminated(String),
+    #[error("timed out waiting for {0}")]
+    Timeout(String),
+    #[error("connection closed by the broker")]
+    Closed,
+    #[error("shutting down")]
+    Shutdown,
+}
+
+/// Where a token comes from: a file re-read at every connection and authentication challenge (a
+/// rotated JWT is picked up without a restart), or a fixed one (the offline tools).
+#[derive(Debug, Clone, Default)]
+pub enum Token {
+    #[default]
+    None,
+    Fixed(String),
+    File(PathBuf),
+}
+
+impl Token {
+    /// The token now; a file that cannot be read is an error that names it.
+    pub fn current(&self) -> Result<Option<String>, LinkError> {
+        match self {
+            Token::None => Ok(None),
+            Token::Fixed(t) => Ok(Some(t.clone())),
+            Token::File(path) => {
+                let t = std::fs::read_to_string(path).map_err(|e| {
+                    LinkError::Broker(format!("token file {}: {e}", path.display()))
+                })?;
+                let t = t.trim();
+                if t.is_empty() {
+                    return Err(LinkError::Broker(format!(
+                        "token file {} is empty",
+                        path.display()
+                    )));
+                }
+                Ok(Some(t.to_string()))
+            }
+        }
+    }
+}
+
+/// A live connection: a writer half, an outgoing buffer of whole frames, and decoded inbound
+/// commands from a reader task.
+pub struct Link {
+    pub writer: tokio::io::WriteHalf<Box<dyn Conn>>,
+    pub inbound: mpsc::Receiver<Result<BaseCommand, LinkError>>,
+    reader: tokio::task::JoinHandle<()>,
+    pub out: BytesMut,
+    pub max_message_size: usize,
+    pub producer_id: u64,
+    pub last_inbound: Instant,
+    token: Token,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl Link {
+    /// Writes a command and whatever is buffered, within the request deadline.
+    async fn command(&mut self, cmd: BaseCommand) -> Result<(), LinkError> {
+        codec::encode_command(&cmd, &mut self.out);
+        tokio::time::timeout(REQUEST_TIMEOUT, self.writer.write_all(&self.out))
+            .await
+            .map_err(|_| LinkError::Timeout("the broker to take a request".into()))??;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Queues the answer to an authentication challenge: the token as it is now.
+    pub fn answer_challenge(&mut self) -> Result<(), LinkError> {
+        let token = self.token.current()?;
+        codec::encode_command(&auth_response(token), &mut self.out);
+        Ok(())
+    }
+
+    /// Waits for the response to a request, answering pings and challenges meanwhile.
+    async fn response(
+        &mut self,
+        what: &'static str,
+        matches: impl Fn(&BaseCommand) -> bool,
+    ) -> Result<BaseCommand, LinkError> {
+        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            let cmd = tokio::time::timeout_at(deadline, self.inbound.recv())
+                .await
+                .map_err(|_| LinkError::Timeout(what.to_string()))?
+                .ok_or(LinkError::Closed)??;
+            if cmd.r#type == Type::Ping as i32 {
+                self.command(pong()).await?;
+                continue;
+            }
+            if cmd.auth_challenge.is_some() {
+                let token = self.token.current()?;
+                self.command(auth_response(token)).await?;
+                continue;
+            }
+            if let Some(e) = &cmd.error {
+                let why = format!("{what}: {} ({})", e.message, server_error(e.error));
+                if e.error == ServerError::TopicTerminatedError as i32 {
+                    return Err(LinkError::Terminated(why));
+                }
+                return Err(LinkError::Broker(why));
+            }
+            if matches(&cmd) {
+                return Ok(cmd);
+            }
+        }
+    }
+}
+
+/// A server error code's name (`PersistenceError`, ...).
+pub fn server_error(code: i32) -> &'static str {
+    ServerError::try_from(code)
+        .unwrap_or(ServerError::UnknownError)
+        .as_str_name()
+}
+
+fn auth_response(token: Option<String>) -> BaseCommand {
+    BaseCommand {
+        r#type: Type::AuthResponse as i32,
+        auth_response: Some(CommandAuthResponse {
+            client_version: Some(format!("rigd-{}", env!("CARGO_PKG_VERSION"))),
+            response: Some(AuthData {
+                auth_method_name: Some("token".into()),
+                auth_data: token.map(String::into_bytes),
+            }),
+            protocol_version: Some(PROTOCOL_VERSION),
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn pong() -> BaseCommand {
+    BaseCommand {
+        r#type: Type::Pong as i32,
+        pong: Some(CommandPong {}),
+        ..Default::default()
+    }
+}
+
+pub fn ping() -> BaseCommand {
+    BaseCommand {
+        r#type: Type::Ping as i32,
+        ping: Some(CommandPing {}),
+        ..Default::default()
+    }
+}
+
+/// A byte stream to a broker: plain TCP or TLS.
+pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Conn for T {}
+
+/// Where to connect: from `pulsar://host:port` or `pulsar+ssl://host:port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    host: String,
+    port: u16,
+    tls: bool,
+}
+
+impl Endpoint {
+    pub fn parse(url: &str) -> Result<Self, LinkError> {
+        let (rest, tls, default_port) = if let Some(r) = url.strip_prefix("pulsar+ssl://") {
+            (r, true, 6651)
+        } else if let Some(r) = url.strip_prefix("pulsar://") {
+            (r, false, 6650)
+        } else {
+            return Err(LinkError::Broker(format!(
+                "unsupported service URL `{url}` (use pulsar:// or pulsar+ssl://)"
+            )));
+        };
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse()
+                    .map_err(|_| LinkError::Broker(format!("bad port in `{url}`")))?,
+            ),
+            None => (rest, default_port),
+        };
+        Ok(Endpoint {
+            host: host.trim_matches(['[', ']']).to_string(),
+            port,
+            tls,
+        })
+    }
+
+    fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+/// What a producer connection needs to know.
+pub struct Setup {
+    pub url: String,
+    pub topic: String,
+    pub producer_name: String,
+    pub token: Token,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    next_request: u64,
+}
+
+impl Setup {
+    pub fn new(
+        url: String,
+        topic: String,
+        producer_name: String,
+        token: Token,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Self {
+        Setup {
+            url,
+            topic,
+            producer_name,
+            token,
+            tls,
+            next_request: 1,
+        }
+    }
+
+    fn request_id(&mut self) -> u64 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    async fn open(&mut self, ep: &Endpoint, proxy_to: Option<String>) -> Result<Link, LinkError> {
+        let addr = ep.addr();
+        let connect_err = |source| LinkError::Connect {
+            addr: addr.clone(),
+            source,
+        };
+        // A blackholed SYN answers nothing: the deadline covers name lookup and connect.
+        let tcp = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            let sa = tokio::net::lookup_host(&addr)
+                .await?
+                .next()
+                .ok_or_else(|| std::io::Error::other("no address"))?;
+            let socket = if sa.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
+            socket.set_send_buffer_size(SEND_BUFFER)?;
+            socket.connect(sa).await
+        })
+        .await
+        .map_err(|_| LinkError::Timeout(format!("TCP connect to {addr}")))?
+        .map_err(connect_err)?;
+        tcp.set_nodelay(true)?;
+        let stream: Box<dyn Conn> = if ep.tls {
+            let tls = self.tls.clone().ok_or_else(|| {
+                LinkError::Broker("pulsar+ssl:// without a TLS configuration".into())
+            })?;
+            let name = rustls_pki_types::ServerName::try_from(ep.host.clone())
+                .map_err(|e| LinkError::Broker(format!("TLS server name `{}`: {e}", ep.host)))?;
+            let s = tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                tokio_rustls::TlsConnector::from(tls).connect(name, tcp),
+            )
+            .await
+            .map_err(|_| LinkError::Timeout(format!("TLS handshake with {addr}")))?
+            .map_err(|source| LinkError::Connect {
+                addr: format!("{addr} (TLS)"),
+                source,
+            })?;
+            Box::new(s)
+        } else {
+            Box::new(tcp)
+        };
+        let (mut read, writer) = tokio::io::split(stream);
+        let (tx, inbound) = mpsc::channel(1024);
+        let reader = tokio::spawn(async move {
+            let mut buf = BytesMut::with_capacity(64 << 10);
+            loop {
+                match read.read_buf(&mut buf).await {
+                    Ok(0) => {
+                        let _ = tx.send(Err(LinkError::Closed)).await;
+                        return;
+                    }
+                    Ok(_) => loop {
+                        match codec::decode(&mut buf) {
+                            Ok(Some(cmd)) => {
+                                if tx.send(Ok(cmd)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                let _ = tx.send(Err(e.into())).await;
+                                return;
+                            }
+                        }
+                    },
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                }
+            }
+        });
+        let mut link = Link {
+            writer,
+            inbound,
+            reader,
+            out: BytesMut::new(),
+            max_message_size: 5 << 20,
+            producer_id: 1,
+            last_inbound: Instant::now(),
+            token: self.token.clone(),
+        };
+        let token = self.token.current()?;
+        let connect = CommandConnect {
+            client_version: format!("rigd-{}", env!("CARGO_PKG_VERSION")),
+            protocol_version: Some(PROTOCOL_VERSION),
+            auth_method_name: token.as_ref().map(|_| "token".to_string()),
+            auth_data: token.map(String::into_bytes),
+            proxy_to_broker_url: proxy_to,
+            ..Default::default()
+        };
+        link.command(BaseCommand {
+            r#type: Type::Connect as i32,
+            connect: Some(connect),
+            ..Default::default()
+        })
+        .await?;
+        let connected = link
+            .response("CONNECTED", |c| c.connected.is_some())
+            .await?;
+        if let Some(size) = connected.connected.and_then(|c| c.max_message_size) {
+            link.max_message_size = size.max(64 << 10) as usize;
+        }
+        Ok(link)
+    }
+
+    /// Connects, looks the topic up (following redirects), and creates the producer.
+    pub async fn establish(&mut self) -> Result<(Link, Option<u64>), LinkError> {
+        let service = Endpoint::parse(&self.url)?;
+        let mut link = self.open(&service, None).await?;
+
+        let id = self.request_id();
+        let topic = self.topic.clone();
+        link.command(BaseCommand {
+            r#type: Type::PartitionedMetadata as i32,
+            partition_metadata: Some(CommandPartitionedTopicMetadata {
+                topic: topic.clone(),
+                request_id: id,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await?;
+        let meta = link
+            .response("PARTITIONED_METADATA", |c| {
+                c.partition_metadata_response.is_some()
+            })
+            .await?;
+        if let Some(m) = meta.partition_metadata_response {
+            if let Some(msg) = m.message.filter(|_| m.response == Some(1)) {
+                return Err(LinkError::Broker(format!(
+                    "partitioned metadata of {topic}: {msg}"
+                )));
+            }
+            if m.partitions.unwrap_or(0) > 0 {
+                return Err(LinkError::Broker(format!(
+                    "{topic} is partitioned ({} partitions); rigd publishes one non-partitioned topic per source",
+                    m.partitions.unwrap_or(0)
+                )));
+            }
+        }
+
+        let mut authoritative = false;
+        for _hop in 0..8 {
+            let id = self.request_id();
+            link.command(BaseCommand {
+                r#type: Type::Lookup as i32,
+                lookup_topic: Some(CommandLookupTopic {
+                    topic: topic.clone(),
+                    request_id: id,
+                    authoritative: Some(authoritative),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await?;
+            let r = link
+                .response("LOOKUP", |c| c.lookup_topic_response.is_some())
+                .await?;
+            let r = r.lookup_topic_response.unwrap_or_default();
+            let broker = if service.tls {
+                r.broker_service_url_tls.clone()
+            } else {
+                r.broker_service_url.clone()
+            };
+            let broker = match broker.filter(|b| !b.is_empty()) {
+                Some(b) => Some(Endpoint::parse(&b)?),
+                None => None,
+            };
+            match r.response.and_then(|v| LookupType::try_from(v).ok()) {
+                Some(LookupType::Connect) => {
+                    match broker {
+                        Some(b) if r.proxy_through_service_url() => {
+                            link = self.open(&service, Some(b.addr())).await?;
+                        }
+                        Some(b) if b != service => link = self.open(&b, None).await?,
+                        _ => {}
+                    }
+                    return self.create_producer(link).await;
+                }
+                Some(LookupType::Redirect) => {
+                    authoritative = r.authoritative.unwrap_or(false);
+                    let b = broker.ok_or_else(|| {
+                        LinkError::Broker(format!(
+                            "lookup of {topic}: redirect without a broker URL"
+                        ))
+                    })?;
+                    link = self.open(&b, None).await?;
+                }
+                _ => {
+                    return Err(LinkError::Broker(format!(
+                        "lookup of {topic} failed: {}",
+                        r.message.unwrap_or_else(|| "no reason given".into())
+                    )))
+                }
+            }
+        }
+        Err(LinkError::Broker(format!(
+            "lookup of {topic}: too many redirects"
+        )))
+    }
+
+    /// Creates the producer; returns the link and the broker's last sequence id for the name.
+    async fn create_producer(&mut self, mut link: Link) -> Result<(Link, Option<u64>), LinkError> {
+        let id = self.request_id();
+        link.command(BaseCommand {
+            r#type: Type::Producer as i32,
+            producer: Some(CommandProducer {
+                topic: self.topic.clone(),
+                producer_id: link.producer_id,
+                request_id: id,
+                producer_name: Some(self.producer_name.clone()),
+                user_provided_producer_name: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await?;
+        loop {
+            let r = link
+                .response("PRODUCER_SUCCESS", |c| c.producer_success.is_some())
+                .await?;
+            let s = r.producer_success.unwrap_or_default();
+            if s.producer_ready.unwrap_or(true) {
+                let last = s.last_sequence_id.filter(|v| *v >= 0).map(|v| v as u64);
+                return Ok((link, last));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_urls_map_to_endpoints() {
+        let e = Endpoint::parse("pulsar://127.0.0.1:6650").unwrap();
+        assert_eq!((e.addr(), e.tls), ("127.0.0.1:6650".to_string(), false));
+        let e = Endpoint::parse("pulsar+ssl://broker.example/").unwrap();
+        assert_eq!((e.addr(), e.tls), ("broker.example:6651".to_string(), true));
+        assert_eq!(Endpoint::parse("pulsar://[::1]:7000").unwrap().host, "::1");
+        assert!(Endpoint::parse("http://x").is_err());
+        assert!(Endpoint::parse("pulsar://x:notaport").is_err());
+    }
+}

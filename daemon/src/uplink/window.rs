@@ -1,0 +1,683 @@
+//! The producer's window: every frame a source handed to its producer, from submission to its
+//! acknowledgement. Pure: no I/O, no clock of its own (time is an input), no tasks. The session
+//! (`producer.rs`) carries out what the window decides: it writes the bytes `encode_next` gives,
+//! feeds back receipts, send errors, write progress and connection changes, and hands the acks on.
+//!
+//! Invariants:
+//! - A frame is in exactly one place: the open batch, a message of the queue, or an ack. Nothing is
+//!   ever dropped: `take_all` returns every frame without an ack (the session may be cancelled at any
+//!   await, the window is not).
+//! - Acks leave in submission order, whatever the outcome (a refused frame waits behind the frames
+//!   submitted before it, so the lane's spool cursor never jumps).
+//! - A frame is acknowledged `Persisted` only on its last chunk's receipt. `AlreadyPersisted` is
+//!   decided only for frames submitted after this process's first producer creation, against the
+//!   last sequence id the broker reported then (frames of an earlier run the spool still holds).
+//!   After a reconnect everything without a receipt is written again under the same sequence ids
+//!   and the broker's deduplication answers, as the Java client does: the broker's reported id is
+//!   its highest *pushed*, not persisted, so it proves nothing about frames of this process.
+//! - The link is judged by progress: bytes accepted by the socket or receipts. Nothing for
+//!   `stall_after` while something is outstanding: the link is reported stalled (new frames spool);
+//!   nothing for `progress_timeout`: it is dead and the session reconnects. A slow link that keeps
+//!   moving is never timed out, however large the frame.
+
+use bytes::{Bytes, BytesMut};
+use pulsar::proto::{base_command::Type, BaseCommand, CommandSend, MessageMetadata, ServerError};
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use super::batch::{self, BatchPolicy};
+use super::codec;
+use super::compress;
+use super::plan;
+use crate::config::Compression;
+use crate::wire::Envelope;
+use rigd_drivers::Frame;
+
+/// Room left in a chunk (and a batch) for the command and metadata.
+pub const CHUNK_HEADROOM: usize = 16 << 10;
+
+#[derive(Debug, Clone)]
+pub struct WindowConfig {
+    pub producer_name: String,
+    pub rig: String,
+    pub bucket_ms: u32,
+    pub max_in_flight: usize,
+    pub max_in_flight_bytes: usize,
+    pub max_frame_bytes: usize,
+    pub compression: Compression,
+    pub batch: BatchPolicy,
+    /// No progress for this long while something is outstanding: the link is dead.
+    pub progress_timeout: Duration,
+    /// No progress for this long: the link is reported stalled and takes no new frames.
+    pub stall_after: Duration,
+    /// Distinguishes this process's chunk uuids from an earlier run's (ms since the epoch).
+    pub run: u64,
+}
+
+/// What became of a submitted frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The broker persisted it.
+    Persisted,
+    /// The broker already held this sequence id (a re-send after a restart).
+    AlreadyPersisted,
+    /// It can never be published (too large, refused by a topic policy); counted and dropped by
+    /// the caller.
+    Refused(String),
+}
+
+/// An acknowledgement to the caller, in submission order.
+#[derive(Debug, Clone)]
+pub struct Ack {
+    pub seq: u64,
+    pub outcome: Outcome,
+    /// Submission to last receipt.
+    pub latency: Duration,
+    /// The frame's capture time (rig clock, ns), for capture-to-receipt latency.
+    pub capture_ns: i64,
+    pub bytes: usize,
+}
+
+/// What the session must do after a `SEND_ERROR`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnSendError {
+    /// The message can never be accepted: it was refused (acked in order); go on.
+    Refused,
+    /// The topic takes nothing any more: stop publishing, report it; frames stay held.
+    Terminated(String),
+    /// Transient (persistence, quota, checksum, unknown): reconnect after a backoff and resend.
+    Reconnect(String),
+}
+
+/// The link as the window sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// Nothing outstanding, or progress within `stall_after`.
+    Moving,
+    /// No progress for `stall_after`.
+    Stalled,
+    /// No progress for `progress_timeout`.
+    Dead,
+}
+
+/// A chunk just encoded (for the session's failpoint and logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encoded {
+    pub seq: u64,
+    pub chunk: usize,
+    pub chunks: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Session {
+    producer_id: u64,
+    max_message_size: usize,
+}
+
+#[derive(Debug)]
+enum State {
+    Sending,
+    /// Complete; acked when it reaches the front.
+    Done(Outcome),
+}
+
+struct Message {
+    frame: Frame,
+    /// The other frames of a batch message, after `frame` (empty when not a batch).
+    batch: Vec<Frame>,
+    envelope: Envelope,
+    generation: u64,
+    /// The payload as it goes on the wire (compressed or the frame's own bytes), its codec and its
+    /// size before compression.
+    wire: Bytes,
+    compression: i32,
+    uncompressed: usize,
+    /// Chunk ranges of the wire payload (one when not chunked).
+    chunks: Vec<Range<usize>>,
+    /// Chunks with a receipt.
+    receipts: usize,
+    /// Chunks written on the current session (receipts <= written <= chunks).
+    written: usize,
+    submitted: Instant,
+    state: State,
+}
+
+impl Message {
+    fn sequence_id(&self, chunk: usize) -> u64 {
+        plan::sequence_id(self.frame.seq, self.generation, chunk)
+    }
+
+    fn frames(&self) -> usize {
+        1 + self.batch.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.frame.payload.len() + self.batch.iter().map(|f| f.payload.len()).sum::<usize>()
+    }
+
+    fn sending(&self) -> bool {
+        matches!(self.state, State::Sending)
+    }
+
+    /// Whether `id` is one of this message's sequence ids (any chunk; a batch answers to its first
+    /// frame's id and to its highest).
+    fn owns(&self, id: u64) -> bool {
+        let first = self.sequence_id(0);
+        let last = match self.batch.last() {
+            Some(f) => plan::sequence_id(f.seq, 0, 0),
+            None => self.sequence_id(self.chunks.len().saturating_sub(1)),
+        };
+        (first..=last).contains(&id)
+    }
+}
+
+/// Small frames of one key waiting to go out as one batch message.
+struct OpenBatch {
+    frames: Vec<(Frame, Envelope)>,
+    bytes: usize,
+    opened: Instant,
+}
+
+pub struct Window {
+    cfg: WindowConfig,
+    messages: VecDeque<Message>,
+    open_batch: Option<OpenBatch>,
+    /// Frames and payload bytes held (queue and open batch).
+    frames: usize,
+    bytes: usize,
+    acks: VecDeque<Ack>,
+    session: Option<Session>,
+    /// The broker's last sequence id at this process's first producer creation.
+    broker_last: Option<u64>,
+    created_once: bool,
+    last_progress: Instant,
+    /// No new frames: shutting down.
+    closing: bool,
+    terminated: Option<String>,
+}
+
+impl Window {
+    pub fn new(cfg: WindowConfig, now: Instant) -> Self {
+        Window {
+            cfg,
+            messages: VecDeque::new(),
+            open_batch: None,
+            frames: 0,
+            bytes: 0,
+            acks: VecDeque::new(),
+            session: None,
+            broker_last: None,
+            created_once: false,
+            last_progress: now,
+            closing: false,
+            terminated: None,
+        }
+    }
+
+    /// A producer was created on a new connection. Everything without a receipt is written again.
+    pub fn connected(
+        &mut self,
+        producer_id: u64,
+        max_message_size: usize,
+        broker_last: Option<u64>,
+        now: Instant,
+    ) {
+        if !self.created_once {
+            self.created_once = true;
+            self.broker_last = broker_last;
+        }
+        self.session = Some(Session {
+            producer_id,
+            max_message_size,
+        });
+        let max_chunk = self.max_chunk(max_message_size);
+        for m in &mut self.messages {
+            m.written = m.receipts;
+            // Nothing of it went through: cut it again for this broker's message size.
+            if m.receipts == 0 && m.batch.is_empty() && m.sending() {
+                m.chunks = plan::chunk_ranges(m.wire.len(), max_chunk);
+            }
+        }
+        self.last_progress = now;
+    }
+
+    pub fn disconnected(&mut self) {
+        self.session = None;
+    }
+
+    /// The broker terminated the topic: nothing more is taken.
+    pub fn terminate(&mut self, why: String) {
+        self.terminated = Some(why);
+    }
+
+    pub fn terminated(&self) -> Option<&str> {
+        self.terminated.as_deref()
+    }
+
+    /// Shutting down: take no new frames, close the open batch so it can still go out.
+    pub fn close(&mut self) {
+        self.closing = true;
+        self.close_batch();
+    }
+
+    /// Whether a frame submitted now would be taken.
+    pub fn accepts(&self, now: Instant) -> bool {
+        self.session.is_some()
+            && !self.closing
+            && self.terminated.is_none()
+            && self.health(now) == Health::Moving
+            && self.has_room()
+    }
+
+    fn has_room(&self) -> bool {
+        self.frames < self.cfg.max_in_flight && self.bytes < self.cfg.max_in_flight_bytes
+    }
+
+    /// Frames held (awaiting an ack).
+    pub fn frames(&self) -> usize {
+        self.frames
+    }
+
+    /// Nothing held and nothing to ack.
+    pub fn idle(&self) -> bool {
+        self.frames == 0
+    }
+
+    /// Takes a frame, or gives it back when the window would not ([`Window::accepts`]).
+    pub fn submit(&mut self, frame: Frame, now: Instant) -> Result<(), Frame> {
+        if !self.accepts(now) {
+            return Err(frame);
+        }
+        let Some(session) = self.session else {
+            return Err(frame);
+        };
+        self.frames += 1;
+        self.bytes += frame.payload.len();
+        let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
+        let len = frame.payload.len();
+        if len > self.cfg.max_frame_bytes {
+            let why = format!(
+                "{len} bytes is above max-frame-bytes ({})",
+                self.cfg.max_frame_bytes
+            );
+            self.close_batch();
+            self.push_done(frame, envelope, Outcome::Refused(why), now);
+            return Ok(());
+        }
+        let size = len + envelope_size(&envelope);
+        let known = matches!(
+            plan::resend(frame.seq, 0, 1, self.broker_last, false),
+            plan::Resend::Done
+        );
+        let batch_limit = self.batch_limit(session.max_message_size);
+        if !known && self.cfg.batch.admits(size) && size * 4 <= session.max_message_size {
+            let full = self.open_batch.as_ref().is_some_and(|b| {
+                b.frames.len() >= self.cfg.batch.max_messages
+                    || b.bytes + size > batch_limit
+                    || b.frames[0].1.key != envelope.key
+            });
+            if full {
+                self.close_batch();
+            }
+            let b = self.open_batch.get_or_insert_with(|| OpenBatch {
+                frames: Vec::new(),
+                bytes: 0,
+                opened: now,
+            });
+            b.bytes += size;
+            b.frames.push((frame, envelope));
+            if self.cfg.batch.delay.is_zero() || !self.has_room() {
+                self.close_batch();
+            }
+            return Ok(());
+        }
+        self.close_batch();
+        let (compression, wire) = compress::compress(self.cfg.compression, &frame.payload);
+        let max_chunk = self
+            .max_chunk(session.max_message_size)
+            .saturating_sub(envelope_size(&envelope))
+            .max(1024);
+        let chunks = plan::chunk_ranges(wire.len(), max_chunk);
+        if chunks.len() > plan::MAX_CHUNKS {
+            let why = format!(
+                "{len} bytes would take {} chunks at the broker's max message size ({} bytes); the most is {}",
+                chunks.len(),
+                session.max_message_size,
+                plan::MAX_CHUNKS
+            );
+            self.push_done(frame, envelope, Outcome::Refused(why), now);
+            return Ok(());
+        }
+        let generation = match plan::resend(frame.seq, 0, chunks.len(), self.broker_last, false) {
+            plan::Resend::Done => {
+                self.push_done(frame, envelope, Outcome::AlreadyPersisted, now);
+                return Ok(());
+            }
+            plan::Resend::From { generation, .. } if generation > plan::MAX_GENERATION => {
+                let why = "resent too many times under new sequence ids".to_string();
+                self.push_done(frame, envelope, Outcome::Refused(why), now);
+                return Ok(());
+            }
+            plan::Resend::From { generation, .. } => generation,
+        };
+        self.messages.push_back(Message {
+            frame,
+            batch: Vec::new(),
+            envelope,
+            generation,
+            wire,
+            compression,
+            uncompressed: len,
+            chunks,
+            receipts: 0,
+            written: 0,
+            submitted: now,
+            state: State::Sending,
+        });
+        Ok(())
+    }
+
+    fn max_chunk(&self, max_message_size: usize) -> usize {
+        max_message_size.saturating_sub(CHUNK_HEADROOM).max(2048)
+    }
+
+    /// A batch's payload bound: `batch-max-bytes`, and never above the broker's message size.
+    fn batch_limit(&self, max_message_size: usize) -> usize {
+        self.cfg
+            .batch
+            .max_bytes
+            .min(max_message_size.saturating_sub(CHUNK_HEADROOM))
+    }
+
+    fn push_done(&mut self, frame: Frame, envelope: Envelope, outcome: Outcome, now: Instant) {
+        self.messages.push_back(Message {
+            frame,
+            batch: Vec::new(),
+            envelope,
+            generation: 0,
+            wire: Bytes::new(),
+            compression: 0,
+            uncompressed: 0,
+            chunks: Vec::new(),
+            receipts: 0,
+            written: 0,
+            submitted: now,
+            state: State::Done(outcome),
+        });
+        self.complete_front(now);
+    }
+
+    /// When the open batch must go out (`batch-delay-ms` after it opened).
+    pub fn batch_due(&self) -> Option<Instant> {
+        self.open_batch
+            .as_ref()
+            .map(|b| b.opened + self.cfg.batch.delay)
+    }
+
+    /// Closes the open batch if its delay has passed.
+    pub fn close_batch_if_due(&mut self, now: Instant) {
+        if self.batch_due().is_some_and(|due| due <= now) {
+            self.close_batch();
+        }
+    }
+
+    /// The open batch becomes a message: one frame as a plain message, several as a batch.
+    fn close_batch(&mut self) {
+        let Some(b) = self.open_batch.take() else {
+            return;
+        };
+        let mut frames = b.frames.into_iter();
+        let Some((first, envelope)) = frames.next() else {
+            return;
+        };
+        let rest: Vec<(Frame, Envelope)> = frames.collect();
+        let mut raw = BytesMut::with_capacity(b.bytes + 64 * (rest.len() + 1));
+        if rest.is_empty() {
+            raw.extend_from_slice(&first.payload);
+        } else {
+            batch::push(
+                &mut raw,
+                &envelope,
+                plan::sequence_id(first.seq, 0, 0),
+                &first.payload,
+            );
+            for (f, e) in &rest {
+                batch::push(&mut raw, e, plan::sequence_id(f.seq, 0, 0), &f.payload);
+            }
+        }
+        let raw = raw.freeze();
+        let (compression, wire) = compress::compress(self.cfg.compression, &raw);
+        self.messages.push_back(Message {
+            frame: first,
+            batch: rest.into_iter().map(|(f, _)| f).collect(),
+            envelope,
+            generation: 0,
+            chunks: plan::chunk_ranges(wire.len(), wire.len()),
+            wire,
+            compression,
+            uncompressed: raw.len(),
+            receipts: 0,
+            written: 0,
+            submitted: b.opened,
+            state: State::Sending,
+        });
+    }
+
+    /// Whether anything written awaits a receipt, or anything waits to be written.
+    fn outstanding(&self) -> bool {
+        self.messages
+            .iter()
+            .any(|m| m.sending() && m.receipts < m.chunks.len())
+    }
+
+    /// Appends the next SEND frame to `out` (the first chunk not yet written on this session), or
+    /// returns None when everything is written or there is no session.
+    pub fn encode_next(&mut self, out: &mut BytesMut, now: Instant) -> Option<Encoded> {
+        let session = self.session?;
+        let outstanding_before = self
+            .messages
+            .iter()
+            .any(|m| m.sending() && m.written > m.receipts);
+        let m = self
+            .messages
+            .iter_mut()
+            .find(|m| m.sending() && m.written < m.chunks.len())?;
+        if !outstanding_before {
+            // The clock for progress starts with the first byte awaiting an answer.
+            self.last_progress = now;
+        }
+        let i = m.written;
+        let n = m.chunks.len();
+        let seq_id = m.sequence_id(i);
+        let highest = m.batch.last().map(|f| plan::sequence_id(f.seq, 0, 0));
+        let mut metadata = MessageMetadata {
+            producer_name: self.cfg.producer_name.clone(),
+            sequence_id: seq_id,
+            publish_time: (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64,
+            properties: codec::key_values(&m.envelope),
+            partition_key: Some(m.envelope.key.clone()),
+            event_time: Some(m.envelope.event_time_ms),
+            uncompressed_size: Some(m.uncompressed as u32),
+            compression: (m.compression != 0).then_some(m.compression),
+            ..Default::default()
+        };
+        if highest.is_some() {
+            // A batch: properties are per message (SingleMessageMetadata), the key is shared.
+            metadata.properties.clear();
+            metadata.num_messages_in_batch = Some(m.frames() as i32);
+            metadata.highest_sequence_id = highest;
+        }
+        if n > 1 {
+            // A restart sends a frame cut between its chunks again under a new uuid: consumers
+            // drop the earlier run's partial chunks after their reassembly timeout.
+            metadata.uuid = Some(format!(
+                "{}-{:x}-{}",
+                self.cfg.producer_name,
+                self.cfg.run,
+                m.sequence_id(0)
+            ));
+            metadata.num_chunks_from_msg = Some(n as i32);
+            metadata.total_chunk_msg_size = Some(m.wire.len() as i32);
+            metadata.chunk_id = Some(i as i32);
+        }
+        let cmd = BaseCommand {
+            r#type: Type::Send as i32,
+            send: Some(CommandSend {
+                producer_id: session.producer_id,
+                sequence_id: seq_id,
+                highest_sequence_id: highest,
+                num_messages: Some(m.frames() as i32),
+                is_chunk: Some(n > 1),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        codec::encode_send(&cmd, &metadata, &m.wire[m.chunks[i].clone()], out);
+        m.written += 1;
+        Some(Encoded {
+            seq: m.frame.seq,
+            chunk: i,
+            chunks: n,
+        })
+    }
+
+    /// Bytes went out on the socket.
+    pub fn progressed(&mut self, now: Instant) {
+        self.last_progress = now;
+    }
+
+    /// A receipt. Receipts for chunks that already have one (a resend the broker deduplicated)
+    /// are ignored; a receipt for a chunk not yet due is a protocol violation (reconnect).
+    pub fn on_receipt(&mut self, sequence_id: u64, now: Instant) -> Result<(), String> {
+        self.last_progress = now;
+        let Some(m) = self
+            .messages
+            .iter_mut()
+            .find(|m| m.sending() && m.receipts < m.chunks.len())
+        else {
+            return Ok(()); // nothing awaits one: a late duplicate
+        };
+        let expected = m.sequence_id(m.receipts);
+        if sequence_id < expected {
+            return Ok(());
+        }
+        if sequence_id > expected || m.receipts >= m.written {
+            return Err(format!(
+                "receipt for sequence id {sequence_id} while {expected} is pending"
+            ));
+        }
+        m.receipts += 1;
+        if m.receipts >= m.chunks.len() {
+            m.state = State::Done(Outcome::Persisted);
+        }
+        self.complete_front(now);
+        Ok(())
+    }
+
+    /// A `SEND_ERROR` for `sequence_id`, decided by its kind as the Java client does
+    /// (ClientCnx.handleSendError).
+    pub fn on_send_error(
+        &mut self,
+        sequence_id: u64,
+        error: i32,
+        message: &str,
+        now: Instant,
+    ) -> OnSendError {
+        let kind = ServerError::try_from(error).unwrap_or(ServerError::UnknownError);
+        let what = format!("{} ({})", message, kind.as_str_name());
+        match kind {
+            ServerError::NotAllowedError => {
+                // E.g. a topic policy's max message size: this message can never go. Later
+                // messages already written still get their receipts.
+                let Some(m) = self
+                    .messages
+                    .iter_mut()
+                    .find(|m| m.sending() && m.owns(sequence_id))
+                else {
+                    return OnSendError::Reconnect(format!(
+                        "send error for unknown sequence id {sequence_id}: {what}"
+                    ));
+                };
+                m.state = State::Done(Outcome::Refused(format!("the broker refused it: {what}")));
+                self.complete_front(now);
+                OnSendError::Refused
+            }
+            ServerError::TopicTerminatedError => {
+                self.terminated = Some(what.clone());
+                OnSendError::Terminated(what)
+            }
+            _ => OnSendError::Reconnect(format!("send error on sequence id {sequence_id}: {what}")),
+        }
+    }
+
+    pub fn health(&self, now: Instant) -> Health {
+        if self.session.is_none() || !self.outstanding() {
+            return Health::Moving;
+        }
+        let idle = now.saturating_duration_since(self.last_progress);
+        if idle >= self.cfg.progress_timeout {
+            Health::Dead
+        } else if idle >= self.cfg.stall_after {
+            Health::Stalled
+        } else {
+            Health::Moving
+        }
+    }
+
+    /// Moves completed messages at the front to the acks.
+    fn complete_front(&mut self, now: Instant) {
+        while let Some(m) = self.messages.front() {
+            let State::Done(outcome) = &m.state else {
+                break;
+            };
+            let outcome = outcome.clone();
+            let Some(m) = self.messages.pop_front() else {
+                break;
+            };
+            self.frames -= m.frames();
+            self.bytes -= m.bytes();
+            let latency = now.saturating_duration_since(m.submitted);
+            for frame in std::iter::once(m.frame).chain(m.batch) {
+                self.acks.push_back(Ack {
+                    seq: frame.seq,
+                    outcome: outcome.clone(),
+                    latency,
+                    capture_ns: frame.capture_ns,
+                    bytes: frame.payload.len(),
+                });
+            }
+        }
+    }
+
+    /// The acks decided so far, in submission order.
+    pub fn take_acks(&mut self) -> impl Iterator<Item = Ack> + '_ {
+        self.acks.drain(..)
+    }
+
+    /// Every frame without an ack, in submission order (shutdown: they go to the spool). Take the
+    /// acks first.
+    pub fn take_all(&mut self) -> Vec<Frame> {
+        self.close_batch();
+        let mut left = Vec::with_capacity(self.frames);
+        for m in self.messages.drain(..) {
+            left.push(m.frame);
+            left.extend(m.batch);
+        }
+        self.frames = 0;
+        self.bytes = 0;
+        left
+    }
+}
+
+/// Bytes the metadata of a message takes besides the payload (properties dominate).
+pub fn envelope_size(e: &Envelope) -> usize {
+    e.key.len()
+        + e.properties
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 8)
+            .sum::<usize>()
+}
+
+#[cfg(test)]
+mod tests;

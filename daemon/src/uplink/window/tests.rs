@@ -1,0 +1,391 @@
+//! The window's decisions without a broker: each case of issue 14 that lives in pure logic.
+
+use super::*;
+use proptest::prelude::*;
+use rigd_drivers::{ClockState, Media};
+use std::sync::Arc;
+
+const MB: usize = 1 << 20;
+
+fn cfg() -> WindowConfig {
+    WindowConfig {
+        producer_name: "rigd-van-cam".into(),
+        rig: "van".into(),
+        bucket_ms: 33,
+        max_in_flight: 100,
+        max_in_flight_bytes: 64 * MB,
+        max_frame_bytes: 50 * MB,
+        compression: Compression::None,
+        batch: BatchPolicy::default(),
+        progress_timeout: Duration::from_secs(30),
+        stall_after: Duration::from_secs(5),
+        run: 1,
+    }
+}
+
+/// A camera frame of `bytes`; `bucket` decides its key (frames of one bucket may batch).
+fn frame(seq: u64, bytes: usize, bucket: i64) -> Frame {
+    Frame {
+        source: Arc::from("cam"),
+        seq,
+        capture_ns: bucket * 33_000_000 + 1,
+        clock: ClockState::Locked,
+        media: Media::Camera {
+            width: 2,
+            height: 2,
+        },
+        payload: Bytes::from(vec![seq as u8; bytes]),
+    }
+}
+
+fn connected(c: WindowConfig, t0: Instant, broker_last: Option<u64>) -> Window {
+    let mut w = Window::new(c, t0);
+    w.connected(1, 5 * MB, broker_last, t0);
+    w
+}
+
+/// Everything `encode_next` writes now: the sequence ids of the SEND commands.
+fn write_all(w: &mut Window, now: Instant) -> Vec<u64> {
+    let mut ids = Vec::new();
+    loop {
+        let mut out = BytesMut::new();
+        if w.encode_next(&mut out, now).is_none() {
+            return ids;
+        }
+        let cmd = codec::decode(&mut out).unwrap().unwrap();
+        ids.push(cmd.send.unwrap().sequence_id);
+    }
+}
+
+fn acks(w: &mut Window) -> Vec<(u64, Outcome)> {
+    w.take_acks().map(|a| (a.seq, a.outcome)).collect()
+}
+
+#[test]
+fn a_frame_is_persisted_only_on_its_last_chunks_receipt() {
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    w.submit(frame(0, 12 * MB, 1), t0).unwrap();
+    let ids = write_all(&mut w, t0);
+    assert_eq!(ids.len(), 3, "12 MiB at a 5 MiB broker limit");
+    w.on_receipt(ids[0], t0).unwrap();
+    w.on_receipt(ids[1], t0).unwrap();
+    assert!(acks(&mut w).is_empty());
+    w.on_receipt(ids[2], t0).unwrap();
+    assert_eq!(acks(&mut w), vec![(0, Outcome::Persisted)]);
+    assert!(w.idle());
+}
+
+#[test]
+fn a_refused_frame_is_acked_in_submission_order_not_ahead() {
+    // Item 5: a too-large frame behind two in flight waits for them.
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.max_frame_bytes = 2 * MB;
+    c.batch.max_messages = 1;
+    let mut w = connected(c, t0, None);
+    w.submit(frame(0, 1000, 1), t0).unwrap();
+    w.submit(frame(1, 1000, 2), t0).unwrap();
+    w.submit(frame(2, 3 * MB, 3), t0).unwrap();
+    w.submit(frame(3, 1000, 4), t0).unwrap();
+    let ids = write_all(&mut w, t0);
+    assert_eq!(ids.len(), 3, "the refused frame is never written");
+    assert!(
+        acks(&mut w).is_empty(),
+        "nothing may be acked before frame 0"
+    );
+    w.on_receipt(ids[0], t0).unwrap();
+    w.on_receipt(ids[1], t0).unwrap();
+    let a = acks(&mut w);
+    assert_eq!(a.len(), 3);
+    assert_eq!((a[0].0, a[1].0, a[2].0), (0, 1, 2));
+    assert!(matches!(a[2].1, Outcome::Refused(_)));
+    w.on_receipt(ids[2], t0).unwrap();
+    assert_eq!(acks(&mut w), vec![(3, Outcome::Persisted)]);
+}
+
+#[test]
+fn after_a_reconnect_everything_without_a_receipt_is_written_again_and_never_assumed_persisted() {
+    // Item 3: the broker's last_sequence_id on a reconnect counts pushed, not persisted, writes.
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.batch.max_messages = 1;
+    let mut w = connected(c, t0, None);
+    for seq in 0..3 {
+        w.submit(frame(seq, 1000, seq as i64), t0).unwrap();
+    }
+    let first = write_all(&mut w, t0);
+    w.on_receipt(first[0], t0).unwrap();
+    assert_eq!(acks(&mut w), vec![(0, Outcome::Persisted)]);
+    w.disconnected();
+    // The new connection's broker says it has pushed up to frame 2: no ack from that.
+    w.connected(2, 5 * MB, Some(plan::sequence_id(2, 0, 0)), t0);
+    assert!(acks(&mut w).is_empty());
+    let again = write_all(&mut w, t0);
+    assert_eq!(
+        again,
+        first[1..].to_vec(),
+        "frames 1 and 2 go out again, same ids"
+    );
+    // Deduplicated or not, the broker answers each with a receipt.
+    w.on_receipt(again[0], t0).unwrap();
+    w.on_receipt(again[1], t0).unwrap();
+    assert_eq!(
+        acks(&mut w),
+        vec![(1, Outcome::Persisted), (2, Outcome::Persisted)]
+    );
+}
+
+#[test]
+fn a_reconnect_mid_frame_resumes_at_the_first_chunk_without_a_receipt() {
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    w.submit(frame(5, 12 * MB, 1), t0).unwrap();
+    let ids = write_all(&mut w, t0);
+    w.on_receipt(ids[0], t0).unwrap();
+    w.disconnected();
+    w.connected(2, 5 * MB, None, t0);
+    assert_eq!(write_all(&mut w, t0), ids[1..].to_vec());
+    // A duplicate receipt for chunk 0 (the broker answered a resend) changes nothing.
+    w.on_receipt(ids[0], t0).unwrap();
+    w.on_receipt(ids[1], t0).unwrap();
+    w.on_receipt(ids[2], t0).unwrap();
+    assert_eq!(acks(&mut w), vec![(5, Outcome::Persisted)]);
+}
+
+#[test]
+fn after_a_restart_frames_the_broker_held_at_first_creation_are_acked_without_a_send() {
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, Some(plan::sequence_id(9, 0, 0)));
+    w.submit(frame(8, 1000, 1), t0).unwrap();
+    w.submit(frame(9, 1000, 1), t0).unwrap();
+    w.submit(frame(10, 1000, 1), t0).unwrap();
+    w.close_batch_if_due(t0 + Duration::from_secs(1));
+    let ids = write_all(&mut w, t0);
+    assert_eq!(ids, vec![plan::sequence_id(10, 0, 0)]);
+    let a = acks(&mut w);
+    assert_eq!(
+        a,
+        vec![
+            (8, Outcome::AlreadyPersisted),
+            (9, Outcome::AlreadyPersisted)
+        ]
+    );
+}
+
+#[test]
+fn a_silent_link_is_stalled_then_dead_but_a_slow_one_that_moves_is_neither() {
+    // Item 1 and item 10.
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    assert_eq!(
+        w.health(t0 + Duration::from_secs(600)),
+        Health::Moving,
+        "idle is fine"
+    );
+    w.submit(frame(0, 12 * MB, 1), t0).unwrap();
+    write_all(&mut w, t0);
+    // A 1 Mbit/s link: the socket takes a little every second for two minutes.
+    for s in 1..120 {
+        let t = t0 + Duration::from_secs(s);
+        w.progressed(t);
+        assert_eq!(w.health(t), Health::Moving, "at {s} s");
+    }
+    let last = t0 + Duration::from_secs(119);
+    assert_eq!(w.health(last + Duration::from_secs(6)), Health::Stalled);
+    assert!(
+        !w.accepts(last + Duration::from_secs(6)),
+        "a stalled link takes no new frames"
+    );
+    assert_eq!(w.health(last + Duration::from_secs(31)), Health::Dead);
+    // A receipt is progress too.
+    let ids = write_all(&mut w, t0);
+    assert!(ids.is_empty());
+    w.on_receipt(plan::sequence_id(0, 0, 0), last + Duration::from_secs(6))
+        .unwrap();
+    assert_eq!(w.health(last + Duration::from_secs(7)), Health::Moving);
+}
+
+#[test]
+fn the_progress_clock_starts_with_the_first_write_not_with_an_earlier_idle_period() {
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    let later = t0 + Duration::from_secs(100);
+    w.submit(frame(0, 10_000, 1), later).unwrap();
+    w.close_batch_if_due(later + Duration::from_millis(5));
+    write_all(&mut w, later);
+    assert_eq!(w.health(later + Duration::from_secs(1)), Health::Moving);
+}
+
+#[test]
+fn send_errors_are_handled_by_kind() {
+    // Item 4.
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.batch.max_messages = 1;
+    let mut w = connected(c, t0, None);
+    for seq in 0..3 {
+        w.submit(frame(seq, 1000, seq as i64), t0).unwrap();
+    }
+    let ids = write_all(&mut w, t0);
+    // A topic policy (max message size) refuses frame 0: refused, the others go on.
+    let r = w.on_send_error(ids[0], ServerError::NotAllowedError as i32, "too big", t0);
+    assert_eq!(r, OnSendError::Refused);
+    w.on_receipt(ids[1], t0).unwrap();
+    let a = acks(&mut w);
+    assert_eq!(a.len(), 2);
+    assert!(matches!(&a[0], (0, Outcome::Refused(why)) if why.contains("too big")));
+    assert_eq!(a[1], (1, Outcome::Persisted));
+    // Transient kinds reconnect.
+    for kind in [
+        ServerError::PersistenceError,
+        ServerError::ProducerBlockedQuotaExceededException,
+        ServerError::ChecksumError,
+        ServerError::UnknownError,
+    ] {
+        assert!(matches!(
+            w.on_send_error(ids[2], kind as i32, "x", t0),
+            OnSendError::Reconnect(_)
+        ));
+    }
+    // A terminated topic takes nothing more; what is held stays held (spooled at shutdown).
+    let r = w.on_send_error(ids[2], ServerError::TopicTerminatedError as i32, "gone", t0);
+    assert!(matches!(r, OnSendError::Terminated(_)));
+    assert!(w.terminated().is_some());
+    assert!(w.submit(frame(3, 10, 3), t0).is_err());
+    assert_eq!(w.take_all().iter().map(|f| f.seq).collect::<Vec<_>>(), [2]);
+}
+
+#[test]
+fn batches_stay_within_the_brokers_message_size() {
+    // Item 5: batch-max-bytes above the broker's limit must not make a batch the broker refuses.
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.batch.max_bytes = 64 * MB;
+    c.batch.max_messages = 10_000;
+    c.max_in_flight = 1000;
+    let mut w = Window::new(c, t0);
+    w.connected(1, 1 << 20, None, t0);
+    for seq in 0..200 {
+        assert!(w.submit(frame(seq, 40_000, 7), t0).is_ok());
+    }
+    w.close_batch_if_due(t0 + Duration::from_secs(1));
+    let mut writes = 0;
+    loop {
+        let mut out = BytesMut::new();
+        if w.encode_next(&mut out, t0).is_none() {
+            break;
+        }
+        writes += 1;
+        assert!(out.len() <= 1 << 20, "a SEND of {} bytes", out.len());
+    }
+    assert!(writes > 1);
+}
+
+#[test]
+fn the_window_is_bounded_and_gives_frames_back_when_full_or_down() {
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.max_in_flight = 3;
+    let mut w = Window::new(c, t0);
+    assert!(w.submit(frame(0, 10, 1), t0).is_err(), "no session");
+    w.connected(1, 5 * MB, None, t0);
+    for seq in 0..3 {
+        w.submit(frame(seq, 10, 1), t0).unwrap();
+    }
+    assert_eq!(w.submit(frame(3, 10, 1), t0).unwrap_err().seq, 3);
+    w.close();
+    assert_eq!(w.frames(), 3);
+}
+
+#[test]
+fn take_all_returns_every_unacked_frame_in_order_including_the_open_batch() {
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.max_frame_bytes = 2 * MB;
+    let mut w = connected(c, t0, None);
+    w.submit(frame(0, 3 * MB, 1), t0).unwrap(); // refused at once, front
+    w.submit(frame(1, MB, 2), t0).unwrap(); // alone
+    w.submit(frame(2, 3 * MB, 3), t0).unwrap(); // refused behind 1: not acked yet
+    w.submit(frame(3, 100, 4), t0).unwrap(); // open batch
+    w.submit(frame(4, 100, 4), t0).unwrap();
+    assert_eq!(acks(&mut w).len(), 1);
+    write_all(&mut w, t0);
+    let left: Vec<u64> = w.take_all().iter().map(|f| f.seq).collect();
+    assert_eq!(left, vec![1, 2, 3, 4]);
+    assert!(w.idle());
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Submit(usize),
+    Write,
+    Receipt,
+    Reconnect,
+    BatchDue,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => prop_oneof![Just(100usize), Just(30_000), Just(3 * MB), Just(7 * MB)].prop_map(Step::Submit),
+        3 => Just(Step::Write),
+        3 => Just(Step::Receipt),
+        1 => Just(Step::Reconnect),
+        1 => Just(Step::BatchDue),
+    ]
+}
+
+proptest! {
+    /// Whatever happens on the link, every frame taken ends acked once (in order) or handed back
+    /// by take_all once; a refused or rejected frame is never lost in between.
+    #[test]
+    fn every_submitted_frame_is_acked_once_in_order_or_handed_back(steps in proptest::collection::vec(step(), 1..80)) {
+        let t0 = Instant::now();
+        let mut c = cfg();
+        c.max_in_flight = 20;
+        c.max_frame_bytes = 6 * MB;
+        let mut w = connected(c, t0, None);
+        let mut taken = Vec::new();
+        let mut acked = Vec::new();
+        // What the broker received and will answer, in order.
+        let mut wire: VecDeque<u64> = VecDeque::new();
+        let mut seq = 0u64;
+        let mut session = 1;
+        for (i, s) in steps.iter().enumerate() {
+            let now = t0 + Duration::from_millis(i as u64);
+            match s {
+                Step::Submit(bytes) => {
+                    if w.submit(frame(seq, *bytes, (seq / 3) as i64), now).is_ok() {
+                        taken.push(seq);
+                    }
+                    seq += 1;
+                }
+                Step::Write => {
+                    let mut out = BytesMut::new();
+                    if w.encode_next(&mut out, now).is_some() {
+                        let cmd = codec::decode(&mut out).unwrap().unwrap();
+                        wire.push_back(cmd.send.unwrap().sequence_id);
+                    }
+                }
+                Step::Receipt => {
+                    if let Some(id) = wire.pop_front() {
+                        prop_assert!(w.on_receipt(id, now).is_ok());
+                    }
+                }
+                Step::Reconnect => {
+                    wire.clear(); // lost in transit
+                    w.disconnected();
+                    session += 1;
+                    w.connected(session, 5 * MB, Some(u64::MAX >> 1), now);
+                }
+                Step::BatchDue => w.close_batch_if_due(now + Duration::from_secs(1)),
+            }
+            acked.extend(w.take_acks().map(|a| a.seq));
+        }
+        let left: Vec<u64> = w.take_all().iter().map(|f| f.seq).collect();
+        let mut all = acked.clone();
+        all.extend(&left);
+        prop_assert_eq!(&all, &taken, "acked then left, in order, is exactly what was taken");
+        prop_assert!(w.idle());
+    }
+}

@@ -1,0 +1,93 @@
+"""A link that goes silent without a reset (a frozen broker: SIGSTOP of its JVM), then SIGTERM: the
+daemon stops within its bound with every unacknowledged frame in the spool, status stops saying
+"connected" within 10 s, and after recovery the official client sees every seq of every source
+exactly once (broker dedup on). Issue 14's headline scenario; docs/UPLINK.md "Shutdown"."""
+
+import time
+
+import pulsar
+
+from harness import BROKER_URL, FrozenBroker, Rigd, consume, namespace_with_dedup, unique
+
+# The bound docs/UPLINK.md states (systemd's TimeoutStopSec is 30 s).
+SHUTDOWN_BOUND_S = 10
+
+
+def config(ns, rig):
+    return f"""
+[rig]
+id = "{rig}"
+
+[[source]]
+id = "cam"
+kind = "synthetic-camera"
+width = 320
+height = 240
+fps = 15
+frame-bytes = 1048576
+
+[[source]]
+id = "mic"
+kind = "synthetic-audio"
+
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = 20
+
+[pulsar]
+url = "{BROKER_URL}"
+topic = "persistent://{ns}/{{rig}}-{{source}}"
+
+[spool]
+path = "spool"
+
+[web]
+bind = "127.0.0.1:{{WEB_PORT}}"
+"""
+
+
+def seqs_of(ns, rig, source):
+    msgs = consume(BROKER_URL, [f"persistent://{ns}/{rig}-{source}"], idle_timeout_s=8,
+                   consumer_type=pulsar.ConsumerType.Exclusive)
+    return [int(m["properties"]["seq"]) for m in msgs]
+
+
+def test_frozen_broker_then_sigterm_stops_in_bound_and_loses_nothing(broker, tmp_path):
+    ns = namespace_with_dedup(unique("silent"))
+    rig = unique("frozen")
+    d = Rigd(tmp_path, config(ns, rig))
+    try:
+        d.start()
+        d.wait_for(lambda s: s["uplink"]["connected"] and all(x["published"] > 10 for x in s["sources"]),
+                   timeout=60, what="publishing on every source")
+        with FrozenBroker():
+            # Status tells the truth within 10 s: a link that accepts nothing is not "connected".
+            t0 = time.time()
+            d.wait_for(lambda s: not s["uplink"]["connected"], timeout=10, what="uplink reported down")
+            reported_s = time.time() - t0
+            time.sleep(max(0.0, 15 - (time.time() - t0)))
+            t_term = time.time()
+            rc = d.stop(timeout=60)
+            stop_s = time.time() - t_term
+        log = d.log()
+        assert rc == 0, log[-3000:]
+        assert stop_s < SHUTDOWN_BOUND_S, f"SIGTERM took {stop_s:.1f} s under a frozen broker"
+        assert "did not shut down cleanly" not in log
+        print(f"status down after {reported_s:.1f} s; SIGTERM -> exit in {stop_s:.2f} s")
+
+        # Broker thawed: the spool drains, then a clean stop.
+        d.start()
+        d.wait_for(lambda s: s["uplink"]["connected"] and s["spool"]["records"] == 0,
+                   timeout=180, what="spool drained after the freeze")
+        assert d.stop() == 0
+    finally:
+        d.close()
+    for source in ["cam", "mic", "gps"]:
+        seqs = seqs_of(ns, rig, source)
+        dups = len(seqs) - len(set(seqs))
+        missing = sorted(set(range(max(seqs) + 1)) - set(seqs))
+        print(f"{source}: {len(seqs)} received, {dups} duplicates, {len(missing)} missing")
+        assert dups == 0, f"{source}: {dups} duplicates"
+        assert not missing, f"{source}: {len(missing)} lost, first {missing[:10]}"
+        assert seqs == sorted(seqs), f"{source}: out of order"
