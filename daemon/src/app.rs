@@ -300,17 +300,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .with_token(web_token)
             .with_shutdown(shutdown_rx.clone()),
     );
+    // Header and idle deadlines, a connection cap, and a shutdown that ends within its grace
+    // (live streams included), so web clients cannot hold SIGTERM open (rigd_web::serve).
     let mut web_shutdown = shutdown_rx.clone();
-    let web = tokio::spawn(async move {
-        let r = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = web_shutdown.changed().await;
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::error!(error = %e, "web server failed");
-        }
-    });
+    let web = tokio::spawn(rigd_web::serve(
+        listener,
+        app,
+        rigd_web::ServeLimits::default(),
+        async move {
+            let _ = web_shutdown.wait_for(|down| *down).await;
+        },
+    ));
     tracing::info!(rig = %config.rig.id, sources = config.sources.len(), web = %bind,
         uplink = config.pulsar.url.as_deref().unwrap_or("none (spooling everything)"),
         spool = %config.spool.path.display(), "rigd running");

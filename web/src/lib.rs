@@ -6,14 +6,18 @@
 //! Hostile clients are bounded: request bodies are capped ([`MAX_BODY_BYTES`]), every request but
 //! the live stream has a deadline ([`REQUEST_TIMEOUT`]), live streams are capped
 //! ([`MAX_STREAMS`], then 503), assets are served from a fixed embedded table (no file system), and
-//! control actions need the configured bearer token, compared in constant time.
+//! control actions need the configured bearer token, compared in constant time. Below the router,
+//! [`serve`] bounds connections: a deadline for the request head and for idle keep-alive, a cap on
+//! open connections, and a shutdown that finishes within a short grace ([`ServeLimits`]).
 
 #![forbid(unsafe_code)]
 
 mod alerts;
 mod prometheus;
+mod serve;
 
 pub use alerts::{alerts, Alert};
+pub use serve::{serve, ServeLimits};
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
