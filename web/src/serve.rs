@@ -216,8 +216,11 @@ async fn connection(
         }
         _ = stop.wait_for(|stop| *stop) => {}
     }
-    // Idle connections close now; a request in flight may finish (the server drops us after the
-    // grace).
+    // Idle connections close now (hyper would keep one with a half-read head until the grace
+    // ends); a request in flight may finish, and the server drops us after the grace.
+    if activity.lock().in_flight == 0 {
+        return;
+    }
     conn.as_mut().graceful_shutdown();
     let _ = conn.await;
 }

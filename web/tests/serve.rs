@@ -25,7 +25,7 @@ fn app() -> Router {
                 "ok"
             }),
         )
-        .route("/hang", get(|| std::future::pending::<&'static str>()))
+        .route("/hang", get(std::future::pending::<&'static str>))
         .route(
             "/sse",
             get(|| async {
@@ -299,4 +299,25 @@ async fn shutdown_returns_within_the_grace_with_200_half_open_and_a_live_stream(
     }
     // Nothing listens any more.
     assert!(TcpStream::connect(addr).await.is_err());
+}
+
+#[tokio::test]
+async fn shutdown_closes_idle_and_half_open_connections_without_waiting_the_grace() {
+    let server = Server::start(limits(5_000, 30_000, 512)).await;
+    let mut held = Vec::new();
+    for i in 0..200 {
+        let mut s = server.connect().await;
+        if i % 2 == 0 {
+            s.write_all(HALF_HEAD).await.unwrap();
+        } else {
+            get_ok(&mut s, "/").await; // kept alive, idle
+        }
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let took = server.shut_down().await;
+    assert!(took < Duration::from_millis(500), "shutdown took {took:?}");
+    for s in &mut held {
+        closed_within(s, Duration::from_millis(500)).await;
+    }
 }
