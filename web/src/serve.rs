@@ -83,6 +83,7 @@ pub async fn serve(
     let mut open: Vec<Weak<Activity>> = Vec::new();
     let mut refused = RateLimitedCount::new("web connection cap reached: new connections closed");
     let mut evicted = RateLimitedCount::new("web connection cap reached: idle connections closed");
+    let mut failed = RateLimitedCount::new("web server: accept failed");
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -96,7 +97,7 @@ pub async fn serve(
                         // EMFILE, ENFILE, ENOBUFS: the error stays until something closes, so
                         // wait instead of spinning on it. Per-connection errors (ECONNABORTED)
                         // cost the same short pause.
-                        tracing::warn!(error = %e, "web server: accept failed");
+                        failed.bump_with(&e);
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
@@ -452,15 +453,29 @@ impl RateLimitedCount {
     }
 
     fn bump(&mut self) {
-        self.since_log += 1;
-        let now = Instant::now();
-        if self
-            .last_log
-            .is_none_or(|t| now.duration_since(t) >= Self::EVERY)
-        {
+        if self.due() {
             tracing::warn!(count = self.since_log, "{}", self.what);
             self.since_log = 0;
+        }
+    }
+
+    /// The same, naming the latest error.
+    fn bump_with(&mut self, error: &io::Error) {
+        if self.due() {
+            tracing::warn!(count = self.since_log, %error, "{}", self.what);
+            self.since_log = 0;
+        }
+    }
+
+    fn due(&mut self) -> bool {
+        self.since_log += 1;
+        let now = Instant::now();
+        let due = self
+            .last_log
+            .is_none_or(|t| now.duration_since(t) >= Self::EVERY);
+        if due {
             self.last_log = Some(now);
         }
+        due
     }
 }
