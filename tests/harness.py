@@ -192,3 +192,57 @@ class FrozenBroker:
     def __exit__(self, *exc):
         os.kill(self.pid, signal.SIGCONT)
         return False
+
+
+class ShapedBrokerPort:
+    """Traffic to the broker's port on loopback through an htb class of `rate` (the rest of lo
+    unshaped), with a drop-tail queue of `queue_ms` (docs/field-faults notes: no netem here).
+    Removed by its handle on exit, whatever happened; refuses to run if lo already has a root
+    qdisc of its own."""
+
+    HANDLE = "7"
+
+    def __init__(self, rate_kbit: int, port: int = 6650, queue_ms: int = 300):
+        self.rate_kbit, self.port, self.queue_ms = rate_kbit, port, queue_ms
+
+    def _tc(self, *args, check=True):
+        return subprocess.run(["tc", *args], capture_output=True, text=True, check=check)
+
+    def __enter__(self):
+        current = self._tc("qdisc", "show", "dev", "lo").stdout
+        if "htb" in current or "tbf" in current:
+            raise RuntimeError(f"lo already has a shaping qdisc: {current}")
+        h = self.HANDLE
+        limit = max(64 << 10, self.rate_kbit * 1000 // 8 * self.queue_ms // 1000)
+        try:
+            self._tc("qdisc", "add", "dev", "lo", "root", "handle", f"{h}:", "htb", "default", "1")
+            self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:1", "htb", "rate", "40gbit")
+            self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:2", "htb",
+                     "rate", f"{self.rate_kbit}kbit", "ceil", f"{self.rate_kbit}kbit", "burst", "64k", "cburst", "64k")
+            self._tc("qdisc", "add", "dev", "lo", "parent", f"{h}:2", "handle", f"{h}2:", "bfifo", "limit", str(limit))
+            self._tc("filter", "add", "dev", "lo", "parent", f"{h}:", "protocol", "ip", "prio", "1", "u32",
+                     "match", "ip", "dport", str(self.port), "0xffff", "flowid", f"{h}:2")
+        except Exception:
+            self.remove()
+            raise
+        return self
+
+    def set_rate(self, rate_kbit: int):
+        h = self.HANDLE
+        self._tc("class", "change", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:2", "htb",
+                 "rate", f"{rate_kbit}kbit", "ceil", f"{rate_kbit}kbit", "burst", "64k", "cburst", "64k")
+
+    def bytes_sent(self) -> int:
+        out = self._tc("-s", "class", "show", "dev", "lo", "classid", f"{self.HANDLE}:2").stdout
+        for line in out.splitlines():
+            line = line.strip()
+            if line.startswith("Sent "):
+                return int(line.split()[1])
+        return 0
+
+    def remove(self):
+        self._tc("qdisc", "del", "dev", "lo", "root", "handle", f"{self.HANDLE}:", check=False)
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False

@@ -3,6 +3,7 @@ daemon stops within its bound with every unacknowledged frame in the spool, stat
 "connected" within 10 s, and after recovery the official client sees every seq of every source
 exactly once (broker dedup on). Issue 14's headline scenario; docs/UPLINK.md "Shutdown"."""
 
+import socket
 import time
 
 import pulsar
@@ -66,10 +67,18 @@ def test_frozen_broker_then_sigterm_stops_in_bound_and_loses_nothing(broker, tmp
             t0 = time.time()
             d.wait_for(lambda s: not s["uplink"]["connected"], timeout=10, what="uplink reported down")
             reported_s = time.time() - t0
+            # And 200 web clients that never finish their request head.
+            held = []
+            for _ in range(200):
+                c = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+                c.sendall(b"GET /api/status HTTP/1.1\r\nHost: rig\r\n")
+                held.append(c)
             time.sleep(max(0.0, 15 - (time.time() - t0)))
             t_term = time.time()
             rc = d.stop(timeout=60)
             stop_s = time.time() - t_term
+            for c in held:
+                c.close()
         log = d.log()
         assert rc == 0, log[-3000:]
         assert stop_s < SHUTDOWN_BOUND_S, f"SIGTERM took {stop_s:.1f} s under a frozen broker"

@@ -210,7 +210,8 @@ def test_tls_and_token_authentication_against_a_broker_that_requires_them(tmp_pa
            "PULSAR_DATA": str(tmp_path / "broker"), "PULSAR_PORT": str(free_port()),
            "PULSAR_HTTP_PORT": str(free_port()), "PULSAR_BOOKIE_PORT": str(free_port()),
            "PULSAR_TLS_PORT": str(free_port()), "PULSAR_HTTPS_PORT": str(free_port()),
-           "PULSAR_TLS_DIR": str(tls), "PULSAR_TOKEN_SECRET_KEY": str(key)}
+           "PULSAR_TLS_DIR": str(tls), "PULSAR_TOKEN_SECRET_KEY": str(key),
+           "PULSAR_AUTH_REFRESH_S": "3"}
     run = lambda *a: subprocess.run([sh, *a], env=env, capture_output=True, text=True, check=True).stdout.strip()
     run("gen-tls", str(tls))
     run("gen-token-key", str(key))
@@ -246,10 +247,24 @@ bind = "127.0.0.1:{{WEB_PORT}}"
             assert bad.stop() == 0
         finally:
             bad.close()
+        # An expiring token, rotated in its file before it expires (as a credential agent does):
+        # when it expires the broker sends AUTH_CHALLENGE and rigd answers with the file's new
+        # token, on the same connection (item 6 of issue 14: before, every reconnect failed).
+        expiring = subprocess.run([sh, "token", "rigd"], env={**env, "PULSAR_TOKEN_EXPIRES_IN_S": "12"},
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        (tmp_path / "good.token").write_text(expiring + "\n")
         good = Rigd(tmp_path, cfg("good.token"), name="good").start()
         try:
-            good.wait_for(lambda s: s["uplink"]["connected"] and s["uplink"]["published"] > 50, timeout=60,
-                          what="publishing over TLS with a token")
+            s = good.wait_for(lambda s: s["uplink"]["connected"] and s["uplink"]["published"] > 50, timeout=60,
+                              what="publishing over TLS with a token")
+            reconnects = s["uplink"]["reconnects"]
+            (tmp_path / "good.token").write_text(token + "\n")
+            time.sleep(20)  # past the expiry and several refresh checks
+            before = good.status()["uplink"]["published"]
+            time.sleep(2)
+            s = good.status()
+            assert s["uplink"]["connected"] and s["uplink"]["published"] > before + 50, s["uplink"]
+            assert s["uplink"]["reconnects"] == reconnects, "the challenge was answered on the same connection"
             assert good.stop() == 0
         finally:
             good.close()

@@ -11,6 +11,9 @@
 #   tests/pulsar/broker.sh gen-tls DIR        make ca.pem, broker.pem, broker.key.pem (+ client.*) for PULSAR_TLS_DIR
 #   tests/pulsar/broker.sh gen-token-key FILE make a 32-byte HS256 secret key for PULSAR_TOKEN_SECRET_KEY
 #   tests/pulsar/broker.sh token SUBJECT      print a JWT for SUBJECT signed with PULSAR_TOKEN_SECRET_KEY
+#                                             (PULSAR_TOKEN_EXPIRES_IN_S=N: one that expires in N s)
+#   PULSAR_AUTH_REFRESH_S=N (start): how often the broker checks a connection's token for expiry
+#                                    and sends AUTH_CHALLENGE (authenticationRefreshCheckSeconds, 60)
 #
 # Only the URL (start), the lib dir (fetch), env lines (env) and tokens (token) go to stdout;
 # everything else goes to stderr. See tests/pulsar/README.md for the knobs.
@@ -129,14 +132,17 @@ do_fetch() {
 
 mint_token() { # subject keyfile
   python3 - "$1" "$2" <<'PY'
-import base64, hashlib, hmac, json, sys
+import base64, hashlib, hmac, json, os, sys, time
 sub, keyfile = sys.argv[1], sys.argv[2]
 key = open(keyfile, "rb").read()
 if len(key) < 32:
     sys.exit("token secret key must be at least 32 bytes (HS256)")
 b64 = lambda d: base64.urlsafe_b64encode(d).rstrip(b"=").decode()
 head = b64(json.dumps({"alg": "HS256"}, separators=(",", ":")).encode())
-body = b64(json.dumps({"sub": sub}, separators=(",", ":")).encode())
+claims = {"sub": sub}
+if os.environ.get("PULSAR_TOKEN_EXPIRES_IN_S"):  # an expiring token, for the refresh test
+    claims["exp"] = int(time.time()) + int(os.environ["PULSAR_TOKEN_EXPIRES_IN_S"])
+body = b64(json.dumps(claims, separators=(",", ":")).encode())
 sig = b64(hmac.new(key, f"{head}.{body}".encode(), hashlib.sha256).digest())
 print(f"{head}.{body}.{sig}")
 PY
@@ -193,6 +199,7 @@ authenticationEnabled=true
 authenticationProviders=org.apache.pulsar.broker.authentication.AuthenticationProviderToken
 tokenSecretKey=file://$key
 superUserRoles=$TOKEN_SUPERUSER
+authenticationRefreshCheckSeconds=${PULSAR_AUTH_REFRESH_S:-60}
 authorizationEnabled=$(is_true "$AUTHZ" && echo true || echo false)
 brokerClientAuthenticationPlugin=org.apache.pulsar.client.impl.auth.AuthenticationToken
 brokerClientAuthenticationParameters=token:$token

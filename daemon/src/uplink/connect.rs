@@ -6,7 +6,7 @@ use bytes::BytesMut;
 use pulsar::proto::{
     base_command::Type, command_lookup_topic_response::LookupType, AuthData, BaseCommand,
     CommandAuthResponse, CommandConnect, CommandLookupTopic, CommandPartitionedTopicMetadata,
-    CommandPing, CommandPong, CommandProducer, ServerError,
+    CommandPing, CommandPong, CommandProducer, FeatureFlags, ServerError,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -359,6 +359,12 @@ impl Setup {
             auth_method_name: token.as_ref().map(|_| "token".to_string()),
             auth_data: token.map(String::into_bytes),
             proxy_to_broker_url: proxy_to,
+            // Without this the broker closes the connection when a token expires instead of
+            // sending AUTH_CHALLENGE (ServerCnx.refreshAuthenticationCredentials).
+            feature_flags: Some(FeatureFlags {
+                supports_auth_refresh: Some(true),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         link.command(BaseCommand {

@@ -1,0 +1,117 @@
+"""What the broker refuses, handled by kind (docs/UPLINK.md "Broker errors"): a topic policy that
+refuses a frame (NotAllowed: max message size on the topic) is refused and counted while the other
+sources go on and nothing stalls or reconnects in a loop; a terminated topic is reported, its frames
+stay in the spool, the other sources go on and shutdown stays bounded. The official Python client
+counts what arrived."""
+
+import time
+import urllib.parse
+
+import pulsar
+
+from harness import BROKER_URL, Rigd, admin, consume, unique
+
+
+def config(rig, cam_bytes):
+    return f"""
+[rig]
+id = "{rig}"
+
+[[source]]
+id = "cam"
+kind = "synthetic-camera"
+width = 160
+height = 120
+fps = 5
+frame-bytes = {cam_bytes}
+
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = 20
+
+[pulsar]
+url = "{BROKER_URL}"
+
+[spool]
+path = "spool"
+
+[web]
+bind = "127.0.0.1:{{WEB_PORT}}"
+"""
+
+
+def topic_path(rig, source):
+    return f"/admin/v2/persistent/public/default/{urllib.parse.quote(f'{rig}-{source}')}"
+
+
+def seqs_of(rig, source):
+    msgs = consume(BROKER_URL, [f"persistent://public/default/{rig}-{source}"], idle_timeout_s=6,
+                   consumer_type=pulsar.ConsumerType.Exclusive)
+    return [int(m["properties"]["seq"]) for m in msgs]
+
+
+def source_status(status, sid):
+    return next(s for s in status["sources"] if s["id"] == sid)
+
+
+def test_a_topic_policy_that_refuses_frames_is_counted_and_the_other_sources_go_on(broker, tmp_path):
+    rig = unique("policy")
+    # The camera's topic takes at most 100 kB per message; its frames are 200 kB.
+    admin("PUT", topic_path(rig, "cam"))
+    admin("POST", topic_path(rig, "cam") + "/maxMessageSize", 100_000)
+    deadline = time.time() + 30
+    while admin("GET", topic_path(rig, "cam") + "/maxMessageSize") != 100_000 and time.time() < deadline:
+        time.sleep(0.5)  # topic policies apply asynchronously
+    d = Rigd(tmp_path, config(rig, 200_000))
+    try:
+        d.start()
+        s = d.wait_for(lambda s: source_status(s, "cam")["refused"] >= 10 and source_status(s, "gps")["published"] >= 100,
+                       timeout=60, what="camera frames refused while gps publishes")
+        reconnects = s["uplink"]["reconnects"]
+        time.sleep(3)
+        s = d.status()
+        assert s["uplink"]["reconnects"] == reconnects, "a refusal must not reconnect"
+        assert s["uplink"]["connected"], s["uplink"]
+        assert s["spool"]["records"] < 20, "refused frames are not kept spooling"
+        assert d.stop() == 0
+        log = d.log()
+        assert "frame refused by the uplink" in log and "NotAllowedError" in log, log[-3000:]
+    finally:
+        d.close()
+    assert seqs_of(rig, "cam") == [], "the policy lets nothing of 200 kB through"
+    gps = seqs_of(rig, "gps")
+    assert gps == list(range(len(gps))) and len(gps) >= 100
+
+
+def test_a_terminated_topic_is_reported_its_frames_stay_spooled_and_the_rest_goes_on(broker, tmp_path):
+    rig = unique("term")
+    d = Rigd(tmp_path, config(rig, 20_000))
+    try:
+        d.start()
+        d.wait_for(lambda s: source_status(s, "cam")["published"] >= 5, timeout=60, what="camera publishing")
+        admin("POST", topic_path(rig, "cam") + "/terminate")
+        s = d.wait_for(lambda s: "terminated" in (s["uplink"].get("last_error") or ""), timeout=30,
+                       what="the terminated topic reported")
+        gps_before = source_status(s, "gps")["published"]
+        time.sleep(3)
+        s = d.status()
+        assert source_status(s, "gps")["published"] > gps_before + 30, "gps goes on"
+        t0 = time.time()
+        assert d.stop() == 0
+        assert time.time() - t0 < 10
+        assert "topic terminated" in d.log()
+    finally:
+        d.close()
+    # Nothing of the camera is lost: what the broker holds plus what the spool holds is every seq.
+    cam = seqs_of(rig, "cam")
+    assert cam == list(range(len(cam)))
+    stat = Rigd(tmp_path, "", name="stat")  # only for the binary path
+    import json
+    import subprocess
+    from harness import rigd_bin
+    out = subprocess.run([rigd_bin(), "spool", "stat", "--spool", str(tmp_path / "spool"), "--json"],
+                         capture_output=True, text=True, check=True)
+    spooled = next(x for x in json.loads(out.stdout)["sources"] if x["id"] == "cam")
+    assert spooled["records"] > 0, out.stdout
+    del stat
