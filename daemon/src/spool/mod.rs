@@ -29,9 +29,21 @@
 //!   broker's deduplication drops.
 //! - Opening never fails because of damaged contents: an index sled cannot open is moved aside and
 //!   rebuilt from the segments; a record that fails its checksum is quarantined and counted.
-//! - Sequence numbers never repeat for published frames: in `on-outage` mode an unclean shutdown
-//!   makes the next sequence jump by [`CRASH_SEQ_MARGIN`], past anything published but not yet
-//!   committed; in `always` mode nothing is published before it is committed, so no jump is needed.
+//! - Sequence numbers never repeat for published frames. In `on-outage` mode a frame may be
+//!   published before its sequence note is durable, so a run that did not end cleanly owes a jump:
+//!   the next start moves every source's note [`CRASH_SEQ_MARGIN`] ahead and makes that durable
+//!   before any frame is numbered from it (a second crash then jumps again from the jumped note).
+//!   Whether a jump is owed depends on the mode of the run that crashed (`meta/mode`, written once
+//!   the jump is paid), not on this run's. A source's first [`Spool::next_seq`] makes its note
+//!   durable at once, so a source whose first commit never happened is still known to the next
+//!   start. In `always` mode nothing is published before it is committed, so no jump is owed.
+//! - A run is clean only if every fdatasync and the final commit succeeded: `meta/clean` is set
+//!   after the final commit, never before it. A failed data sync (whose data the kernel may have
+//!   dropped) leaves the run unclean, and in `on-outage` mode the notes still go to sled, so that
+//!   the jump's base keeps up with what was published.
+//! - The segments directory is fsynced after a segment file is created (before any index entry can
+//!   point into it) and after segment files are deleted (so that a rebuild from the segments never
+//!   finds a drained segment again).
 
 mod pages;
 pub mod record;
@@ -54,6 +66,36 @@ use crate::config::{SpoolConfig, SpoolMode, WhenFull};
 pub const CRASH_SEQ_MARGIN: u64 = 1 << 20;
 
 const MAX_SEGMENT: u64 = 64 << 20;
+
+/// The durability calls the spool makes, behind a trait so that tests can fail them (EIO) or
+/// watch their order.
+pub(crate) trait Disk: Send + Sync {
+    /// fdatasync of a segment file.
+    fn sync_data(&self, file: &File) -> std::io::Result<()>;
+    /// fsync of a directory, after an entry in it was created or removed.
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()>;
+}
+
+/// The real disk.
+struct Os;
+
+impl Disk for Os {
+    fn sync_data(&self, file: &File) -> std::io::Result<()> {
+        file.sync_data()
+    }
+
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+}
+
+/// `meta/mode`: the mode of the run that last had the spool open.
+fn mode_key(mode: SpoolMode) -> &'static [u8] {
+    match mode {
+        SpoolMode::OnOutage => b"on-outage",
+        SpoolMode::Always => b"always",
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpoolError {
@@ -182,6 +224,9 @@ pub struct Spool {
     when_full: WhenFull,
     unclean_start: bool,
     mode: SpoolMode,
+    disk: Box<dyn Disk>,
+    /// An fdatasync failed in this run: its data may be lost, so the run does not end clean.
+    sync_failed: std::sync::atomic::AtomicBool,
     quarantined: AtomicU64,
     epoch: AtomicU64,
     durable: tokio::sync::watch::Sender<u64>,
@@ -191,6 +236,19 @@ pub struct Spool {
 impl Spool {
     /// Opens (or creates) the spool; damaged contents are set aside, never fatal.
     pub fn open(cfg: &SpoolConfig) -> Result<Arc<Self>, SpoolError> {
+        Self::open_on(cfg, Box::new(Os))
+    }
+
+    /// [`Spool::open`] with the durability calls going to `disk` (fault injection).
+    #[cfg(test)]
+    pub(crate) fn open_with(
+        cfg: &SpoolConfig,
+        disk: Box<dyn Disk>,
+    ) -> Result<Arc<Self>, SpoolError> {
+        Self::open_on(cfg, disk)
+    }
+
+    fn open_on(cfg: &SpoolConfig, disk: Box<dyn Disk>) -> Result<Arc<Self>, SpoolError> {
         let path = cfg.path.clone();
         let io = |op: &'static str| {
             let path = path.clone();
@@ -239,6 +297,13 @@ impl Spool {
             .get("clean")
             .map_err(ix)?
             .is_some_and(|v| v.as_ref() != [1]);
+        // The mode of the run that crashed decides whether a jump is owed; a spool from before
+        // `meta/mode` was written is taken as `on-outage` (the default), the safe side.
+        let crashed_always = meta
+            .get("mode")
+            .map_err(ix)?
+            .is_some_and(|v| v.as_ref() == mode_key(SpoolMode::Always));
+        let jump_owed = unclean_start && !crashed_always;
         // After a clean shutdown the counts it stored spare walking the index; they are removed
         // now, so that a crash of this run never finds stale ones.
         let rebuild_asked = meta.get("rebuild").map_err(ix)?.is_some();
@@ -274,6 +339,8 @@ impl Spool {
             when_full: cfg.when_full,
             unclean_start,
             mode: cfg.mode,
+            disk,
+            sync_failed: Default::default(),
             quarantined: AtomicU64::new(quarantined),
             epoch: AtomicU64::new(0),
             durable,
@@ -286,8 +353,79 @@ impl Spool {
         } else {
             spool.load(rebuild, counts)?;
         }
+        if jump_owed {
+            spool.jump_sequences()?;
+        }
+        // Only now: a crash before this line leaves the debt of the crashed run in place.
+        spool
+            .meta
+            .insert("mode", mode_key(cfg.mode))
+            .map_err(spool.ix())?;
+        spool.index.flush().map_err(spool.ix())?;
         spool.refresh_free_space();
         Ok(Arc::new(spool))
+    }
+
+    /// Pays the jump a crashed `on-outage` run owes: every source known to the spool (a sequence
+    /// note, or records in the index) gets its note moved [`CRASH_SEQ_MARGIN`] past the highest
+    /// sequence known, durably, before anything is numbered from it.
+    fn jump_sequences(&self) -> Result<(), SpoolError> {
+        let mut sources: BTreeSet<Arc<str>> = BTreeSet::new();
+        for item in self.meta.scan_prefix("seq:") {
+            let (k, _) = item.map_err(self.ix())?;
+            sources.insert(String::from_utf8_lossy(&k[4..]).into());
+        }
+        for name in self.index.tree_names() {
+            if let Some(source) = name.strip_prefix(b"i:") {
+                sources.insert(String::from_utf8_lossy(source).into());
+            }
+        }
+        for source in &sources {
+            let next = self
+                .noted_seq(source)?
+                .unwrap_or(0)
+                .max(self.stored_seq(source)?);
+            self.meta
+                .insert(
+                    format!("seq:{source}"),
+                    &(next + CRASH_SEQ_MARGIN).to_le_bytes()[..],
+                )
+                .map_err(self.ix())?;
+        }
+        self.index.flush().map_err(self.ix())?;
+        tracing::info!(spool = %self.path.display(), sources = sources.len(), jump = CRASH_SEQ_MARGIN,
+            "spool: the last run (on-outage) did not end cleanly; sequence numbers jump ahead");
+        Ok(())
+    }
+
+    /// A source's durable sequence note.
+    fn noted_seq(&self, source: &Arc<str>) -> Result<Option<u64>, SpoolError> {
+        Ok(self
+            .meta
+            .get(format!("seq:{source}"))
+            .map_err(self.ix())?
+            .map(|v| u64::from_le_bytes(v.as_ref().try_into().unwrap_or_default())))
+    }
+
+    /// The sequence after a source's highest committed record (0: none).
+    fn stored_seq(&self, source: &Arc<str>) -> Result<u64, SpoolError> {
+        Ok(self.last_committed(source)?.map_or(0, |s| s + 1))
+    }
+
+    /// fsync of `segments/` after deletions. Not fatal: a drained segment that a power cut brings
+    /// back holds nothing the index lists and is deleted again at the next start (only an index
+    /// rebuild would send its records again, and broker deduplication drops them).
+    fn sync_after_delete(&self) {
+        if let Err(e) = self.sync_segments_dir() {
+            tracing::warn!(error = %e, "spool: deleted segments may come back after a power cut");
+        }
+    }
+
+    /// fsync of `segments/` after a file in it was created or removed.
+    fn sync_segments_dir(&self) -> Result<(), SpoolError> {
+        self.disk
+            .sync_dir(&self.path.join("segments"))
+            .map_err(self.io("fsync the segments directory"))
     }
 
     fn io(&self, op: &'static str) -> impl Fn(std::io::Error) -> SpoolError + '_ {
@@ -599,10 +737,14 @@ impl Spool {
             .filter(|(_, (_, live))| *live == 0)
             .map(|(id, _)| *id)
             .collect();
+        let mut deleted = false;
         for id in empty {
-            self.delete_segment(&mut segs, id);
+            deleted |= self.delete_segment(&mut segs, id);
         }
         drop(segs);
+        if deleted {
+            self.sync_after_delete();
+        }
         for (source, _) in self.all_stats() {
             self.update_oldest(&source)?;
         }
@@ -688,16 +830,22 @@ impl Spool {
         tracing::error!(source, segment, offset, reason = why, file = %name, "spool: corrupt record quarantined");
     }
 
-    fn delete_segment(&self, segs: &mut Segments, id: u64) {
+    /// Deletes a segment file (not the one being written); true when a file went. The caller
+    /// fsyncs the directory after its deletions ([`Spool::sync_segments_dir`]).
+    fn delete_segment(&self, segs: &mut Segments, id: u64) -> bool {
         if segs.writer.as_ref().is_some_and(|w| w.id == id) {
-            return;
+            return false;
         }
         if let Some((size, _)) = segs.info.remove(&id) {
             self.disk_bytes.fetch_sub(size, Ordering::Relaxed);
         }
         segs.readers.remove(&id);
-        if let Err(e) = std::fs::remove_file(self.segment_path(id)) {
-            tracing::warn!(segment = id, error = %e, "spool: cannot delete a drained segment");
+        match std::fs::remove_file(self.segment_path(id)) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(segment = id, error = %e, "spool: cannot delete a drained segment");
+                false
+            }
         }
     }
 
@@ -757,16 +905,23 @@ impl Spool {
                 .unwrap_or(0);
             (note, last)
         };
-        let noted = self
-            .meta
-            .get(format!("seq:{source}"))
-            .map_err(self.ix())?
-            .map(|v| u64::from_le_bytes(v.as_ref().try_into().unwrap_or_default()))
-            .unwrap_or(0);
-        let stored = self.last_committed(source)?.map_or(0, |s| s + 1);
-        let next = noted.max(stored).max(pending_note).max(pending_last);
-        let jump = self.unclean_start && self.mode == SpoolMode::OnOutage && next > 0;
-        Ok(if jump { next + CRASH_SEQ_MARGIN } else { next })
+        let noted = self.noted_seq(source)?;
+        let stored = self.stored_seq(source)?;
+        if noted.is_none() {
+            // First use: a durable note makes the source known to the next start even if this run
+            // crashes before its first commit (it may publish meanwhile). The note holds only what
+            // is durable already, so it is never ahead of the data.
+            self.meta
+                .insert(format!("seq:{source}"), &stored.to_le_bytes()[..])
+                .map_err(self.ix())?;
+            self.index.flush().map_err(self.ix())?;
+        }
+        // A jump owed by a crashed run was paid at open, into the notes.
+        Ok(noted
+            .unwrap_or(0)
+            .max(stored)
+            .max(pending_note)
+            .max(pending_last))
     }
 
     /// Records the next sequence number of a source: durable with the commit that makes the
@@ -808,7 +963,10 @@ impl Spool {
         };
         // Appends go on meanwhile; only the sync waits for the disk.
         if let Some(f) = sync {
-            f.sync_data().map_err(self.io("fdatasync segment"))?;
+            if let Err(e) = self.disk.sync_data(&f) {
+                self.note_sync_failure(&e);
+                return Err(self.io("fdatasync segment")(e));
+            }
         }
         let stale = {
             let mut p = self.pending();
@@ -820,16 +978,48 @@ impl Spool {
         self.durable.send_replace(e);
         // The removals are durable: segments they emptied can go.
         let mut segs = self.segs();
+        let mut deleted = false;
         for id in std::mem::take(&mut segs.emptied) {
             if segs.info.get(&id).is_some_and(|i| i.1 == 0) {
-                self.delete_segment(&mut segs, id);
+                deleted |= self.delete_segment(&mut segs, id);
             }
         }
         drop(segs);
+        if deleted {
+            self.sync_after_delete();
+        }
         for source in stale {
             self.update_oldest(&source)?;
         }
         Ok(())
+    }
+
+    /// After a failed fdatasync: this run is no longer clean, and in `on-outage` mode (where frames
+    /// are published before they are durable) the sequence notes go to sled anyway, so that a
+    /// crash jumps from where publishing got to. A note ahead of its data costs a gap, never a
+    /// repeat; the entries stay pending until a sync succeeds.
+    fn note_sync_failure(&self, e: &std::io::Error) {
+        self.sync_failed.store(true, Ordering::Relaxed);
+        if self.mode != SpoolMode::OnOutage {
+            return;
+        }
+        let notes: Vec<(Arc<str>, u64)> = {
+            let mut p = self.pending();
+            p.seq_notes
+                .drain()
+                .map(|(s, (next, _))| (s, next))
+                .collect()
+        };
+        for (source, next) in notes {
+            let _ = self
+                .meta
+                .insert(format!("seq:{source}"), &next.to_le_bytes()[..]);
+        }
+        if let Err(f) = self.index.flush() {
+            tracing::error!(spool = %self.path.display(), error = %f, "spool: cannot flush the index");
+        }
+        tracing::error!(spool = %self.path.display(), error = %e,
+            "spool: fdatasync failed; frames since the last commit may be lost, and this run will not count as a clean shutdown");
     }
 
     /// Moves to sled the index entries and sequence notes of appends below `watermark`.
@@ -974,10 +1164,10 @@ impl Spool {
     fn roll(&self, segs: &mut Segments) -> Result<(), SpoolError> {
         if let Some(mut w) = segs.writer.take() {
             w.file.flush().map_err(self.io("write segment"))?;
-            w.file
-                .get_ref()
-                .sync_data()
-                .map_err(self.io("fdatasync segment"))?;
+            if let Err(e) = self.disk.sync_data(w.file.get_ref()) {
+                self.note_sync_failure(&e);
+                return Err(self.io("fdatasync segment")(e));
+            }
             if segs.info.get(&w.id).is_some_and(|i| i.1 == 0) {
                 segs.emptied.push(w.id);
             }
@@ -988,6 +1178,13 @@ impl Spool {
             .append(true)
             .open(self.segment_path(id))
             .map_err(self.io("create segment"))?;
+        // The new name is made durable before any index entry can point into the file; a file
+        // whose name may not survive is not used (the next append tries again).
+        if let Err(e) = self.sync_segments_dir() {
+            drop(file);
+            let _ = std::fs::remove_file(self.segment_path(id));
+            return Err(e);
+        }
         segs.info.insert(id, (0, 0));
         let sync = Arc::new(file.try_clone().map_err(self.io("open segment"))?);
         segs.writer = Some(Writer {
@@ -1069,9 +1266,12 @@ impl Spool {
             p.stale_oldest.clear();
         }
         self.index.flush().map_err(self.ix())?;
-        {
+        let deleted = {
             let mut segs = self.segs();
-            self.delete_segment(&mut segs, id);
+            self.delete_segment(&mut segs, id)
+        };
+        if deleted {
+            self.sync_after_delete();
         }
         for (source, _) in self.all_stats() {
             self.update_oldest(&source)?;
@@ -1297,8 +1497,15 @@ impl Spool {
         Ok(gone.len() as u64)
     }
 
-    /// Marks a clean shutdown, stores the counts a clean start uses, and commits.
+    /// The final commit; then, only if it and every data sync of this run succeeded, marks a
+    /// clean shutdown and stores the counts a clean start uses.
     pub fn close(&self) -> Result<(), SpoolError> {
+        self.commit()?;
+        if self.sync_failed.load(Ordering::Relaxed) {
+            tracing::warn!(spool = %self.path.display(),
+                "spool: a data sync failed during this run; the next start treats it as unclean");
+            return Ok(());
+        }
         let counts = Counts {
             segments: self
                 .segs()
@@ -1322,7 +1529,8 @@ impl Spool {
             .insert("counts", counts.encode())
             .map_err(self.ix())?;
         self.meta.insert("clean", &[1u8][..]).map_err(self.ix())?;
-        self.commit()
+        self.index.flush().map_err(self.ix())?;
+        Ok(())
     }
 }
 

@@ -605,3 +605,251 @@ fn an_unreadable_index_page_is_skipped_counted_and_rebuilt_at_the_next_start() {
     assert!(spool.meta.get("rebuild").unwrap().is_none());
     assert_eq!(spool.stats(&gps).records.load(Ordering::Relaxed), 600);
 }
+
+/// A disk whose data syncs can be made to fail (EIO), and that records every sync it is asked
+/// for: `data`, or `dir` with the directory's file names at that moment.
+#[derive(Clone, Default)]
+struct FaultyDisk {
+    fail_data: Arc<std::sync::atomic::AtomicBool>,
+    fail_dir: Arc<std::sync::atomic::AtomicBool>,
+    calls: Arc<Mutex<Vec<Call>>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Call {
+    Data,
+    Dir(Vec<String>),
+}
+
+impl FaultyDisk {
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Disk for FaultyDisk {
+    fn sync_data(&self, file: &File) -> std::io::Result<()> {
+        self.calls.lock().unwrap().push(Call::Data);
+        if self.fail_data.load(Ordering::Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(5)); // EIO
+        }
+        file.sync_data()
+    }
+
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)?
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        self.calls.lock().unwrap().push(Call::Dir(names));
+        if self.fail_dir.load(Ordering::Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(5));
+        }
+        File::open(dir)?.sync_all()
+    }
+}
+
+fn on_outage(dir: &Path) -> SpoolConfig {
+    SpoolConfig {
+        mode: SpoolMode::OnOutage,
+        ..cfg(dir)
+    }
+}
+
+/// What an `on-outage` lane does with frames it publishes live: numbers them, spools nothing.
+fn publish_live(spool: &Spool, source: &str, from: u64, n: u64) -> u64 {
+    for seq in from..from + n {
+        spool.note_seq(&source.into(), seq + 1).unwrap();
+    }
+    from + n
+}
+
+#[test]
+fn a_crash_before_the_first_commit_still_jumps_the_sequence() {
+    // The first run published frames 0..50 and crashed before any commit: no sequence note was
+    // durable, so the jump was skipped (`next > 0`) and the next run reused 0..50, which the
+    // broker's deduplication then dropped as duplicates.
+    let dir = tempfile::tempdir().unwrap();
+    let c = on_outage(dir.path());
+    let gps: Arc<str> = "gps".into();
+    {
+        let spool = Spool::open(&c).unwrap();
+        assert_eq!(spool.next_seq(&gps).unwrap(), 0);
+        publish_live(&spool, "gps", 0, 50);
+        // crash: no commit, no close
+    }
+    let spool = Spool::open(&c).unwrap();
+    assert!(spool.unclean_start());
+    assert_eq!(spool.next_seq(&gps).unwrap(), CRASH_SEQ_MARGIN);
+}
+
+#[test]
+fn two_crashes_in_a_row_jump_twice() {
+    // The second run numbered from the jumped sequence, but the jump itself was never durable:
+    // crashing again before a commit, the third run jumped from the same note as the second and
+    // reused the second run's published numbers.
+    let dir = tempfile::tempdir().unwrap();
+    let c = on_outage(dir.path());
+    let gps: Arc<str> = "gps".into();
+    {
+        let spool = Spool::open(&c).unwrap();
+        spool.append(&frame("gps", 3, 10)).unwrap();
+        spool.note_seq(&gps, 4).unwrap();
+        spool.commit().unwrap();
+    }
+    {
+        let spool = Spool::open(&c).unwrap();
+        let first = spool.next_seq(&gps).unwrap();
+        assert_eq!(first, 4 + CRASH_SEQ_MARGIN);
+        publish_live(&spool, "gps", first, 100);
+    }
+    let spool = Spool::open(&c).unwrap();
+    let next = spool.next_seq(&gps).unwrap();
+    assert!(
+        next >= 4 + CRASH_SEQ_MARGIN + 100,
+        "{next} reuses published numbers"
+    );
+    assert_eq!(next, 4 + 2 * CRASH_SEQ_MARGIN);
+}
+
+#[test]
+fn the_jump_follows_the_mode_of_the_run_that_crashed() {
+    // The jump was decided by the mode of the starting run: an `on-outage` crash followed by a
+    // start in `always` mode skipped it (published numbers reused), and an `always` crash followed
+    // by `on-outage` jumped for nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let gps: Arc<str> = "gps".into();
+    let mut c = on_outage(dir.path());
+    {
+        let spool = Spool::open(&c).unwrap();
+        spool.note_seq(&gps, 4).unwrap();
+        spool.commit().unwrap();
+        publish_live(&spool, "gps", 4, 100);
+    }
+    c.mode = SpoolMode::Always;
+    {
+        let spool = Spool::open(&c).unwrap();
+        assert_eq!(spool.next_seq(&gps).unwrap(), 4 + CRASH_SEQ_MARGIN);
+        // crash again, in `always` mode, before anything was captured
+    }
+    c.mode = SpoolMode::OnOutage;
+    {
+        // The always-mode run owes no jump, and the one it paid stays paid.
+        let spool = Spool::open(&c).unwrap();
+        assert!(spool.unclean_start());
+        assert_eq!(spool.next_seq(&gps).unwrap(), 4 + CRASH_SEQ_MARGIN);
+    }
+    // An `always` run that crashes leaves nothing published beyond its commits: no jump.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.mode = SpoolMode::Always;
+    {
+        let spool = Spool::open(&c).unwrap();
+        spool.append(&frame("gps", 3, 10)).unwrap();
+        spool.note_seq(&gps, 4).unwrap();
+        spool.commit().unwrap();
+    }
+    c.mode = SpoolMode::OnOutage;
+    let spool = Spool::open(&c).unwrap();
+    assert_eq!(spool.next_seq(&gps).unwrap(), 4);
+}
+
+#[test]
+fn a_failed_final_commit_does_not_mark_the_shutdown_clean() {
+    // close() set `clean` before its commit; when the commit's fdatasync failed, sled still wrote
+    // the flag when the spool was dropped, and the next start skipped the jump.
+    let dir = tempfile::tempdir().unwrap();
+    let c = on_outage(dir.path());
+    let gps: Arc<str> = "gps".into();
+    let disk = FaultyDisk::default();
+    {
+        let spool = Spool::open_with(&c, Box::new(disk.clone())).unwrap();
+        spool.append(&frame("gps", 0, 10)).unwrap();
+        spool.note_seq(&gps, 1).unwrap();
+        spool.commit().unwrap();
+        publish_live(&spool, "gps", 1, 10);
+        spool.append(&frame("gps", 11, 10)).unwrap(); // handed back at shutdown
+        disk.fail_data.store(true, Ordering::Relaxed);
+        assert!(spool.close().is_err());
+    }
+    let spool = Spool::open(&c).unwrap();
+    assert!(spool.unclean_start());
+    assert_eq!(spool.next_seq(&gps).unwrap(), 11 + CRASH_SEQ_MARGIN);
+}
+
+#[test]
+fn after_a_failed_fdatasync_the_run_is_unclean_and_the_sequence_note_keeps_up() {
+    // A failed fdatasync may have dropped the data (the kernel marks the pages clean, and the next
+    // sync "succeeds"): the run must not end clean. And in `on-outage` mode the notes stopped at
+    // the last good commit while publishing went on, so a crash hours later jumped too little.
+    let dir = tempfile::tempdir().unwrap();
+    let c = on_outage(dir.path());
+    let gps: Arc<str> = "gps".into();
+    let disk = FaultyDisk::default();
+    {
+        let spool = Spool::open_with(&c, Box::new(disk.clone())).unwrap();
+        spool.append(&frame("gps", 0, 10)).unwrap();
+        spool.note_seq(&gps, 1).unwrap();
+        spool.commit().unwrap();
+        disk.fail_data.store(true, Ordering::Relaxed);
+        spool.append(&frame("gps", 1, 10)).unwrap();
+        spool.note_seq(&gps, 2).unwrap();
+        assert!(spool.commit().is_err());
+        let published = publish_live(&spool, "gps", 2, 5000);
+        assert!(spool.commit().is_err());
+        let note = spool.meta.get("seq:gps").unwrap().unwrap();
+        assert_eq!(
+            u64::from_le_bytes(note.as_ref().try_into().unwrap()),
+            published
+        );
+        // The disk "recovers": the retried sync succeeds, though the data it lost stays lost.
+        disk.fail_data.store(false, Ordering::Relaxed);
+        spool.close().unwrap();
+    }
+    let spool = Spool::open(&c).unwrap();
+    assert!(spool.unclean_start());
+    assert_eq!(spool.next_seq(&gps).unwrap(), 5002 + CRASH_SEQ_MARGIN);
+}
+
+#[test]
+fn the_segments_directory_is_fsynced_after_a_segment_is_created_and_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.max_bytes = ByteSize(8 << 20); // 1 MiB segments
+    let disk = FaultyDisk::default();
+    let spool = Spool::open_with(&c, Box::new(disk.clone())).unwrap();
+    let name = |id: u64| format!("{id:016x}.seg");
+    spool.append(&frame("cam", 0, 600_000)).unwrap();
+    // The new name is durable before any data sync could make an index entry point into it.
+    assert_eq!(disk.calls(), vec![Call::Dir(vec![name(1)])]);
+    spool.append(&frame("cam", 1, 600_000)).unwrap(); // rolls: segment 1 sealed, 2 created
+    assert_eq!(
+        disk.calls(),
+        vec![
+            Call::Dir(vec![name(1)]),
+            Call::Data,
+            Call::Dir(vec![name(1), name(2)])
+        ]
+    );
+    spool.commit().unwrap();
+    spool.remove(&"cam".into(), 0).unwrap();
+    spool.commit().unwrap(); // the removal is durable: segment 1 goes
+    assert_eq!(disk.calls().last(), Some(&Call::Dir(vec![name(2)])));
+    assert_eq!(segment_files(dir.path()).len(), 1);
+}
+
+#[test]
+fn a_segment_whose_name_cannot_be_made_durable_is_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = FaultyDisk::default();
+    let spool = Spool::open_with(&cfg(dir.path()), Box::new(disk.clone())).unwrap();
+    disk.fail_dir.store(true, Ordering::Relaxed);
+    assert!(spool.append(&frame("gps", 0, 10)).is_err());
+    assert!(segment_files(dir.path()).is_empty());
+    // Once the directory syncs again, the next append takes the same segment id.
+    disk.fail_dir.store(false, Ordering::Relaxed);
+    spool.append(&frame("gps", 0, 10)).unwrap();
+    spool.commit().unwrap();
+    assert_eq!(seqs(&spool, "gps"), vec![0]);
+    assert_eq!(segment_files(dir.path()).len(), 1);
+}
