@@ -123,7 +123,7 @@ fn spawn_capture(
 }
 
 /// Reads a token file: trimmed content; an empty file is an error.
-fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
+pub(crate) fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
     let t = std::fs::read_to_string(path)
         .with_context(|| format!("reading token file {}", path.display()))?;
     let t = t.trim().to_string();
@@ -295,9 +295,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .map_err(|e| tracing::warn!(error = %format!("{e:#}"), "web control actions disabled"))
             .ok()
     });
+    let web_token = rigd_web::ControlToken::new(web_token); // SIGHUP replaces it
     let app = rigd_web::router(
         rigd_web::AppState::new(runtime.clone(), runtime.clone())
-            .with_token(web_token)
+            .with_control_token(web_token.clone())
             .with_shutdown(shutdown_rx.clone()),
     );
     // Header and idle deadlines, a connection cap, and a shutdown that ends within its grace
@@ -325,7 +326,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         liveness,
     ));
 
-    crate::lifecycle::wait_for_signal().await;
+    let reload = crate::lifecycle::Reload {
+        web_token_file: config.web.token_file.clone(),
+        web_token,
+    };
+    crate::lifecycle::wait_for_signal(&reload).await;
     supervisor.abort();
     notifier.stopping("stopping: capture stops, unacknowledged frames go to the spool");
     tracing::info!("shutting down: stopping capture, spooling what is unacknowledged");

@@ -178,8 +178,14 @@ fn load(path: Option<&PathBuf>) -> Result<Config, ConfigError> {
 }
 
 fn report(e: &ConfigError) -> ExitCode {
-    eprintln!("{e}");
+    say(format_args!("{e}"));
     ExitCode::from(2)
+}
+
+/// One line on stderr, ignoring a closed stderr (eprintln! panics on EPIPE).
+fn say(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// Entry point of the binary.
@@ -219,15 +225,19 @@ pub fn main() -> ExitCode {
             {
                 Ok(rt) => rt,
                 Err(e) => {
-                    eprintln!("rigd: cannot start the async runtime: {e}");
+                    say(format_args!("rigd: cannot start the async runtime: {e}"));
                     return ExitCode::from(1);
                 }
             };
-            match rt.block_on(crate::app::run(config)) {
+            let run = async {
+                crate::lifecycle::catch_hangup();
+                crate::app::run(config).await
+            };
+            match rt.block_on(run) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e:#}");
-                    eprintln!("rigd: {e:#}");
+                    say(format_args!("rigd: {e:#}"));
                     ExitCode::from(1)
                 }
             }
@@ -395,6 +405,10 @@ fn init_quiet_logging() {
         .try_init();
 }
 
+/// The daemon's log, on stderr (the journal under systemd). A stderr that goes away (a closed
+/// pipe: EPIPE) loses the log lines, never the daemon: tracing's fmt layer reports a failed write
+/// with eprintln!, which panics on EPIPE in whichever thread logged (capture threads, tokio
+/// workers), so that report is off.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RIGD_LOG")
         .unwrap_or_else(|_| "info,statime=warn".into());
@@ -403,5 +417,6 @@ fn init_logging() {
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .init();
 }

@@ -1,7 +1,55 @@
-//! Process lifecycle: which signals stop the daemon, and the heartbeats its watchdog reads.
+//! Process lifecycle: which signals stop the daemon, what SIGHUP reloads, and the heartbeats its
+//! watchdog reads.
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn wait_for_signal() {
+use std::path::PathBuf;
+
+/// What SIGHUP re-reads while the daemon runs. Only what is read on use can change: the web
+/// control token. The config file is not re-read (sources, spool, uplink and web bind are wired
+/// at start), and the log filter comes from `RIGD_LOG` in the environment, which a running process
+/// cannot see change: those need a restart.
+#[derive(Debug)]
+pub struct Reload {
+    /// `[web].token-file`.
+    pub web_token_file: Option<PathBuf>,
+    /// The token the web UI checks control actions against.
+    pub web_token: rigd_web::ControlToken,
+}
+
+impl Reload {
+    /// Re-reads what can change and logs what it did and what needs a restart.
+    pub fn apply(&self) {
+        let web = match &self.web_token_file {
+            None => "web token-file (none configured: control actions stay disabled)".to_string(),
+            // The rule of the start: a missing or empty token file disables control actions.
+            Some(path) => match crate::app::read_token(path) {
+                Ok(token) => {
+                    self.web_token.set(Some(token));
+                    "web token-file (control actions enabled)".to_string()
+                }
+                Err(e) => {
+                    self.web_token.set(None);
+                    tracing::warn!(error = %format!("{e:#}"), "SIGHUP: web control actions disabled");
+                    "web token-file (control actions disabled)".to_string()
+                }
+            },
+        };
+        tracing::info!("SIGHUP: reloaded {web}; the config file and RIGD_LOG need a restart");
+    }
+}
+
+/// Makes SIGHUP harmless from now on (its default action ends the process), before the daemon
+/// reaches [`wait_for_signal`]: a SIGHUP during startup is ignored instead of killing it. Needs a
+/// tokio runtime.
+pub fn catch_hangup() {
+    use tokio::signal::unix::{signal, SignalKind};
+    // The handler stays installed for the life of the process once registered.
+    if let Err(e) = signal(SignalKind::hangup()) {
+        tracing::warn!(error = %e, "cannot install the SIGHUP handler; SIGHUP will stop the daemon");
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT; SIGHUP meanwhile applies `reload` and goes on waiting.
+pub async fn wait_for_signal(reload: &Reload) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -10,9 +58,23 @@ pub async fn wait_for_signal() {
         tracing::error!("cannot install signal handlers; stopping");
         return;
     };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
+    let mut hup = signal(SignalKind::hangup())
+        .map_err(|e| tracing::warn!(error = %e, "cannot install the SIGHUP handler"))
+        .ok();
+    loop {
+        tokio::select! {
+            _ = term.recv() => {
+                tracing::info!("SIGTERM received");
+                return;
+            }
+            _ = int.recv() => {
+                tracing::info!("SIGINT received");
+                return;
+            }
+            Some(()) = async { match &mut hup { Some(h) => h.recv().await, None => None } } => {
+                reload.apply();
+            }
+        }
     }
 }
 

@@ -265,13 +265,39 @@ pub enum ControlError {
     Failed(String),
 }
 
+/// The bearer token control actions need, shared with the daemon so that it can replace it while
+/// serving (SIGHUP re-reads the token file). `None`: control actions are disabled (403).
+#[derive(Clone, Default, Debug)]
+pub struct ControlToken(Arc<std::sync::RwLock<Option<Arc<str>>>>);
+
+impl ControlToken {
+    /// `None` or empty: control actions disabled.
+    pub fn new(token: Option<String>) -> Self {
+        let t = Self::default();
+        t.set(token);
+        t
+    }
+
+    /// Replaces the token; the next request is checked against the new one. Returns whether
+    /// control actions are enabled now.
+    pub fn set(&self, token: Option<String>) -> bool {
+        let token: Option<Arc<str>> = token.filter(|t| !t.is_empty()).map(Arc::from);
+        let enabled = token.is_some();
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = token;
+        enabled
+    }
+
+    fn get(&self) -> Option<Arc<str>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// Router state: cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
     status: Arc<dyn StatusSource>,
     control: Arc<dyn Control>,
-    /// `None`: control actions are disabled (403).
-    token: Option<Arc<str>>,
+    token: ControlToken,
     streams: Arc<Semaphore>,
     shutdown: Option<watch::Receiver<bool>>,
     stream_period: Duration,
@@ -282,7 +308,7 @@ impl AppState {
         Self {
             status,
             control,
-            token: None,
+            token: ControlToken::default(),
             streams: Arc::new(Semaphore::new(MAX_STREAMS)),
             shutdown: None,
             stream_period: STREAM_PERIOD,
@@ -291,7 +317,13 @@ impl AppState {
 
     /// Enables control actions for this bearer token (`None` or empty: disabled).
     pub fn with_token(mut self, token: Option<String>) -> Self {
-        self.token = token.filter(|t| !t.is_empty()).map(Arc::from);
+        self.token = ControlToken::new(token);
+        self
+    }
+
+    /// Control actions check this token, which its holder may replace while serving.
+    pub fn with_control_token(mut self, token: ControlToken) -> Self {
+        self.token = token;
         self
     }
 
@@ -311,7 +343,7 @@ impl AppState {
         let status = self.status.status();
         StatusView {
             alerts: alerts(&status),
-            control_enabled: self.token.is_some(),
+            control_enabled: self.token.get().is_some(),
             status,
         }
     }
@@ -531,14 +563,14 @@ fn same_token(presented: &[u8], expected: &[u8]) -> bool {
 }
 
 async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(expected) = &state.token else {
+    let Some(expected) = state.token.get() else {
         return AppError(
             StatusCode::FORBIDDEN,
             "control actions are disabled: no [web] token-file is configured".into(),
         )
         .into_response();
     };
-    if !authorized(req.headers(), expected) {
+    if !authorized(req.headers(), &expected) {
         return AppError(
             StatusCode::UNAUTHORIZED,
             "missing or wrong token: send Authorization: Bearer <token>".into(),

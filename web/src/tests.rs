@@ -331,6 +331,30 @@ async fn control_needs_the_right_token() {
 }
 
 #[tokio::test]
+async fn a_replaced_control_token_applies_to_the_next_request() {
+    let rig = Arc::new(FakeRig::default());
+    let token = ControlToken::new(Some(TOKEN.into()));
+    let app = router(AppState::new(rig.clone(), rig).with_control_token(token.clone()));
+    let pause = |auth| control(&Method::POST, "/api/uplink/pause", "", Some(auth));
+    let (code, _, _) = send(app.clone(), pause("Bearer s3cret-token")).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(token.set(Some("rotated".into())));
+    let (code, _, _) = send(app.clone(), pause("Bearer s3cret-token")).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    let (code, _, _) = send(app.clone(), pause("Bearer rotated")).await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(!token.set(None));
+    let (code, _, _) = send(app.clone(), pause("Bearer rotated")).await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    let (_, _, body) = send(
+        app,
+        Request::get("/api/status").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(json(&body)["control_enabled"], false);
+}
+
+#[tokio::test]
 async fn control_actions_reach_the_daemon() {
     let auth = Some("Bearer s3cret-token");
     let (app, rig) = app_with(Some(TOKEN));

@@ -7,8 +7,9 @@
 //!   so space comes back as the spool drains.
 //! - `index/`: a sled database. Tree `i:{source}` holds the source's record locations (segment,
 //!   offset, length, capture time) in [`pages`] of up to 256 records, keyed by big-endian `seq`;
-//!   tree `meta` holds `seq:{source}` (next capture sequence), `clean` (1 after a clean shutdown)
-//!   and `counts` (what a clean shutdown counted).
+//!   tree `meta` holds `seq:{source}` (next capture sequence), `clean` (1 after a clean shutdown),
+//!   `mode` (`on-outage` or `always`: the mode of the run that last opened the spool) and `counts`
+//!   (what a clean shutdown counted).
 //! - `quarantine/`: records that failed their checksum, one file each, kept for inspection.
 //! - `LOCK`: held (flock) by the process that has the spool open.
 //!
