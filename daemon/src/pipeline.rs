@@ -7,11 +7,14 @@
 //! group commit is durable.
 
 use rigd_drivers::Frame;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
+
+mod backlog;
+
+pub use backlog::{Backlog, Route};
 
 use crate::config::SpoolMode;
 use crate::spool::{Appended, Spool};
@@ -50,47 +53,21 @@ pub struct Lane {
     pub shutdown: watch::Receiver<bool>,
 }
 
-struct State {
-    /// Spool holds frames of this source not yet handed to the producer, from `cursor` on.
-    backlog: bool,
-    cursor: u64,
-    /// Sequences handed to the producer from the spool, in order (removed from the spool on ack).
-    from_spool: VecDeque<u64>,
-    /// In `always` mode: (commit epoch, seq) of appends not yet known durable.
-    appended: VecDeque<(u64, u64)>,
-    /// Frames below this seq may be published (in `always` mode: the durable ones).
-    publish_below: u64,
-    last_drop_log: Option<Instant>,
-}
-
 impl Lane {
-    /// Runs until the frame channel closes (capture stopped), then hands unacknowledged frames to
-    /// the spool and returns.
+    /// Runs until the frame channel closes (capture stopped) or the daemon stops, then hands
+    /// unacknowledged frames to the spool and returns.
     pub async fn run(mut self) {
-        let mut st = State {
-            backlog: false,
-            cursor: 0,
-            from_spool: VecDeque::new(),
-            appended: VecDeque::new(),
-            publish_below: if self.mode == SpoolMode::Always {
-                0
-            } else {
-                u64::MAX
-            },
-            last_drop_log: None,
-        };
         // Whatever a previous run left in the spool goes first.
-        if let Ok(first) = self.spool.read_from(&self.source, 0, 1) {
-            if let Some(f) = first.first() {
-                st.backlog = true;
-                st.cursor = f.seq;
-                if self.mode == SpoolMode::Always {
-                    st.publish_below = self.spool.next_seq(&self.source).unwrap_or(u64::MAX);
-                }
-                tracing::info!(source = %self.source, records = self.spool.stats(&self.source).records.load(Ordering::Relaxed),
-                    "spooled frames from an earlier run will drain first");
-            }
+        let spooled_from = disk(|| self.spool.read_from(&self.source, 0, 1))
+            .ok()
+            .and_then(|f| f.first().map(|f| f.seq));
+        let next_seq = disk(|| self.spool.next_seq(&self.source)).unwrap_or(u64::MAX);
+        let mut st = Backlog::new(self.mode, spooled_from, next_seq);
+        if spooled_from.is_some() {
+            tracing::info!(source = %self.source, records = self.spool.stats(&self.source).records.load(Ordering::Relaxed),
+                "spooled frames from an earlier run will drain first");
         }
+        let mut last_drop_log = None;
         let mut durable = self.spool.durable_epoch();
         let (producer, mut acks) = match self.producer.take() {
             Some((p, a)) => (Some(p), Some(a)),
@@ -115,12 +92,12 @@ impl Lane {
             tokio::select! {
                 frame = self.frames.recv() => {
                     let Some(frame) = frame else { break };
-                    self.on_frame(frame, producer.as_ref(), &mut st);
+                    self.on_frame(frame, producer.as_ref(), &mut st, &mut last_drop_log);
                 }
                 _ = self.shutdown.changed() => {
                     // A capture thread that did not stop still holds the channel open.
                     while let Ok(frame) = self.frames.try_recv() {
-                        self.on_frame(frame, producer.as_ref(), &mut st);
+                        self.on_frame(frame, producer.as_ref(), &mut st, &mut last_drop_log);
                     }
                     break;
                 }
@@ -131,17 +108,13 @@ impl Lane {
                 _ = durable.changed() => {}
                 _ = beat.tick() => {}
             }
-            if self.mode == SpoolMode::Always {
-                let durable_now = *durable.borrow();
-                while let Some(&(epoch, seq)) = st.appended.front() {
-                    if epoch >= durable_now {
-                        break;
-                    }
-                    st.publish_below = st.publish_below.max(seq + 1);
-                    st.appended.pop_front();
+            if let Some(a) = &mut acks {
+                while let Ok(ack) = a.try_recv() {
+                    self.on_ack(ack, &mut st);
                 }
             }
-            if st.backlog && st.cursor < st.publish_below {
+            st.durable(*durable.borrow());
+            if st.drain_from().is_some() {
                 // Paused by a technician: the backlog waits, as while the broker is away.
                 if let Some(p) = producer
                     .as_ref()
@@ -161,7 +134,7 @@ impl Lane {
             }
             let n = left.len();
             for f in left {
-                self.append(&f, &mut st);
+                self.append(&f, &mut last_drop_log);
             }
             if n > 0 {
                 tracing::info!(source = %self.source, frames = n, "unacknowledged frames spooled at shutdown");
@@ -169,46 +142,48 @@ impl Lane {
         }
     }
 
-    fn on_frame(&self, frame: Frame, producer: Option<&Producer>, st: &mut State) {
+    fn on_frame(
+        &self,
+        frame: Frame,
+        producer: Option<&Producer>,
+        st: &mut Backlog,
+        last_drop_log: &mut Option<Instant>,
+    ) {
         let next = frame.seq + 1;
         self.stats.preview.offer(&frame);
-        match (self.mode, producer) {
-            // While paused, frames take the outage path below (the spool).
-            (SpoolMode::OnOutage, Some(p))
-                if !st.backlog && !self.paused.load(Ordering::Relaxed) =>
-            {
-                if let Err(frame) = p.try_submit(frame) {
-                    st.backlog = true;
-                    st.cursor = frame.seq;
-                    self.append(&frame, st);
+        let open = producer.is_some() && !self.paused.load(Ordering::Relaxed);
+        let spill = match (st.route(open), producer) {
+            (Route::Live, Some(p)) => match p.try_submit(frame) {
+                Ok(()) => None,
+                Err(frame) => {
+                    st.spill(frame.seq);
+                    Some(frame)
                 }
-            }
-            _ => {
-                if !st.backlog {
-                    st.backlog = true;
-                    st.cursor = frame.seq;
-                }
-                if self.append(&frame, st) && self.mode == SpoolMode::Always {
-                    st.appended
-                        .push_back((self.spool.current_epoch(), frame.seq));
-                }
-            }
+            },
+            _ => Some(frame),
+        };
+        if let Some(frame) = spill {
+            // The epoch is read after the append: a commit in between only makes the lane wait
+            // one more commit, never publish a record before it is durable.
+            let stored = self.append(&frame, last_drop_log);
+            let epoch = stored.then(|| self.spool.current_epoch());
+            st.spooled(frame.seq, epoch);
         }
         // After the append: a commit that persists this note also persists the record, so after a
         // crash in `always` mode the next sequence follows the last durable frame (no gap, and the
         // lost frames' numbers were never published).
-        if let Err(e) = self.spool.note_seq(&self.source, next) {
+        if let Err(e) = disk(|| self.spool.note_seq(&self.source, next)) {
             tracing::error!(source = %self.source, error = %e, "spool: cannot record the sequence number");
         }
     }
 
     /// Appends to the spool; false when the frame was dropped by the capacity policy.
-    fn append(&self, frame: &Frame, st: &mut State) -> bool {
-        match self.spool.append(frame) {
+    fn append(&self, frame: &Frame, last_drop_log: &mut Option<Instant>) -> bool {
+        match disk(|| self.spool.append(frame)) {
             Ok(Appended::Stored) => true,
             Ok(Appended::StoredDroppingOldest(n)) => {
                 self.log_drop(
-                    st,
+                    last_drop_log,
                     n,
                     "spool full: dropped the oldest frames (when-full = drop-oldest)",
                 );
@@ -216,7 +191,7 @@ impl Lane {
             }
             Ok(Appended::DroppedNewest) => {
                 self.log_drop(
-                    st,
+                    last_drop_log,
                     1,
                     "spool full: dropped the newest frame (when-full = drop-newest)",
                 );
@@ -227,35 +202,33 @@ impl Lane {
                     .stats(&self.source)
                     .dropped
                     .fetch_add(1, Ordering::Relaxed);
-                self.log_drop(st, 1, &format!("spool write failed: {e}"));
+                self.log_drop(last_drop_log, 1, &format!("spool write failed: {e}"));
                 false
             }
         }
     }
 
     /// Logs frame loss at most once every 10 s per source, with the count since the last line.
-    fn log_drop(&self, st: &mut State, n: u64, what: &str) {
+    fn log_drop(&self, last: &mut Option<Instant>, n: u64, what: &str) {
         let pending = self
             .stats
             .spool_dropped_logged
             .fetch_add(n, Ordering::Relaxed)
             + n;
-        if st
-            .last_drop_log
-            .is_none_or(|t| t.elapsed() > Duration::from_secs(10))
-        {
+        if last.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
             tracing::error!(source = %self.source, dropped = pending, "{what}");
             self.stats.spool_dropped_logged.store(0, Ordering::Relaxed);
-            st.last_drop_log = Some(Instant::now());
+            *last = Some(Instant::now());
         }
     }
 
-    fn on_ack(&self, ack: Ack, st: &mut State) {
+    fn on_ack(&self, ack: Ack, st: &mut Backlog) {
+        let from_spool = st.acked(ack.seq);
         match &ack.outcome {
             Outcome::Persisted => {
                 self.stats.published.fetch_add(1, Ordering::Relaxed);
                 self.stats.latency.record(ack.latency);
-                if st.from_spool.front() != Some(&ack.seq) {
+                if !from_spool {
                     let ns = (rigd_drivers::realtime_ns() - ack.capture_ns).max(0) as u64;
                     self.stats.capture_latency.record(Duration::from_nanos(ns));
                 }
@@ -268,24 +241,18 @@ impl Lane {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
             }
         }
-        while let Some(&front) = st.from_spool.front() {
-            if front > ack.seq {
-                break;
-            }
-            st.from_spool.pop_front();
-            if front == ack.seq {
-                if let Err(e) = self.spool.remove(&self.source, ack.seq) {
-                    tracing::error!(source = %self.source, seq = ack.seq, error = %e, "spool: cannot remove a published frame");
-                }
+        if from_spool {
+            if let Err(e) = disk(|| self.spool.remove(&self.source, ack.seq)) {
+                tracing::error!(source = %self.source, seq = ack.seq, error = %e, "spool: cannot remove a published frame");
             }
         }
     }
 
-    /// Hands spooled frames to the producer while its window has room; leaves backlog mode when the
+    /// Hands spooled frames to the producer while it takes them; leaves backlog mode when the
     /// spool of this source has nothing unsent.
-    fn drain(&self, p: &Producer, st: &mut State) {
-        loop {
-            let batch = match self.spool.read_from(&self.source, st.cursor, DRAIN_BATCH) {
+    fn drain(&self, p: &Producer, st: &mut Backlog) {
+        while let Some(from) = st.drain_from() {
+            let batch = match disk(|| self.spool.read_from(&self.source, from, DRAIN_BATCH)) {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::error!(source = %self.source, error = %e, "spool read failed; retrying later");
@@ -293,23 +260,27 @@ impl Lane {
                 }
             };
             if batch.is_empty() {
-                // Caught up. In `always` mode the lane stays on the spool path.
-                st.backlog = self.mode == SpoolMode::Always;
+                st.caught_up();
                 return;
             }
             for f in batch {
                 let seq = f.seq;
-                if seq >= st.publish_below {
+                if !st.may_publish(seq) {
                     return; // not durable yet
                 }
                 if p.try_submit(f).is_err() {
                     return;
                 }
-                st.from_spool.push_back(seq);
-                st.cursor = seq + 1;
+                st.handed_over(seq);
             }
         }
     }
+}
+
+/// Runs a blocking spool call without stalling the runtime's other tasks (the web UI, the other
+/// lanes): a slow or frozen disk holds this lane only.
+fn disk<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
 }
 
 /// Group commit: flushes the spool every `fsync-ms` until `shutdown`, refreshing free space once a
