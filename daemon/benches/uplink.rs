@@ -44,6 +44,7 @@ async fn main() {
             max_frame_bytes: 64 << 20,
             send_timeout: Duration::from_secs(60),
             tls: None,
+            tls_ca_file: None,
             compression: rigd::config::Compression::None,
             batch: if batching {
                 BatchPolicy::default()

@@ -189,6 +189,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
                     send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
                     tls: tls.clone(),
+                    tls_ca_file: config.pulsar.tls_ca_file.clone(),
                     compression: config.pulsar.compression,
                     batch: config.pulsar.batch_policy(),
                 },

@@ -167,6 +167,7 @@ render_conf() { # output file
       -e "s|@MAX_MESSAGE_SIZE@|$MAX_MESSAGE_SIZE|g" \
       -e "s|@NETTY_MAX_FRAME@|$NETTY_MAX_FRAME|g" \
       -e "s|@DEDUP@|$DEDUP|g" \
+      -e "s|@DEDUP_INACTIVITY@|${PULSAR_DEDUP_INACTIVITY_MIN:-360}|g" \
       "$HERE/standalone.conf.in"
     if [[ -n $TLS_DIR ]]; then
       local tls

@@ -109,6 +109,7 @@ async fn republish(
                 max_frame_bytes: record_limit(),
                 send_timeout: Duration::from_secs(30),
                 tls: tls.clone(),
+                tls_ca_file: target.tls_ca.clone(),
                 compression: crate::config::Compression::None,
                 batch: crate::uplink::BatchPolicy::default(),
             };

@@ -7,6 +7,7 @@ mod codec;
 mod compress;
 mod connect;
 pub mod plan;
+mod probe;
 mod producer;
 pub mod window;
 

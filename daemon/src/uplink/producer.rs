@@ -35,6 +35,8 @@ const STALL_AFTER: Duration = Duration::from_secs(5);
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// How long `close` waits for the task beyond the grace before aborting it.
 const CLOSE_SLACK: Duration = Duration::from_secs(1);
+/// Reading the topic's last message at the first producer creation.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A terminated topic is looked at again this often (an operator may recreate it).
 const TERMINATED_RETRY: Duration = Duration::from_secs(60);
 
@@ -55,6 +57,8 @@ pub struct ProducerConfig {
     pub send_timeout: Duration,
     /// Client TLS settings for `pulsar+ssl://` (see [`super::tls_config`]).
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The CA file behind `tls` (the topic probe's client reads it itself).
+    pub tls_ca_file: Option<std::path::PathBuf>,
     pub compression: crate::config::Compression,
     /// Batching of small frames (`BatchPolicy::default()`: the Java client's defaults).
     pub batch: BatchPolicy,
@@ -198,6 +202,8 @@ impl Producer {
                 shared: shared.clone(),
                 setup,
                 shutdown,
+                tls_ca_file: cfg.tls_ca_file.clone(),
+                created: false,
             }
             .run(),
         );
@@ -258,6 +264,10 @@ struct Session {
     shared: Arc<Shared>,
     setup: Setup,
     shutdown: watch::Receiver<bool>,
+    tls_ca_file: Option<std::path::PathBuf>,
+    /// A producer was created once in this process (the window judges earlier runs' frames
+    /// against the first creation only).
+    created: bool,
 }
 
 impl Session {
@@ -284,7 +294,14 @@ impl Session {
                 _ = stopped(&mut self.shutdown, &shared) => break,
             };
             let result = match established {
-                Ok((mut link, broker_last)) => {
+                Ok((mut link, mut broker_last)) => {
+                    if !self.created && broker_last.is_none() {
+                        broker_last = tokio::select! {
+                            r = probe(&self.setup, self.tls_ca_file.as_deref()) => r,
+                            _ = stopped(&mut self.shutdown, &shared) => break,
+                        };
+                    }
+                    self.created = true;
                     backoff.reset();
                     if !last_logged_error.is_empty()
                         || stats.reconnects.load(Ordering::Relaxed) == 0
@@ -490,6 +507,31 @@ impl Session {
             super::codec::encode_command(&connect::pong(), &mut link.out);
         }
         Ok(())
+    }
+}
+
+/// The broker keeps no deduplication state for the producer (forgotten after a long absence,
+/// or dedup off): ask the topic what it holds (see [`super::probe`]). Bounded; on failure the
+/// broker's answer stands (frames of an earlier run may then arrive twice, never lost).
+async fn probe(setup: &Setup, tls_ca: Option<&std::path::Path>) -> Option<u64> {
+    let r = tokio::time::timeout(
+        PROBE_TIMEOUT,
+        super::probe::last_sequence_id(&setup.url, &setup.topic, &setup.token, tls_ca),
+    )
+    .await
+    .unwrap_or_else(|_| Err("timed out".into()));
+    match r {
+        Ok(Some(id)) => {
+            tracing::info!(topic = %setup.topic, last_sequence_id = id, seq = super::plan::capture_seq(id),
+                "the broker has no deduplication state for this producer; the topic's last message decides what of an earlier run is already stored");
+            Some(id)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(topic = %setup.topic, error = %e,
+                "cannot read the topic's last message; frames of an earlier run may arrive twice");
+            None
+        }
     }
 }
 

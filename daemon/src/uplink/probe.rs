@@ -1,0 +1,79 @@
+//! What a topic itself holds: the sequence id of its last stored message, read back with a
+//! non-durable reader. Used once per process, at the first producer creation, when the broker
+//! reports no last sequence id for the producer name although the spool may hold frames of an
+//! earlier run: the broker forgets a producer's deduplication state after
+//! `brokerDeduplicationProducerInactivityTimeoutMinutes` (6 h by default: a vehicle parked
+//! overnight), and keeps none when deduplication is off. The topic's last message is what was
+//! persisted, so frames of the earlier run up to it are not sent twice.
+
+use futures::StreamExt;
+use pulsar::consumer::{ConsumerOptions, InitialPosition};
+use pulsar::message::proto::command_subscribe::SubType;
+use pulsar::{Authentication, Consumer, Pulsar, TokioExecutor};
+use std::path::Path;
+use std::time::Duration;
+
+use super::connect::Token;
+
+/// The highest sequence id of the topic's last message (a batch's highest), or None for a topic
+/// without messages. Errors name what failed; the caller then trusts the broker's answer alone.
+pub async fn last_sequence_id(
+    url: &str,
+    topic: &str,
+    token: &Token,
+    tls_ca: Option<&Path>,
+) -> Result<Option<u64>, String> {
+    let mut builder = Pulsar::builder(url.to_string(), TokioExecutor);
+    if let Some(t) = token.current().map_err(|e| e.to_string())? {
+        builder = builder.with_auth(Authentication {
+            name: "token".into(),
+            data: t.into_bytes(),
+        });
+    }
+    if let Some(ca) = tls_ca {
+        builder = builder
+            .with_certificate_chain_file(ca)
+            .map_err(|e| format!("{}: {e}", ca.display()))?;
+    }
+    let pulsar: Pulsar<TokioExecutor> = builder.build().await.map_err(|e| e.to_string())?;
+    let subscription = format!(
+        "rigd-probe-{}-{:x}",
+        std::process::id(),
+        rigd_drivers::realtime_ns() as u64 & 0xffff_ffff
+    );
+    let mut consumer: Consumer<Vec<u8>, TokioExecutor> = pulsar
+        .consumer()
+        .with_topic(topic)
+        .with_subscription(subscription)
+        .with_subscription_type(SubType::Exclusive)
+        .with_options(
+            ConsumerOptions::default()
+                .durable(false)
+                .with_initial_position(InitialPosition::Latest),
+        )
+        .build()
+        .await
+        .map_err(|e| e.to_string())?;
+    let last = consumer
+        .get_last_message_id()
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .next()
+        .ok_or("no last message id")?;
+    // An empty topic answers -1:-1.
+    if last.ledger_id == u64::MAX || last.entry_id == u64::MAX {
+        return Ok(None);
+    }
+    consumer
+        .seek(None, Some(last), None, pulsar.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let msg = tokio::time::timeout(Duration::from_secs(5), consumer.next())
+        .await
+        .map_err(|_| "the last message did not arrive".to_string())?
+        .ok_or("the reader closed")?
+        .map_err(|e| e.to_string())?;
+    let m = msg.metadata();
+    Ok(Some(m.highest_sequence_id.unwrap_or(m.sequence_id)))
+}
