@@ -9,6 +9,7 @@
 use futures::StreamExt;
 use pulsar::consumer::{ConsumerOptions, InitialPosition};
 use pulsar::message::proto::command_subscribe::SubType;
+use pulsar::message::proto::MessageIdData;
 use pulsar::{Authentication, Consumer, Pulsar, TokioExecutor};
 use std::path::Path;
 use std::time::Duration;
@@ -41,39 +42,62 @@ pub async fn last_sequence_id(
         std::process::id(),
         rigd_drivers::realtime_ns() as u64 & 0xffff_ffff
     );
-    let mut consumer: Consumer<Vec<u8>, TokioExecutor> = pulsar
-        .consumer()
-        .with_topic(topic)
-        .with_subscription(subscription)
-        .with_subscription_type(SubType::Exclusive)
-        .with_options(
-            ConsumerOptions::default()
-                .durable(false)
-                .with_initial_position(InitialPosition::Latest),
-        )
-        .build()
-        .await
-        .map_err(|e| e.to_string())?;
-    let last = consumer
-        .get_last_message_id()
-        .await
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .next()
-        .ok_or("no last message id")?;
+    let last = last_message_id(&pulsar, topic, &subscription, None).await?;
     // An empty topic answers -1:-1.
-    if last.ledger_id == u64::MAX || last.entry_id == u64::MAX {
+    let Some(last) = last.filter(|id| id.ledger_id != u64::MAX && id.entry_id != u64::MAX) else {
         return Ok(None);
-    }
-    consumer
-        .seek(None, Some(last), None, pulsar.clone())
-        .await
-        .map_err(|e| e.to_string())?;
-    let msg = tokio::time::timeout(Duration::from_secs(5), consumer.next())
+    };
+    // A non-durable subscription started at an entry delivers that entry first (measured on
+    // Pulsar 3.0.7: starting one entry earlier read the previous message and resent the last).
+    let at = MessageIdData {
+        batch_index: None,
+        ..last
+    };
+    let mut reader: Consumer<Vec<u8>, TokioExecutor> =
+        subscribe(&pulsar, topic, &format!("{subscription}-r"), Some(at)).await?;
+    let msg = tokio::time::timeout(Duration::from_secs(5), reader.next())
         .await
         .map_err(|_| "the last message did not arrive".to_string())?
         .ok_or("the reader closed")?
         .map_err(|e| e.to_string())?;
     let m = msg.metadata();
     Ok(Some(m.highest_sequence_id.unwrap_or(m.sequence_id)))
+}
+
+async fn subscribe(
+    pulsar: &Pulsar<TokioExecutor>,
+    topic: &str,
+    subscription: &str,
+    start: Option<MessageIdData>,
+) -> Result<Consumer<Vec<u8>, TokioExecutor>, String> {
+    let mut options = ConsumerOptions::default()
+        .durable(false)
+        .with_initial_position(InitialPosition::Latest);
+    if let Some(id) = start {
+        options = options.starting_on_message(id);
+    }
+    pulsar
+        .consumer()
+        .with_topic(topic)
+        .with_subscription(subscription)
+        .with_subscription_type(SubType::Exclusive)
+        .with_options(options)
+        .build()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn last_message_id(
+    pulsar: &Pulsar<TokioExecutor>,
+    topic: &str,
+    subscription: &str,
+    start: Option<MessageIdData>,
+) -> Result<Option<MessageIdData>, String> {
+    let mut consumer = subscribe(pulsar, topic, subscription, start).await?;
+    Ok(consumer
+        .get_last_message_id()
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .next())
 }
