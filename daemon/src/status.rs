@@ -79,6 +79,9 @@ impl rigd_web::StatusSource for Runtime {
                 if !err.is_empty() && !u.connected.load(Ordering::Relaxed) {
                     uplink.last_error = Some(err);
                 }
+                if u.terminated.load(Ordering::Relaxed) {
+                    uplink.terminated.push(e.id.to_string());
+                }
             }
             uplink.refused += refused;
             let records = sp.records.load(Ordering::Relaxed);

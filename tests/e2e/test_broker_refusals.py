@@ -93,6 +93,8 @@ def test_a_terminated_topic_is_reported_its_frames_stay_spooled_and_the_rest_goe
         admin("POST", topic_path(rig, "cam") + "/terminate")
         s = d.wait_for(lambda s: "terminated" in (s["uplink"].get("last_error") or ""), timeout=30,
                        what="the terminated topic reported")
+        assert s["uplink"]["terminated"] == ["cam"], s["uplink"]
+        assert any("terminated" in a["text"] and "cam" in a["text"] for a in s["alerts"]), s["alerts"]
         gps_before = source_status(s, "gps")["published"]
         time.sleep(3)
         s = d.status()

@@ -128,6 +128,16 @@ fn uplink_alerts(s: &Status, out: &mut Vec<Alert>) {
             format!("Broker unreachable: spooling, {waiting} waiting{why}"),
         ));
     }
+    if !u.terminated.is_empty() {
+        out.push(alert(
+            "error",
+            "uplink",
+            format!(
+                "Topic terminated by the broker for {}: nothing more can be published there, its frames stay in the spool (the topic must be recreated)",
+                u.terminated.join(", ")
+            ),
+        ));
+    }
     if u.refused > 0 {
         out.push(alert(
             "warn",
@@ -359,6 +369,16 @@ mod tests {
             alerts(&s)[0].text,
             "Camera front is not capturing, reconnecting: device /dev/video0: No such device"
         );
+    }
+
+    #[test]
+    fn a_terminated_topic_names_its_source_and_says_the_frames_stay() {
+        let mut s = rig();
+        s.uplink.terminated = vec!["front".into()];
+        let a = alerts(&s);
+        let t = a.iter().find(|a| a.text.contains("terminated")).unwrap();
+        assert_eq!(t.level, "error");
+        assert!(t.text.contains("for front") && t.text.contains("stay in the spool"));
     }
 
     #[test]

@@ -173,6 +173,9 @@ pub struct UplinkStatus {
     /// Receipts those quantiles are computed from.
     pub latency_samples: u64,
     pub last_error: Option<String>,
+    /// Sources whose topic the broker terminated: nothing more can be published there; their
+    /// frames stay in the spool.
+    pub terminated: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
