@@ -234,8 +234,14 @@ impl Window {
         let max_chunk = self.max_chunk(max_message_size);
         for m in &mut self.messages {
             m.written = m.receipts;
-            // Nothing of it went through: cut it again for this broker's message size.
-            if m.receipts == 0 && m.batch.is_empty() && m.sending() {
+            // A broker with a smaller message size than the chunks were cut for: cut again, under
+            // the next generation (new ids and uuid), so no consumer ever sees chunks of two
+            // layouts under one uuid; the earlier partial chunks expire at the consumers.
+            let too_big = m.chunks.iter().any(|c| c.len() > max_chunk);
+            if too_big && m.batch.is_empty() && m.sending() && m.generation < plan::MAX_GENERATION {
+                m.generation += 1;
+                m.receipts = 0;
+                m.written = 0;
                 m.chunks = plan::chunk_ranges(m.wire.len(), max_chunk);
             }
         }
@@ -292,6 +298,7 @@ impl Window {
         let Some(session) = self.session else {
             return Err(frame);
         };
+        self.touch_if_idle(now);
         self.frames += 1;
         self.bytes += frame.payload.len();
         let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
@@ -418,7 +425,16 @@ impl Window {
     /// Closes the open batch if its delay has passed.
     pub fn close_batch_if_due(&mut self, now: Instant) {
         if self.batch_due().is_some_and(|due| due <= now) {
+            self.touch_if_idle(now);
             self.close_batch();
+        }
+    }
+
+    /// Progress is judged from the moment something becomes outstanding, not from whenever the
+    /// link last moved (an idle source must not look stalled when its next frame comes).
+    fn touch_if_idle(&mut self, now: Instant) {
+        if !self.outstanding() {
+            self.last_progress = now;
         }
     }
 

@@ -218,6 +218,39 @@ fn the_progress_clock_starts_with_the_first_write_not_with_an_earlier_idle_perio
 }
 
 #[test]
+fn a_source_idle_for_long_is_not_stalled_by_its_next_frames() {
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.batch.max_messages = 1;
+    let mut w = connected(c, t0, None);
+    let later = t0 + Duration::from_secs(600);
+    w.submit(frame(0, 1000, 1), later).unwrap();
+    // Not yet written by the session: a second frame is still taken.
+    assert!(w.submit(frame(1, 1000, 2), later).is_ok());
+    assert_eq!(w.health(later), Health::Moving);
+}
+
+#[test]
+fn a_broker_with_a_smaller_message_size_gets_the_frame_cut_anew_under_a_new_generation() {
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    w.submit(frame(3, 8 * MB, 1), t0).unwrap();
+    let first = write_all(&mut w, t0);
+    assert_eq!(first.len(), 2);
+    w.on_receipt(first[0], t0).unwrap();
+    w.disconnected();
+    w.connected(2, MB, None, t0);
+    let again = write_all(&mut w, t0);
+    assert!(again.len() >= 8, "cut for 1 MiB");
+    assert!(again[0] > first[1], "new ids above every earlier one");
+    assert_eq!(plan::capture_seq(again[0]), 3);
+    for id in &again {
+        w.on_receipt(*id, t0).unwrap();
+    }
+    assert_eq!(acks(&mut w), vec![(3, Outcome::Persisted)]);
+}
+
+#[test]
 fn send_errors_are_handled_by_kind() {
     // Item 4.
     let t0 = Instant::now();
