@@ -11,10 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{Config, SourceConfig};
+use crate::config::{read_token, Config, PulsarConfig, SourceConfig, SpoolMode, EVENTS_SOURCE};
+use crate::events::EventMarker;
 use crate::pipeline::{self, Lane, LaneStats};
+use crate::runtime::{Runtime, SourceEntry};
 use crate::spool::Spool;
-use crate::uplink::{Producer, ProducerConfig, ProducerStats};
+use crate::uplink::{BatchPolicy, Producer, ProducerConfig, ProducerStats, Token};
 use crate::wire::producer_name;
 
 /// Frames buffered between a capture thread and its lane.
@@ -24,32 +26,6 @@ const CAPTURE_QUEUE: usize = 256;
 const CAPTURE_STOP: Duration = Duration::from_secs(2);
 const LANE_SLACK: Duration = Duration::from_secs(3);
 const COMMIT_STOP: Duration = Duration::from_secs(2);
-
-/// What status reads for one source.
-pub struct SourceEntry {
-    pub id: Arc<str>,
-    pub kind: &'static str,
-    pub health: Arc<SourceHealth>,
-    pub lane: Arc<LaneStats>,
-    pub uplink: Option<Arc<ProducerStats>>,
-}
-
-/// Everything the status API reads.
-pub struct Runtime {
-    pub config: Config,
-    pub started: Instant,
-    pub clock: Arc<dyn FrameClock>,
-    /// The PTP port's clock and report, when `[clock].interface` is set.
-    pub ptp: Option<Arc<crate::clock::Ptp>>,
-    pub sources: Vec<SourceEntry>,
-    pub spool: Arc<Spool>,
-    /// Raised by a technician (web UI): the lanes submit nothing new and spool instead.
-    pub uplink_paused: Arc<AtomicBool>,
-    /// Technician event markers (the internal `events` source, crate::control).
-    pub events: crate::control::EventMarker,
-    /// Counter samples that status keeps to compute rates.
-    pub observed: Mutex<crate::metrics::Observed>,
-}
 
 fn build_source(cfg: &SourceConfig, bucket_ms: u32, clock: Arc<dyn FrameClock>) -> Box<dyn Source> {
     match cfg {
@@ -122,24 +98,95 @@ fn spawn_capture(
         .expect("spawning a capture thread")
 }
 
-/// Reads a token file: trimmed content; an empty file is an error.
-pub(crate) fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
-    let t = std::fs::read_to_string(path)
-        .with_context(|| format!("reading token file {}", path.display()))?;
-    let t = t.trim().to_string();
-    anyhow::ensure!(!t.is_empty(), "token file {} is empty", path.display());
-    Ok(t)
+/// The uplink's batching, as `[pulsar]` sets it.
+pub fn batch_policy(p: &PulsarConfig) -> BatchPolicy {
+    BatchPolicy {
+        max_messages: p.batch_max_messages,
+        max_bytes: p.batch_max_bytes.0 as usize,
+        delay: Duration::from_millis(p.batch_delay_ms),
+    }
 }
 
-/// The daemon. Returns when SIGTERM/SIGINT has been handled and everything is flushed.
+/// What every lane is wired to: the spool, the uplink's settings, the pause switch, shutdown.
+struct LaneWiring<'a> {
+    config: &'a Config,
+    token: Token,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    spool: Arc<Spool>,
+    paused: Arc<AtomicBool>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// A lane that runs: its task, its counters and its producer's.
+struct SpawnedLane {
+    task: tokio::task::JoinHandle<()>,
+    stats: Arc<LaneStats>,
+    uplink: Option<Arc<ProducerStats>>,
+}
+
+impl LaneWiring<'_> {
+    /// Starts the lane of source `id` (and its producer, with a broker) reading `frames`.
+    fn spawn(&self, id: &Arc<str>, frames: mpsc::Receiver<rigd_drivers::Frame>) -> SpawnedLane {
+        let config = self.config;
+        let producer = config.pulsar.url.as_ref().map(|url| {
+            let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+            let p = Producer::spawn(
+                ProducerConfig {
+                    url: url.clone(),
+                    topic: config.pulsar.topic_for(&config.rig.id, id),
+                    producer_name: producer_name(&config.rig.id, id),
+                    rig: config.rig.id.clone(),
+                    bucket_ms: config.rig.bucket_ms,
+                    token: self.token.clone(),
+                    max_in_flight: config.pulsar.max_in_flight,
+                    max_in_flight_bytes: config.pulsar.max_in_flight_bytes.0 as usize,
+                    max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
+                    send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
+                    tls: self.tls.clone(),
+                    tls_ca_file: config.pulsar.tls_ca_file.clone(),
+                    compression: config.pulsar.compression,
+                    batch: batch_policy(&config.pulsar),
+                },
+                ack_tx,
+                self.shutdown.clone(),
+            );
+            (p, ack_rx)
+        });
+        let stats = Arc::new(LaneStats::default());
+        let uplink = producer.as_ref().map(|(p, _)| p.stats().clone());
+        let lane = Lane {
+            source: id.clone(),
+            mode: config.spool.mode,
+            frames,
+            producer,
+            spool: self.spool.clone(),
+            stats: stats.clone(),
+            paused: self.paused.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        SpawnedLane {
+            task: tokio::spawn(lane.run()),
+            stats,
+            uplink,
+        }
+    }
+}
+
+/// The daemon. Returns when SIGTERM/SIGINT has been handled and everything is flushed. The config
+/// has passed [`crate::preflight`]; what can still fail here fails before capture starts.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // The web port first: a port taken since the preflight fails the start, not a running rig.
+    let bind = config.web_bind();
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("web.bind: cannot listen on {bind}"))?;
     let spool = Spool::open(&config.spool).context("opening the spool")?;
     if spool.unclean_start() {
         let note = match config.spool.mode {
-            crate::config::SpoolMode::OnOutage => {
+            SpoolMode::OnOutage => {
                 "sequence numbers skip ahead past frames that may have been published"
             }
-            crate::config::SpoolMode::Always => {
+            SpoolMode::Always => {
                 "frames after the last commit were lost; nothing published is repeated"
             }
         };
@@ -149,10 +196,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // connection and authentication challenge (a rotated token needs no restart).
     let token = match config.pulsar.token_file.as_deref() {
         Some(path) => {
-            read_token(path)?;
-            crate::uplink::Token::File(path.to_path_buf())
+            read_token(path).map_err(|e| anyhow::anyhow!("pulsar.token-file: {e}"))?;
+            Token::File(path.to_path_buf())
         }
-        None => crate::uplink::Token::None,
+        None => Token::None,
     };
     let tls = match &config.pulsar.url {
         Some(url) if url.starts_with("pulsar+ssl://") => Some(
@@ -171,35 +218,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => (Arc::new(SystemClock), None, None),
     };
     let stop = StopFlag::new();
-
     let uplink_paused = Arc::new(AtomicBool::new(false));
-    let spawn_producer = |id: &Arc<str>| {
-        config.pulsar.url.as_ref().map(|url| {
-            let (ack_tx, ack_rx) = mpsc::unbounded_channel();
-            let p = Producer::spawn(
-                ProducerConfig {
-                    url: url.clone(),
-                    topic: config.pulsar.topic_for(&config.rig.id, id),
-                    producer_name: producer_name(&config.rig.id, id),
-                    rig: config.rig.id.clone(),
-                    bucket_ms: config.rig.bucket_ms,
-                    token: token.clone(),
-                    max_in_flight: config.pulsar.max_in_flight,
-                    max_in_flight_bytes: config.pulsar.max_in_flight_bytes.0 as usize,
-                    max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
-                    send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
-                    tls: tls.clone(),
-                    tls_ca_file: config.pulsar.tls_ca_file.clone(),
-                    compression: config.pulsar.compression,
-                    batch: config.pulsar.batch_policy(),
-                },
-                ack_tx,
-                shutdown_rx.clone(),
-            );
-            (p, ack_rx)
-        })
+    let wiring = LaneWiring {
+        config: &config,
+        token,
+        tls,
+        spool: spool.clone(),
+        paused: uplink_paused.clone(),
+        shutdown: shutdown_rx.clone(),
     };
 
+    // Every source: a capture thread feeding a lane (spool and uplink), watched by the watchdog.
     let mut entries = Vec::new();
     let mut lanes = Vec::new();
     let mut captures = Vec::new();
@@ -210,72 +239,52 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let health = Arc::new(SourceHealth::default());
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let sink = FrameSink::new(id.clone(), first_seq, tx, health.clone());
-        let producer = spawn_producer(&id);
-        let lane_stats = Arc::new(LaneStats::default());
-        liveness.lane(id.clone(), lane_stats.clone());
+        let lane = wiring.spawn(&id, rx);
+        liveness.lane(id.clone(), lane.stats.clone());
         liveness.capture(id.clone(), health.clone(), sc, config.rig.bucket_ms);
         entries.push(SourceEntry {
             id: id.clone(),
             kind: sc.kind(),
+            modality: sc.modality(),
             health,
-            lane: lane_stats.clone(),
-            uplink: producer.as_ref().map(|(p, _)| p.stats().clone()),
+            lane: lane.stats,
+            uplink: lane.uplink,
         });
-        let lane = Lane {
-            source: id.clone(),
-            mode: config.spool.mode,
-            frames: rx,
-            producer,
-            spool: spool.clone(),
-            stats: lane_stats,
-            paused: uplink_paused.clone(),
-            shutdown: shutdown_rx.clone(),
-        };
-        lanes.push(tokio::spawn(lane.run()));
+        lanes.push(lane.task);
         let source = build_source(sc, config.rig.bucket_ms, clock.clone());
         tracing::info!(source = %id, kind = sc.kind(), first_seq, "source starting");
         captures.push(spawn_capture(source, sink, stop.clone()));
     }
     // Technician event markers: an internal source with a lane of its own, so markers spool
-    // during an outage and publish on `{rig}-events` like frames (crate::control).
+    // during an outage and publish on `{rig}-events` like frames (crate::events).
     let events = {
-        let id: Arc<str> = crate::control::EVENTS_SOURCE.into();
+        let id: Arc<str> = EVENTS_SOURCE.into();
         let (tx, rx) = mpsc::channel(16);
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let sink = FrameSink::new(id.clone(), first_seq, tx, Arc::new(SourceHealth::default()));
-        let stats = Arc::new(LaneStats::default());
-        let lane = Lane {
-            source: id.clone(),
-            mode: config.spool.mode,
-            frames: rx,
-            producer: spawn_producer(&id),
-            spool: spool.clone(),
-            stats: stats.clone(),
-            paused: uplink_paused.clone(),
-            shutdown: shutdown_rx.clone(),
-        };
-        lanes.push(tokio::spawn(lane.run()));
+        let lane = wiring.spawn(&id, rx);
+        lanes.push(lane.task);
         let topic = config
             .pulsar
             .url
             .as_ref()
             .map(|_| config.pulsar.topic_for(&config.rig.id, &id));
-        crate::control::EventMarker::new(
+        EventMarker::new(
             sink,
             clock.clone(),
             config.rig.bucket_ms,
             config.rig.id.clone(),
             topic,
-            stats,
+            lane.stats,
         )
     };
+    drop(wiring);
     let committer = tokio::spawn(pipeline::commit_loop(
         spool.clone(),
         Duration::from_millis(config.spool.fsync_ms),
         shutdown_rx.clone(),
     ));
 
-    let bind = config.web_bind();
     let runtime = Arc::new(Runtime {
         config: config.clone(),
         started: Instant::now(),
@@ -287,32 +296,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         events,
         observed: Mutex::default(),
     });
-    let listener = tokio::net::TcpListener::bind(bind)
-        .await
-        .with_context(|| format!("binding the web UI to {bind}"))?;
-    // A missing or empty token file disables control actions; capture goes on regardless.
-    let web_token = config.web.token_file.as_deref().and_then(|p| {
-        read_token(p)
-            .map_err(|e| tracing::warn!(error = %format!("{e:#}"), "web control actions disabled"))
-            .ok()
-    });
-    let web_token = rigd_web::ControlToken::new(web_token); // SIGHUP replaces it
-    let app = rigd_web::router(
-        rigd_web::AppState::new(runtime.clone(), runtime.clone())
-            .with_control_token(web_token.clone())
-            .with_shutdown(shutdown_rx.clone()),
-    );
-    // Header and idle deadlines, a connection cap, and a shutdown that ends within its grace
-    // (live streams included), so web clients cannot hold SIGTERM open (rigd_web::serve).
-    let mut web_shutdown = shutdown_rx.clone();
-    let web = tokio::spawn(rigd_web::serve(
-        listener,
-        app,
-        rigd_web::ServeLimits::default(),
-        async move {
-            let _ = web_shutdown.wait_for(|down| *down).await;
-        },
-    ));
+    let (web, web_token) = serve_web(listener, &runtime, &config, shutdown_rx.clone());
     tracing::info!(rig = %config.rig.id, sources = config.sources.len(), web = %bind,
         uplink = config.pulsar.url.as_deref().unwrap_or("none (spooling everything)"),
         spool = %config.spool.path.display(), "rigd running");
@@ -335,14 +319,73 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     supervisor.abort();
     notifier.stopping("stopping: capture stops, unacknowledged frames go to the spool");
     tracing::info!("shutting down: stopping capture, spooling what is unacknowledged");
+    shut_down(ShutDown {
+        stop,
+        captures,
+        runtime: &runtime,
+        shutdown_tx,
+        lanes,
+        committer,
+        ptp_thread,
+        web,
+    })
+    .await
+}
 
-    // Capture stops first, so the lanes see their channels close after the last frame. Every
-    // step has a deadline (docs/UPLINK.md, "Shutdown"): a capture thread stuck in a device read or
-    // a lane stuck on the network cannot hold the stop, and the lanes still hand what they hold
-    // to the spool, which commits last.
-    stop.raise();
+/// The web UI on `listener`, with control actions when `[web] token-file` holds a token (SIGHUP
+/// replaces it through the returned handle).
+fn serve_web(
+    listener: tokio::net::TcpListener,
+    runtime: &Arc<Runtime>,
+    config: &Config,
+    shutdown: watch::Receiver<bool>,
+) -> (tokio::task::JoinHandle<()>, rigd_web::ControlToken) {
+    // A missing or empty token file disables control actions; capture goes on regardless.
+    let web_token = config.web.token_file.as_deref().and_then(|p| {
+        read_token(p)
+            .map_err(|e| tracing::warn!(error = %e, "web control actions disabled"))
+            .ok()
+    });
+    let web_token = rigd_web::ControlToken::new(web_token);
+    let app = rigd_web::router(
+        rigd_web::AppState::new(runtime.clone(), runtime.clone())
+            .with_control_token(web_token.clone())
+            .with_shutdown(shutdown.clone()),
+    );
+    // Header and idle deadlines, a connection cap, and a shutdown that ends within its grace
+    // (live streams included), so web clients cannot hold SIGTERM open (rigd_web::serve).
+    let mut web_shutdown = shutdown;
+    let web = tokio::spawn(rigd_web::serve(
+        listener,
+        app,
+        rigd_web::ServeLimits::default(),
+        async move {
+            let _ = web_shutdown.wait_for(|down| *down).await;
+        },
+    ));
+    (web, web_token)
+}
+
+/// What the shutdown stops, in its order.
+struct ShutDown<'a> {
+    stop: StopFlag,
+    captures: Vec<std::thread::JoinHandle<()>>,
+    runtime: &'a Runtime,
+    shutdown_tx: watch::Sender<bool>,
+    lanes: Vec<tokio::task::JoinHandle<()>>,
+    committer: tokio::task::JoinHandle<()>,
+    ptp_thread: Option<std::thread::JoinHandle<()>>,
+    web: tokio::task::JoinHandle<()>,
+}
+
+/// Capture stops first, so the lanes see their channels close after the last frame. Every step
+/// has a deadline (docs/UPLINK.md, "Shutdown"): a capture thread stuck in a device read or a lane
+/// stuck on the network cannot hold the stop, and the lanes still hand what they hold to the
+/// spool, which commits last.
+async fn shut_down(s: ShutDown<'_>) -> anyhow::Result<()> {
+    s.stop.raise();
     let capture_deadline = tokio::time::Instant::now() + CAPTURE_STOP;
-    for c in captures {
+    for c in s.captures {
         let name = c.thread().name().unwrap_or("capture").to_string();
         let join = tokio::task::spawn_blocking(move || c.join());
         if tokio::time::timeout_at(capture_deadline, join)
@@ -352,33 +395,60 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             tracing::warn!(thread = %name, "capture did not stop in time; its lane stops without it");
         }
     }
-    runtime.events.close(); // ends the events lane like a stopped capture
-    let _ = shutdown_tx.send(true);
+    s.runtime.events.close(); // ends the events lane like a stopped capture
+    let _ = s.shutdown_tx.send(true);
     let lane_deadline = tokio::time::Instant::now() + crate::uplink::SHUTDOWN_GRACE + LANE_SLACK;
-    for l in lanes {
+    for l in s.lanes {
         if tokio::time::timeout_at(lane_deadline, l).await.is_err() {
             tracing::error!("a lane did not stop in time; frames it held are lost");
         }
     }
-    if tokio::time::timeout(COMMIT_STOP, committer).await.is_err() {
+    if tokio::time::timeout(COMMIT_STOP, s.committer)
+        .await
+        .is_err()
+    {
         tracing::warn!("the group commit did not stop in time (slow disk?)");
     }
-    if let Some(t) = ptp_thread {
+    if let Some(t) = s.ptp_thread {
         let join = tokio::task::spawn_blocking(move || t.join());
         if tokio::time::timeout(CAPTURE_STOP, join).await.is_err() {
             tracing::warn!("the PTP task did not stop in time");
         }
     }
-    let _ = web.await;
-    let s = spool.clone();
-    tokio::task::spawn_blocking(move || s.close())
+    let _ = s.web.await;
+    let spool = s.runtime.spool.clone();
+    let closing = spool.clone();
+    tokio::task::spawn_blocking(move || closing.close())
         .await?
         .context("closing the spool")?;
-    let left: u64 = runtime
+    let left: u64 = s
+        .runtime
         .sources
         .iter()
         .map(|e| spool.stats(&e.id).records.load(Ordering::Relaxed))
         .sum();
     tracing::info!(spooled_records = left, "rigd stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batching_keys_have_the_java_defaults_and_are_validated() {
+        let c = Config::parse("[rig]\nid = \"a\"\n", "t").unwrap();
+        assert_eq!(batch_policy(&c.pulsar), BatchPolicy::default());
+        let c =
+            Config::parse("[rig]\nid = \"a\"\n[pulsar]\nbatch-max-messages = 1\n", "t").unwrap();
+        assert!(!batch_policy(&c.pulsar).enabled());
+        let p = Config::parse(
+            "[rig]\nid = \"a\"\n[pulsar]\nbatch-max-messages = 0\nbatch-max-bytes = \"8MiB\"\nbatch-delay-ms = 5000\n",
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(p.lines().count(), 3, "{p}");
+        assert!(p.lines().all(|l| l.contains("pulsar.batch-")), "{p}");
+    }
 }

@@ -50,7 +50,7 @@ struct TailArgs {
     #[arg(long, value_name = "ID", value_parser = rig_id)]
     rig: String,
     /// Topic template (`pulsar.topic`), placeholders {rig} and {source}.
-    #[arg(long, value_name = "TEMPLATE", default_value = crate::replay::republish::DEFAULT_TOPIC)]
+    #[arg(long, value_name = "TEMPLATE", default_value = crate::wire::DEFAULT_TOPIC)]
     topic: String,
     /// Follow only this source, and expect it in every bucket (repeatable; default: discover the
     /// rig's topics and expect every source seen).
@@ -87,10 +87,10 @@ fn rig_id(s: &str) -> Result<String, String> {
 fn read_token(path: Option<&PathBuf>) -> Result<Option<String>, ExitCode> {
     match path {
         None => Ok(None),
-        Some(f) => match std::fs::read_to_string(f) {
-            Ok(t) => Ok(Some(t.trim().to_string())),
+        Some(f) => match crate::config::read_token(f) {
+            Ok(t) => Ok(Some(t)),
             Err(e) => {
-                eprintln!("rigd: --token-file {}: {e}", f.display());
+                say(format_args!("rigd: --token-file {e}"));
                 Err(ExitCode::from(2))
             }
         },
@@ -148,7 +148,7 @@ struct ReplayArgs {
     #[arg(long, value_name = "ID", value_parser = rig_id)]
     rig: Option<String>,
     /// Topic template (`pulsar.topic`), placeholders {rig} and {source}.
-    #[arg(long, value_name = "TEMPLATE", default_value = crate::replay::republish::DEFAULT_TOPIC)]
+    #[arg(long, value_name = "TEMPLATE", default_value = crate::wire::DEFAULT_TOPIC)]
     topic: String,
     /// File holding the Pulsar token (`pulsar.token-file`).
     #[arg(long, value_name = "FILE")]
@@ -170,10 +170,13 @@ struct ReplayArgs {
     json: bool,
 }
 
+/// The config, checked as `rigd check` does: its own problems, then the host's
+/// ([`crate::preflight`]).
 fn load(path: Option<&PathBuf>) -> Result<Config, ConfigError> {
+    let host = crate::preflight::problems;
     match path {
-        Some(p) => Config::load(p),
-        None => Config::parse(EMBEDDED_DEFAULT, "<embedded default>"),
+        Some(p) => Config::load_with(p, host),
+        None => Config::parse_with(EMBEDDED_DEFAULT, "<embedded default>", host),
     }
 }
 
@@ -186,6 +189,19 @@ fn report(e: &ConfigError) -> ExitCode {
 fn say(line: std::fmt::Arguments) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// What became of a command's output on stdout. A reader that went away (`rigd spool verify
+/// --json | head`) is no failure: the command ends quietly, with the exit code of its result.
+fn output(written: std::io::Result<()>) -> Result<(), ExitCode> {
+    match written {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => {
+            say(format_args!("rigd: writing the output: {e}"));
+            Err(ExitCode::from(1))
+        }
+    }
 }
 
 /// Entry point of the binary.
@@ -202,10 +218,11 @@ pub fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Check { config } => match Config::load(&config) {
+        Command::Check { config: path } => match load(Some(&path)) {
             Ok(_) => {
-                println!("{}: ok", config.display());
-                ExitCode::SUCCESS
+                use std::io::Write;
+                let ok = writeln!(std::io::stdout(), "{}: ok", path.display());
+                output(ok).err().unwrap_or(ExitCode::SUCCESS)
             }
             Err(e) => report(&e),
         },
@@ -247,24 +264,28 @@ pub fn main() -> ExitCode {
 
 /// Exit code and message for an offline tool's error.
 fn fail(e: &crate::replay::ReplayError) -> ExitCode {
-    eprintln!("rigd: {e}");
+    say(format_args!("rigd: {e}"));
     if let crate::replay::ReplayError::Spool(crate::spool::SpoolError::Locked { path }) = e {
         let copy = std::env::temp_dir().join("rigd-spool-copy");
-        eprintln!(
+        say(format_args!(
             "rigd: to inspect it while rigd runs, copy it first: cp -a {} {} && rigd spool stat --spool {}",
             path.display(),
             copy.display(),
             copy.display()
-        );
+        ));
     }
     ExitCode::from(if e.is_usage() { 2 } else { 1 })
 }
 
-fn print_json(v: &impl serde::Serialize) {
-    match serde_json::to_string(v) {
-        Ok(s) => println!("{s}"),
-        Err(e) => eprintln!("rigd: cannot encode JSON: {e}"),
-    }
+/// One JSON object on stdout.
+fn print_json(v: &impl serde::Serialize) -> Result<(), ExitCode> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let s = serde_json::to_string(v).map_err(|e| {
+        say(format_args!("rigd: cannot encode JSON: {e}"));
+        ExitCode::from(1)
+    })?;
+    output(writeln!(out, "{s}").and_then(|()| out.flush()))
 }
 
 fn spool(command: SpoolCommand) -> ExitCode {
@@ -282,20 +303,21 @@ fn spool(command: SpoolCommand) -> ExitCode {
     let mut out = std::io::stdout().lock();
     if !verify {
         let s = inspect::stat(&snap);
-        if args.json {
-            print_json(&s);
-        } else if let Err(e) = inspect::print_stat(&mut out, &s) {
-            eprintln!("rigd: {e}");
-            return ExitCode::from(1);
-        }
-        return ExitCode::SUCCESS;
+        let printed = if args.json {
+            print_json(&s)
+        } else {
+            output(inspect::print_stat(&mut out, &s))
+        };
+        return printed.err().unwrap_or(ExitCode::SUCCESS);
     }
     let v = inspect::verify(&snap, &interrupt);
-    if args.json {
-        print_json(&v);
-    } else if let Err(e) = inspect::print_verify(&mut out, &v) {
-        eprintln!("rigd: {e}");
-        return ExitCode::from(1);
+    let printed = if args.json {
+        print_json(&v)
+    } else {
+        output(inspect::print_verify(&mut out, &v))
+    };
+    if let Err(code) = printed {
+        return code;
     }
     if v.ok {
         ExitCode::SUCCESS
@@ -347,7 +369,9 @@ fn replay(args: ReplayArgs) -> ExitCode {
         Ok(summary) => {
             summary.print();
             if args.json {
-                print_json(&summary);
+                if let Err(code) = print_json(&summary) {
+                    return code;
+                }
             }
             if summary.interrupted {
                 ExitCode::from(1)
@@ -380,14 +404,18 @@ fn tail(args: TailArgs) -> ExitCode {
     };
     match tail::run(&cfg, &interrupt) {
         Ok(s) => {
-            eprintln!(
+            say(format_args!(
                 "rigd tail: {} buckets ({} complete), {} frames, {} late",
                 s.buckets, s.complete, s.frames, s.late
-            );
+            ));
+            ExitCode::SUCCESS
+        }
+        // The reader of the bucket lines went away (`rigd tail ... | head`): done.
+        Err(tail::TailError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("rigd: {e}");
+            say(format_args!("rigd: {e}"));
             ExitCode::from(if e.is_usage() { 2 } else { 1 })
         }
     }
@@ -402,6 +430,7 @@ fn init_quiet_logging() {
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .try_init();
 }
 

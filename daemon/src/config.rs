@@ -1,12 +1,25 @@
 //! The daemon's configuration: TOML, kebab-case, unknown keys rejected, then a validation pass that
-//! reports every value that parses but makes no sense, one line per problem naming its key.
+//! reports every value that parses but makes no sense, one line per problem naming its table,
+//! index, key and line (`rigd.toml:9: source[1].fps: ...`).
+//!
+//! This module sits at the bottom of the daemon crate: it imports nothing above it (only
+//! [`crate::wire`], the wire format's names, and the drivers' setting types). What the host must
+//! offer a config (files, the spool's filesystem, a free port) is checked in [`crate::preflight`].
 
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 /// The config `rigd run` uses when none is given: synthetic sources, no broker, spool in ./rigd-spool.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../../examples/synthetic.toml");
+
+/// The internal source carrying technician event markers (a reserved source id; see
+/// [`crate::events`]).
+pub const EVENTS_SOURCE: &str = "events";
+
+/// A spool record stores its source id behind a one-byte length.
+pub const MAX_SOURCE_ID_BYTES: usize = 255;
 
 /// Why a config could not be used. Each entry of `Invalid` is one line naming the key.
 #[derive(Debug, thiserror::Error)]
@@ -20,20 +33,41 @@ pub enum ConfigError {
     Invalid { problems: Vec<String> },
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[derive(Debug, Clone)]
 pub struct Config {
     pub rig: RigConfig,
-    #[serde(default)]
     pub clock: ClockConfig,
-    #[serde(default, rename = "source")]
     pub sources: Vec<SourceConfig>,
-    #[serde(default)]
     pub pulsar: PulsarConfig,
-    #[serde(default)]
     pub spool: SpoolConfig,
-    #[serde(default)]
     pub web: WebConfig,
+    /// Where each key was written, to name the line in messages.
+    written: Written,
+}
+
+/// The file as written. `[[source]]` tables are read twice: here only for their `kind`, then each
+/// as the struct of its kind from the same text ([`read_source`]), so that an error inside one
+/// names its index, key and line (serde's internally tagged enums buffer a table and lose all three).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct File {
+    rig: Option<RigConfig>,
+    #[serde(default)]
+    clock: ClockConfig,
+    #[serde(default)]
+    source: Vec<SourceHead>,
+    #[serde(default)]
+    pulsar: PulsarConfig,
+    #[serde(default)]
+    spool: SpoolConfig,
+    #[serde(default)]
+    web: WebConfig,
+}
+
+/// The first pass's view of a `[[source]]`: its kind only (the other keys are read by kind).
+#[derive(Deserialize)]
+struct SourceHead {
+    kind: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -244,9 +278,8 @@ impl ClockConfig {
     }
 }
 
-/// One capture source; `kind` selects the driver.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
+/// One capture source; `kind` selects the driver (and the struct its table is read as).
+#[derive(Debug, Clone)]
 pub enum SourceConfig {
     SyntheticCamera(SyntheticCameraConfig),
     SyntheticAudio(SyntheticAudioConfig),
@@ -278,12 +311,128 @@ impl SourceConfig {
             SourceConfig::V4l(_) => "v4l",
         }
     }
+
+    /// What the source's frames are (the `modality` property and the status page's card).
+    pub fn modality(&self) -> Modality {
+        match self {
+            SourceConfig::SyntheticCamera(_) | SourceConfig::V4l(_) => Modality::Camera,
+            SourceConfig::SyntheticAudio(_) | SourceConfig::Alsa(_) => Modality::Audio,
+            SourceConfig::SyntheticSerial(_) | SourceConfig::Serial(_) => Modality::Serial,
+        }
+    }
+
+    /// The time between two frames when frames come at a rate (cameras: `fps`, synthetic serial:
+    /// `rate-hz`, audio: one block per bucket); `None` for serial devices, which send when they
+    /// have something to say.
+    pub fn frame_interval(&self, bucket_ms: u32) -> Option<std::time::Duration> {
+        let per_second = |hz: f64| {
+            (hz.is_finite() && hz > 0.0).then(|| std::time::Duration::from_secs_f64(1.0 / hz))
+        };
+        match self {
+            SourceConfig::SyntheticCamera(c) => per_second(c.fps),
+            SourceConfig::V4l(c) => per_second(c.fps),
+            SourceConfig::SyntheticSerial(c) => per_second(c.rate_hz),
+            SourceConfig::SyntheticAudio(_) | SourceConfig::Alsa(_) => {
+                Some(std::time::Duration::from_millis(bucket_ms as u64))
+            }
+            SourceConfig::Serial(_) => None,
+        }
+    }
+}
+
+pub use rigd_drivers::Modality;
+
+/// The `kind`s a `[[source]]` may have.
+pub const SOURCE_KINDS: [&str; 6] = [
+    "synthetic-camera",
+    "synthetic-audio",
+    "synthetic-serial",
+    "serial",
+    "alsa",
+    "v4l",
+];
+
+/// Reads `[[source]]` number `index` of `text` as the struct of `kind` (one of [`SOURCE_KINDS`]).
+/// The whole document is deserialized again with everything but that table skipped, so errors
+/// carry toml's own span and key.
+fn read_source(text: &str, index: usize, kind: &str) -> Result<SourceConfig, toml::de::Error> {
+    Ok(match kind {
+        "synthetic-camera" => SourceConfig::SyntheticCamera(nth_source(text, index)?),
+        "synthetic-audio" => SourceConfig::SyntheticAudio(nth_source(text, index)?),
+        "synthetic-serial" => SourceConfig::SyntheticSerial(nth_source(text, index)?),
+        "serial" => SourceConfig::Serial(nth_source(text, index)?),
+        "alsa" => SourceConfig::Alsa(nth_source(text, index)?),
+        "v4l" => SourceConfig::V4l(nth_source(text, index)?),
+        other => unreachable!("kind {other} was checked against SOURCE_KINDS"),
+    })
+}
+
+fn nth_source<T: serde::de::DeserializeOwned>(
+    text: &str,
+    index: usize,
+) -> Result<T, toml::de::Error> {
+    use serde::de::{Error, MapAccess, SeqAccess, Visitor};
+    use std::marker::PhantomData;
+    struct Document<T>(usize, PhantomData<T>);
+    struct Nth<T>(usize, PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Document<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a config document")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+            let mut found = None;
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "source" {
+                    found = Some(map.next_value_seed(Nth(self.0, PhantomData))?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            found.ok_or_else(|| A::Error::custom("no [[source]] tables"))
+        }
+    }
+    impl<'de, T: Deserialize<'de>> serde::de::DeserializeSeed<'de> for Nth<T> {
+        type Value = T;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Nth<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("[[source]] tables")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<T, A::Error> {
+            let mut found = None;
+            let mut i = 0;
+            loop {
+                if i == self.0 {
+                    found = seq.next_element::<T>()?;
+                    if found.is_none() {
+                        break;
+                    }
+                } else if seq.next_element::<IgnoredAny>()?.is_none() {
+                    break;
+                }
+                i += 1;
+            }
+            found.ok_or_else(|| A::Error::custom("fewer [[source]] tables than expected"))
+        }
+    }
+    serde::Deserializer::deserialize_map(
+        toml::Deserializer::new(text),
+        Document(index, PhantomData),
+    )
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SyntheticCameraConfig {
     pub id: String,
+    /// Read before the table is (it chose this struct).
+    #[serde(default, rename = "kind")]
+    _kind: IgnoredAny,
     #[serde(default = "default_width")]
     pub width: u32,
     #[serde(default = "default_height")]
@@ -308,6 +457,9 @@ fn default_fps() -> f64 {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SyntheticAudioConfig {
     pub id: String,
+    /// Read before the table is (it chose this struct).
+    #[serde(default, rename = "kind")]
+    _kind: IgnoredAny,
     #[serde(default = "default_sample_rate")]
     pub sample_rate: u32,
     #[serde(default = "default_channels")]
@@ -330,6 +482,9 @@ fn default_tone_hz() -> f64 {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SyntheticSerialConfig {
     pub id: String,
+    /// Read before the table is (it chose this struct).
+    #[serde(default, rename = "kind")]
+    _kind: IgnoredAny,
     #[serde(default = "default_rate_hz")]
     pub rate_hz: f64,
 }
@@ -343,6 +498,9 @@ fn default_rate_hz() -> f64 {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SerialSourceConfig {
     pub id: String,
+    /// Read before the table is (it chose this struct).
+    #[serde(default, rename = "kind")]
+    _kind: IgnoredAny,
     /// Device path, e.g. `/dev/ttyUSB0` or a udev symlink; required.
     pub device: String,
     #[serde(default = "default_baud")]
@@ -404,6 +562,7 @@ impl SerialSourceConfig {
         if self.device.is_empty() {
             p.push(format!("{key}.device: must not be empty"));
         }
+        no_nul(p, &format!("{key}.device"), &self.device);
         if !(50..=4_000_000).contains(&self.baud) {
             p.push(format!(
                 "{key}.baud: {} must be between 50 and 4000000",
@@ -439,6 +598,9 @@ impl SerialSourceConfig {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct AlsaSourceConfig {
     pub id: String,
+    /// Read before the table is (it chose this struct).
+    #[serde(default, rename = "kind")]
+    _kind: IgnoredAny,
     /// ALSA PCM name (`default`, `hw:CARD=USB,DEV=0`, `plughw:1,0`, a pcm from asoundrc) or the
     /// card's description as `arecord -L` shows it.
     #[serde(default = "default_alsa_device")]
@@ -482,6 +644,7 @@ impl AlsaSourceConfig {
         if self.device.is_empty() {
             p.push(format!("{key}.device: must not be empty"));
         }
+        no_nul(p, &format!("{key}.device"), &self.device);
         sample_rate_problems(p, key, self.sample_rate, bucket_ms);
         if !(1..=32).contains(&self.channels) {
             p.push(format!(
@@ -510,6 +673,9 @@ impl AlsaSourceConfig {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct V4lSourceConfig {
     pub id: String,
+    /// Read before the table is (it chose this struct).
+    #[serde(default, rename = "kind")]
+    _kind: IgnoredAny,
     /// A device path (`/dev/video0`, a udev symlink) or the card name as `v4l2-ctl --list-devices`
     /// shows it (looked up among /dev/video* at every open).
     #[serde(default = "default_v4l_device")]
@@ -563,6 +729,7 @@ impl V4lSourceConfig {
         if self.device.is_empty() {
             p.push(format!("{key}.device: must not be empty"));
         }
+        no_nul(p, &format!("{key}.device"), &self.device);
         for (name, v) in [("width", self.width), ("height", self.height)] {
             if v == 0 || v > 16_384 {
                 p.push(format!("{key}.{name}: {v} must be between 1 and 16384"));
@@ -658,28 +825,19 @@ pub struct PulsarConfig {
     pub batch_delay_ms: u64,
 }
 
-impl PulsarConfig {
-    pub fn batch_policy(&self) -> crate::uplink::BatchPolicy {
-        crate::uplink::BatchPolicy {
-            max_messages: self.batch_max_messages,
-            max_bytes: self.batch_max_bytes.0 as usize,
-            delay: std::time::Duration::from_millis(self.batch_delay_ms),
-        }
-    }
-}
-
+/// Batching defaults (the Java client's): 1000 messages, 128 KiB, 1 ms.
 fn default_batch_max_messages() -> usize {
-    crate::uplink::BatchPolicy::default().max_messages
+    1000
 }
 fn default_batch_max_bytes() -> ByteSize {
-    ByteSize(crate::uplink::BatchPolicy::default().max_bytes as u64)
+    ByteSize(128 << 10)
 }
 fn default_batch_delay_ms() -> u64 {
-    crate::uplink::BatchPolicy::default().delay.as_millis() as u64
+    1
 }
 
 fn default_topic() -> String {
-    "persistent://public/default/{rig}-{source}".to_string()
+    crate::wire::DEFAULT_TOPIC.to_string()
 }
 fn default_max_in_flight() -> usize {
     500
@@ -716,7 +874,7 @@ impl Default for PulsarConfig {
 impl PulsarConfig {
     /// The topic of one source.
     pub fn topic_for(&self, rig: &str, source: &str) -> String {
-        self.topic.replace("{rig}", rig).replace("{source}", source)
+        crate::wire::topic(&self.topic, rig, source)
     }
 }
 
@@ -836,48 +994,137 @@ impl ByteSize {
     }
 }
 
+impl ByteSize {
+    /// `2.1 GiB`, `512 B`: for people (not parsed back).
+    pub fn human(self) -> String {
+        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let mut v = self.0 as f64;
+        let mut u = 0;
+        while v >= 1024.0 && u + 1 < UNITS.len() {
+            v /= 1024.0;
+            u += 1;
+        }
+        if u == 0 {
+            format!("{} B", self.0)
+        } else {
+            format!("{v:.1} {}", UNITS[u])
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(i64),
-            Str(String),
+        struct Size;
+        impl serde::de::Visitor<'_> for Size {
+            type Value = ByteSize;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a whole number of bytes or a size like \"512MiB\"")
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<ByteSize, E> {
+                u64::try_from(n)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom(format!("size must not be negative, got {n}")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<ByteSize, E> {
+                Ok(ByteSize(n))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ByteSize, E> {
+                ByteSize::parse(s).map_err(E::custom)
+            }
         }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) if n >= 0 => Ok(ByteSize(n as u64)),
-            Raw::Int(n) => Err(serde::de::Error::custom(format!(
-                "size must not be negative, got {n}"
-            ))),
-            Raw::Str(s) => ByteSize::parse(&s).map_err(serde::de::Error::custom),
-        }
+        d.deserialize_any(Size)
     }
 }
 
 impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_with(path, |_| Vec::new())
+    }
+
+    /// As [`Config::load`], reporting the problems `more` finds in a config that parses (the
+    /// host's, [`crate::preflight`]) with its own.
+    pub fn load_with(
+        path: &Path,
+        more: impl FnOnce(&Config) -> Vec<String>,
+    ) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string())
+        Self::parse_with(&text, &path.display().to_string(), more)
     }
 
     /// Parses and validates config text; `origin` names it in messages.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
-            problems: vec![describe_toml_error(&e, text, origin)],
-        })?;
-        let problems = config.problems();
+        Self::parse_with(text, origin, |_| Vec::new())
+    }
+
+    /// As [`Config::parse`], with the problems `more` finds (see [`Config::load_with`]).
+    pub fn parse_with(
+        text: &str,
+        origin: &str,
+        more: impl FnOnce(&Config) -> Vec<String>,
+    ) -> Result<Self, ConfigError> {
+        let invalid = |problems| ConfigError::Invalid { problems };
+        let written = Written::scan(text, origin);
+        let file: File =
+            toml::from_str(text).map_err(|e| invalid(vec![written.toml_error(&e, text)]))?;
+        let mut problems: Vec<Result<String, String>> = Vec::new();
+        let mut sources = Vec::new();
+        for (i, head) in file.source.iter().enumerate() {
+            match head.kind.as_deref() {
+                None => problems.push(Ok(format!(
+                    "source[{i}]: missing field `kind` (one of {})",
+                    SOURCE_KINDS.join(", ")
+                ))),
+                Some(kind) if !SOURCE_KINDS.contains(&kind) => problems.push(Ok(format!(
+                    "source[{i}].kind: unknown kind `{kind}` (one of {})",
+                    SOURCE_KINDS.join(", ")
+                ))),
+                Some(kind) => match read_source(text, i, kind) {
+                    Ok(s) => sources.push(s),
+                    Err(e) => problems.push(Err(written.toml_error(&e, text))),
+                },
+            }
+        }
+        if file.rig.is_none() {
+            problems.insert(
+                0,
+                Ok("rig: missing table [rig] (every config needs one, with id = \"...\")".into()),
+            );
+        }
+        // Ok: `key: problem` still to be located; Err: a toml error's line, located already.
+        let problems: Vec<String> = problems
+            .into_iter()
+            .map(|p| p.map_or_else(|done| done, |p| written.lines(vec![p]).remove(0)))
+            .collect();
+        let (Some(rig), true) = (file.rig, problems.is_empty()) else {
+            return Err(invalid(problems));
+        };
+        let config = Config {
+            rig,
+            clock: file.clock,
+            sources,
+            pulsar: file.pulsar,
+            spool: file.spool,
+            web: file.web,
+            written,
+        };
+        let mut problems = config.problems();
+        problems.extend(more(&config));
+        config.check(problems)?;
+        Ok(config)
+    }
+
+    /// `Ok` without problems, else the problems (`key: problem`, from [`Config::problems`] or
+    /// [`crate::preflight`]) as lines naming the file and the line the key is written on.
+    pub fn check(&self, problems: Vec<String>) -> Result<(), ConfigError> {
         if problems.is_empty() {
-            Ok(config)
+            Ok(())
         } else {
             Err(ConfigError::Invalid {
-                problems: problems
-                    .into_iter()
-                    .map(|p| format!("{origin}: {p}"))
-                    .collect(),
+                problems: self.written.lines(problems),
             })
         }
     }
@@ -888,10 +1135,16 @@ impl Config {
         if !is_name(&self.rig.id) {
             p.push(format!("rig.id: `{}` must match [a-z0-9-]+", self.rig.id));
         }
-        if self.rig.bucket_ms == 0 {
-            p.push("rig.bucket-ms: must be at least 1".to_string());
+        if !(1..=MAX_BUCKET_MS).contains(&self.rig.bucket_ms) {
+            p.push(format!(
+                "rig.bucket-ms: {} must be between 1 and {MAX_BUCKET_MS}",
+                self.rig.bucket_ms
+            ));
         }
         self.clock.problems(&mut p);
+        if let Some(i) = &self.clock.interface {
+            no_nul(&mut p, "clock.interface", i);
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, s) in self.sources.iter().enumerate() {
             let key = format!("source[{i}]");
@@ -901,10 +1154,28 @@ impl Config {
             if !seen.insert(s.id()) {
                 p.push(format!("{key}.id: `{}` is used by another source", s.id()));
             }
-            if s.id() == crate::control::EVENTS_SOURCE {
+            if s.id() == EVENTS_SOURCE {
                 p.push(format!(
                     "{key}.id: `events` is reserved for technician event markers"
                 ));
+            }
+            if s.id().len() > MAX_SOURCE_ID_BYTES {
+                p.push(format!(
+                    "{key}.id: {} bytes long, at most {MAX_SOURCE_ID_BYTES} (the spool record holds it)",
+                    s.id().len()
+                ));
+            }
+            if let Some(block) = self.audio_block_bytes(s) {
+                let limit = MAX_AUDIO_BLOCK.min(self.pulsar.max_frame_bytes.0);
+                if block > limit {
+                    p.push(format!(
+                        "rig.bucket-ms: {} ms makes blocks of {} for audio source {key} (`{}`), above {}",
+                        self.rig.bucket_ms,
+                        ByteSize(block).human(),
+                        s.id(),
+                        ByteSize(limit).human(),
+                    ));
+                }
             }
             match s {
                 SourceConfig::SyntheticCamera(c) => {
@@ -927,17 +1198,7 @@ impl Config {
                     }
                 }
                 SourceConfig::SyntheticAudio(c) => {
-                    if !(8_000..=384_000).contains(&c.sample_rate) {
-                        p.push(format!(
-                            "{key}.sample-rate: {} must be between 8000 and 384000",
-                            c.sample_rate
-                        ));
-                    } else if (c.sample_rate as u64 * self.rig.bucket_ms as u64) % 1000 != 0 {
-                        p.push(format!(
-                            "{key}.sample-rate: {} Hz does not give a whole number of samples per {} ms bucket",
-                            c.sample_rate, self.rig.bucket_ms
-                        ));
-                    }
+                    sample_rate_problems(&mut p, &key, c.sample_rate, self.rig.bucket_ms);
                     if !(1..=32).contains(&c.channels) {
                         p.push(format!(
                             "{key}.channels: {} must be between 1 and 32",
@@ -989,10 +1250,47 @@ impl Config {
         if self.pulsar.max_in_flight == 0 {
             p.push("pulsar.max-in-flight: must be at least 1".to_string());
         }
+        if self.pulsar.max_in_flight_bytes.0 < MIN_IN_FLIGHT_BYTES {
+            p.push(format!(
+                "pulsar.max-in-flight-bytes: {} is below {} (nothing would be sent)",
+                self.pulsar.max_in_flight_bytes.0,
+                ByteSize(MIN_IN_FLIGHT_BYTES).human()
+            ));
+        }
+        if self.pulsar.send_timeout_ms < 1000 {
+            p.push(format!(
+                "pulsar.send-timeout-ms: {} is below 1000: it is how long a connection may make no \
+                 progress before it counts as dead (the uplink waits at least 10 s)",
+                self.pulsar.send_timeout_ms
+            ));
+        } else if self.pulsar.send_timeout_ms > 3_600_000 {
+            p.push(format!(
+                "pulsar.send-timeout-ms: {} is above one hour (3600000)",
+                self.pulsar.send_timeout_ms
+            ));
+        }
+        for (key, file) in [
+            ("pulsar.token-file", &self.pulsar.token_file),
+            ("pulsar.tls-ca-file", &self.pulsar.tls_ca_file),
+            ("web.token-file", &self.web.token_file),
+        ] {
+            if let Some(f) = file {
+                no_nul(&mut p, key, &f.to_string_lossy());
+                if f.as_os_str().is_empty() {
+                    p.push(format!("{key}: must not be empty (leave it out for none)"));
+                }
+            }
+        }
         if self.pulsar.batch_max_messages == 0 {
             p.push(
                 "pulsar.batch-max-messages: must be at least 1 (1 turns batching off)".to_string(),
             );
+        }
+        if self.pulsar.batch_max_bytes.0 < 1 << 10 {
+            p.push(format!(
+                "pulsar.batch-max-bytes: {} is below 1KiB (batch-max-messages = 1 turns batching off)",
+                self.pulsar.batch_max_bytes.0
+            ));
         }
         if self.pulsar.batch_max_bytes.0 > 4 << 20 {
             p.push(
@@ -1018,9 +1316,17 @@ impl Config {
                 self.spool.fsync_ms
             ));
         }
+        if self.spool.free_reserve.0 < MIN_FREE_RESERVE {
+            p.push(format!(
+                "spool.free-reserve: {} is below {} (the spool would fill its filesystem)",
+                self.spool.free_reserve.0,
+                ByteSize(MIN_FREE_RESERVE).human()
+            ));
+        }
         if self.spool.path.as_os_str().is_empty() {
             p.push("spool.path: must not be empty".to_string());
         }
+        no_nul(&mut p, "spool.path", &self.spool.path.to_string_lossy());
         if self.web.bind.parse::<SocketAddr>().is_err() {
             p.push(format!(
                 "web.bind: `{}` is not an address like 127.0.0.1:8088",
@@ -1030,11 +1336,46 @@ impl Config {
         p
     }
 
+    /// Bytes of one audio block (one bucket of 16-bit samples) of an audio source.
+    fn audio_block_bytes(&self, s: &SourceConfig) -> Option<u64> {
+        let (rate, channels) = match s {
+            SourceConfig::SyntheticAudio(c) => (c.sample_rate, c.channels),
+            SourceConfig::Alsa(c) => (c.sample_rate, c.channels),
+            _ => return None,
+        };
+        Some(rate as u64 * channels as u64 * 2 * self.rig.bucket_ms as u64 / 1000)
+    }
+
     pub fn web_bind(&self) -> SocketAddr {
         self.web
             .bind
             .parse()
             .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8088)))
+    }
+}
+
+/// Reads a token file (`pulsar.token-file`, `web.token-file`, `--token-file`): its content without
+/// surrounding whitespace; a file that cannot be read or holds nothing is an error, which names it.
+pub fn read_token(path: &Path) -> Result<String, String> {
+    let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(t.to_string())
+}
+
+/// A time bucket is an alignment window of a moment, not a recording: at most a minute.
+pub const MAX_BUCKET_MS: u32 = 60_000;
+/// An audio block (one bucket) larger than this is a mistake in `bucket-ms`.
+const MAX_AUDIO_BLOCK: u64 = 4 << 20;
+const MIN_IN_FLIGHT_BYTES: u64 = 64 << 10;
+const MIN_FREE_RESERVE: u64 = 1 << 20;
+
+/// A path or device name goes to the kernel as a C string: a NUL byte cuts it.
+fn no_nul(p: &mut Vec<String>, key: &str, v: &str) {
+    if v.contains('\0') {
+        p.push(format!("{key}: contains a NUL byte"));
     }
 }
 
@@ -1050,38 +1391,123 @@ fn is_name(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// One line for a TOML/serde error: file, line, the table and key at the error, and the message.
-fn describe_toml_error(e: &toml::de::Error, text: &str, origin: &str) -> String {
-    let msg = e.message().trim().replace('\n', " ");
-    let Some(span) = e.span() else {
-        return format!("{origin}: {msg}");
-    };
-    let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
-    let lines: Vec<&str> = text.lines().collect();
-    let mut table = String::new();
-    let mut index: std::collections::HashMap<String, usize> = Default::default();
-    for l in lines.iter().take(line_no) {
-        let t = l.trim();
-        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
-            let n = index.entry(name.trim().to_string()).or_insert(0);
-            table = format!("{}[{}]", name.trim(), *n);
-            *n += 1;
-        } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.split(']').next()) {
-            table = name.trim().to_string();
+/// Where each key of a config file is written: `table.key` or `table[index].key` (as problems name
+/// them) and its line. Read from the text line by line; a key this misses (a dotted key, one in an
+/// inline table) is still named in messages, only without its line.
+#[derive(Debug, Clone, Default)]
+struct Written {
+    origin: String,
+    /// Keys and table headers in file order.
+    keys: Vec<WrittenKey>,
+}
+
+#[derive(Debug, Clone)]
+struct WrittenKey {
+    /// From 1.
+    line: usize,
+    path: String,
+    /// The table of a key; a header's own path.
+    table: String,
+}
+
+impl Written {
+    fn scan(text: &str, origin: &str) -> Self {
+        let mut keys = Vec::new();
+        let mut table = String::new();
+        let mut index: std::collections::HashMap<String, usize> = Default::default();
+        for (n, l) in text.lines().enumerate() {
+            let t = l.trim();
+            let line = n + 1;
+            if let Some(name) = t.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
+                let i = index.entry(name.trim().to_string()).or_insert(0);
+                table = format!("{}[{}]", name.trim(), *i);
+                *i += 1;
+            } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.split(']').next()) {
+                table = name.trim().to_string();
+            } else if let Some((k, _)) = t.split_once('=').filter(|_| !t.starts_with('#')) {
+                let k = k.trim().trim_matches(['"', '\'']);
+                let path = match table.is_empty() {
+                    true => k.to_string(),
+                    false => format!("{table}.{k}"),
+                };
+                keys.push(WrittenKey {
+                    line,
+                    path,
+                    table: table.clone(),
+                });
+                continue;
+            } else {
+                continue;
+            }
+            keys.push(WrittenKey {
+                line,
+                path: table.clone(),
+                table: table.clone(),
+            });
+        }
+        Self {
+            origin: origin.to_string(),
+            keys,
         }
     }
-    let line = lines.get(line_no - 1).map(|l| l.trim()).unwrap_or("");
-    let key = match line.split_once('=') {
-        Some((k, _)) if !line.starts_with('[') => k.trim().trim_matches('"').to_string(),
-        _ => String::new(),
-    };
-    let path = match (table.is_empty(), key.is_empty()) {
-        (true, true) => String::new(),
-        (false, true) => format!("{table}: "),
-        (true, false) => format!("{key}: "),
-        (false, false) => format!("{table}.{key}: "),
-    };
-    format!("{origin}:{line_no}: {path}{msg}")
+
+    /// The line `path` (`spool.max-bytes`, `source[1]`) is written on.
+    fn line_of(&self, path: &str) -> Option<usize> {
+        self.keys.iter().find(|k| k.path == path).map(|k| k.line)
+    }
+
+    /// The path written on line `n`: its key, else the table the line is in.
+    fn path_at(&self, n: usize) -> Option<&str> {
+        let k = self.keys.iter().take_while(|k| k.line <= n).last()?;
+        Some(if k.line == n {
+            k.path.as_str()
+        } else {
+            k.table.as_str()
+        })
+        .filter(|p| !p.is_empty())
+    }
+
+    /// `origin:line: key: problem` for each `key: problem` (`origin: ...` when neither the key nor
+    /// its table is written, e.g. a default that clashes with another key).
+    fn lines(&self, problems: Vec<String>) -> Vec<String> {
+        problems
+            .into_iter()
+            .map(|p| {
+                let path = p.split(": ").next().unwrap_or("");
+                let mut at = path.split([' ', ',']).next().unwrap_or("");
+                let mut line = self.line_of(at);
+                // A key left at its default is not written; its table may be.
+                while line.is_none() {
+                    let Some((table, _)) = at.rsplit_once('.') else {
+                        break;
+                    };
+                    at = table;
+                    line = self.line_of(at);
+                }
+                self.at(line, &p)
+            })
+            .collect()
+    }
+
+    fn at(&self, line: Option<usize>, what: &str) -> String {
+        match line {
+            Some(n) => format!("{}:{n}: {what}", self.origin),
+            None => format!("{}: {what}", self.origin),
+        }
+    }
+
+    /// One line for a TOML/serde error: file, line, the table and key there, and the message.
+    fn toml_error(&self, e: &toml::de::Error, text: &str) -> String {
+        let msg = e.message().trim().replace('\n', " ");
+        let Some(span) = e.span() else {
+            return self.at(None, &msg);
+        };
+        let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+        match self.path_at(line) {
+            Some(path) => self.at(Some(line), &format!("{path}: {msg}")),
+            None => self.at(Some(line), &msg),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1142,7 +1568,7 @@ mod tests {
         let p = problems("[rig]\nid = \"a\"\n[[source]]\nid = \"s\"\nkind = \"synthetic-serial\"\nrate-hz = -5\n");
         assert_eq!(
             p,
-            vec!["t.toml: source[0].rate-hz: -5 must be a positive number"]
+            vec!["t.toml:6: source[0].rate-hz: -5 must be a positive number"]
         );
     }
 
@@ -1299,21 +1725,66 @@ mod tests {
         assert!(p[0].contains("buffer-count"), "{p:?}");
     }
 
+    /// Each malformed config of issue 16 (and more): exactly these `file:line: key` prefixes.
     #[test]
-    fn batching_keys_have_the_java_defaults_and_are_validated() {
-        let c = Config::parse("[rig]\nid = \"a\"\n", "t").unwrap();
-        assert_eq!(
-            c.pulsar.batch_policy(),
-            crate::uplink::BatchPolicy::default()
-        );
-        let c =
-            Config::parse("[rig]\nid = \"a\"\n[pulsar]\nbatch-max-messages = 1\n", "t").unwrap();
-        assert!(!c.pulsar.batch_policy().enabled());
-        let p = problems(
-            "[rig]\nid = \"a\"\n[pulsar]\nbatch-max-messages = 0\nbatch-max-bytes = \"8MiB\"\nbatch-delay-ms = 5000\n",
-        );
-        assert_eq!(p.len(), 3, "{p:?}");
-        assert!(p.iter().all(|l| l.contains("pulsar.batch-")), "{p:?}");
+    fn every_message_names_the_table_index_key_and_line() {
+        let rig = "[rig]\nid = \"a\"\n";
+        let cam = "[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\n";
+        let long = "x".repeat(256);
+        let cases: Vec<(String, Vec<&str>)> = vec![
+            // A wrong type inside the second source names it, its key and line 9.
+            (format!("{rig}{cam}[[source]]\nid = \"d\"\nkind = \"synthetic-camera\"\nwidth = \"wide\"\n"), vec!["t.toml:9: source[1].width:"]),
+            (format!("{rig}{cam}fps = \"fast\"\n"), vec!["t.toml:6: source[0].fps:"]),
+            (cam.to_string(), vec!["t.toml: rig: missing table [rig]"]),
+            (format!("{rig}[spool]\nmax-bytes = 1.5\n"), vec!["t.toml:4: spool.max-bytes: invalid type: floating point"]),
+            (format!("{rig}[spool]\nmax-bytes = \"8 parsecs\"\n"), vec!["t.toml:4: spool.max-bytes:"]),
+            (format!("{rig}[pulsar]\nmax-in-flight-bytes = -1\n"), vec!["t.toml:4: pulsar.max-in-flight-bytes:"]),
+            (format!("{rig}[[source]]\nid = \"x\"\nkind = \"lidar\"\n"), vec!["t.toml:5: source[0].kind: unknown kind `lidar`"]),
+            (format!("{rig}[[source]]\nid = \"x\"\n"), vec!["t.toml:3: source[0]: missing field `kind`"]),
+            (format!("{rig}{cam}{cam}[[source]]\nkind = \"serial\"\n"), vec!["t.toml:9: source[2]: missing field `id`"]),
+            (format!("{rig}[[source]]\nid = \"g\"\nkind = \"serial\"\ndevice = \"/dev/ttyS0\"\nparity = \"weird\"\n"), vec!["t.toml:7: source[0].parity:"]),
+            (format!("{rig}{cam}fsp = 3\n"), vec!["t.toml:6: source[0].fsp: unknown field"]),
+            // Problems in two sources are both reported.
+            (format!("{rig}{cam}fps = \"fast\"\n{cam}height = -1\n"), vec!["t.toml:6: source[0].fps:", "t.toml:10: source[1].height:"]),
+            (format!("{rig}[[source]]\nid = \"m\"\nkind = \"alsa\"\nchannels = 2.5\n"), vec!["t.toml:6: source[0].channels:"]),
+            (format!("{rig}[[source]]\nid = \"v\"\nkind = \"v4l\"\nformats = \"MJPG\"\n"), vec!["t.toml:6: source[0].formats:"]),
+            (format!("{rig}[clock]\ndomain = 300\n"), vec!["t.toml:4: clock.domain:"]),
+            (format!("{rig}[clock]\ntransport = \"udp6\"\n"), vec!["t.toml:4: clock.transport:"]),
+            (format!("{rig}[spool]\nmode = \"sometimes\"\n"), vec!["t.toml:4: spool.mode:"]),
+            (format!("{rig}[pulsar]\ncompression = \"gzip\"\n"), vec!["t.toml:4: pulsar.compression:"]),
+            (format!("source = 5\n{rig}"), vec!["t.toml:1: source:"]),
+            (format!("{rig}source = 5\n"), vec!["t.toml:3: rig.source: unknown field"]),
+            (format!("{rig}[sppol]\npath = \"x\"\n"), vec!["t.toml:3: sppol: unknown field"]),
+            ("[rig]\nid = \"Van 7\"\n".to_string(), vec!["t.toml:2: rig.id:"]),
+            // Accepted before, broken at run time.
+            ("[rig]\nid = \"a\"\nbucket-ms = 4294967295\n".to_string(), vec!["t.toml:3: rig.bucket-ms:"]),
+            ("[rig]\nid = \"a\"\nbucket-ms = 0\n".to_string(), vec!["t.toml:3: rig.bucket-ms:"]),
+            ("[rig]\nid = \"a\"\nbucket-ms = 1000000\n[[source]]\nid = \"m\"\nkind = \"synthetic-audio\"\n".to_string(),
+             vec!["t.toml:3: rig.bucket-ms: 1000000 must be", "t.toml:3: rig.bucket-ms: 1000000 ms makes blocks of 183.1 MiB"]),
+            ("[rig]\nid = \"a\"\nbucket-ms = 30000\n[[source]]\nid = \"m\"\nkind = \"alsa\"\n".to_string(), vec!["t.toml:3: rig.bucket-ms: 30000 ms makes blocks"]),
+            (format!("{rig}[spool]\nfree-reserve = \"0\"\n"), vec!["t.toml:4: spool.free-reserve:"]),
+            (format!("{rig}[pulsar]\nmax-in-flight-bytes = 0\n"), vec!["t.toml:4: pulsar.max-in-flight-bytes:"]),
+            (format!("{rig}[pulsar]\nsend-timeout-ms = 0\n"), vec!["t.toml:4: pulsar.send-timeout-ms: 0 is below 1000"]),
+            (format!("{rig}[pulsar]\nsend-timeout-ms = 999\n"), vec!["t.toml:4: pulsar.send-timeout-ms:"]),
+            (format!("{rig}[pulsar]\nbatch-max-bytes = 0\n"), vec!["t.toml:4: pulsar.batch-max-bytes:"]),
+            (format!("{rig}[spool]\npath = \"/var/lib/rigd\\u0000/spool\"\n"), vec!["t.toml:4: spool.path: contains a NUL byte"]),
+            (format!("{rig}[pulsar]\ntoken-file = \"/etc/a\\u0000b\"\n"), vec!["t.toml:4: pulsar.token-file: contains a NUL byte"]),
+            (format!("{rig}[web]\ntoken-file = \"\"\n"), vec!["t.toml:4: web.token-file: must not be empty"]),
+            (format!("{rig}[[source]]\nid = \"g\"\nkind = \"serial\"\ndevice = \"/dev/tty\\u0000S0\"\n"), vec!["t.toml:6: source[0].device: contains a NUL byte"]),
+            (format!("{rig}[[source]]\nid = \"{long}\"\nkind = \"synthetic-serial\"\n"), vec!["t.toml:4: source[0].id: 256 bytes long"]),
+            // A default that clashes with a written key: the written one's line.
+            (format!("{rig}{cam}frame-bytes = \"60MiB\"\n"), vec!["t.toml:6: source[0].frame-bytes:"]),
+            // A key left at its default names its table's line, or only the file.
+            (format!("{rig}[pulsar]\nmax-frame-bytes = \"512KiB\"\n[[source]]\nid = \"m\"\nkind = \"synthetic-audio\"\nsample-rate = 384000\nchannels = 32\n"),
+             vec!["t.toml:1: rig.bucket-ms: 33 ms makes blocks"]),
+        ];
+        for (text, want) in cases {
+            let got = problems(&text);
+            assert_eq!(got.len(), want.len(), "{text}\n{got:#?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert!(g.starts_with(w), "{text}\nwant {w}\ngot  {g}");
+            }
+        }
     }
 
     #[test]

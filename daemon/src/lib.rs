@@ -1,13 +1,15 @@
 //! rigd: the daemon's library. `main` only calls [`cli::main`].
 //!
-//! Map: [`config`] (TOML schema and validation), [`clock`] (the PTP-disciplined frame clock), [`wire`] (bucket key and Pulsar properties),
-//! [`uplink`] (Pulsar producer with chunking and dedup-safe sequence ids), [`spool`] (sled
-//! store-and-forward), [`pipeline`] (per-source lanes between capture, spool and uplink), [`app`]
-//! (wiring and shutdown order), [`status`], [`metrics`] and [`control`] (what the web UI shows
-//! and what a technician may do), [`lifecycle`] (signals),
-//! [`notify`] (systemd readiness, status and watchdog),
-//! [`replay`] (the offline tools: inspect, export and republish a spool), [`tail`] (a rig's
-//! buckets, live from Pulsar).
+//! Map, from the bottom up (a module imports only modules named before it here):
+//! [`wire`] (bucket key, topic and producer names, Pulsar properties), [`config`] (TOML schema and
+//! validation), [`clock`] (the PTP-disciplined frame clock), [`spool`] (store-and-forward),
+//! [`uplink`] (Pulsar producer with chunking and dedup-safe sequence ids), [`metrics`],
+//! [`lifecycle`] (signals, heartbeats), [`pipeline`] (per-source lanes between capture, spool and
+//! uplink), [`events`] (technician event markers), [`runtime`] (the running daemon as status and
+//! control see it), [`notify`] (systemd readiness, status and watchdog; the stall rule),
+//! [`status`], [`control`] (what the web UI shows and what a technician may do), [`preflight`] (what the
+//! host must offer a config), [`app`] (wiring and shutdown order), [`replay`] (the offline tools:
+//! inspect, export and republish a spool), [`tail`] (a rig's buckets, live from Pulsar), [`cli`].
 
 #![forbid(unsafe_code)]
 
@@ -16,11 +18,14 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod events;
 pub mod lifecycle;
 pub mod metrics;
 pub mod notify;
 pub mod pipeline;
+pub mod preflight;
 pub mod replay;
+pub mod runtime;
 pub mod spool;
 pub mod status;
 pub mod tail;

@@ -21,14 +21,14 @@ impl Reload {
         let web = match &self.web_token_file {
             None => "web token-file (none configured: control actions stay disabled)".to_string(),
             // The rule of the start: a missing or empty token file disables control actions.
-            Some(path) => match crate::app::read_token(path) {
+            Some(path) => match crate::config::read_token(path) {
                 Ok(token) => {
                     self.web_token.set(Some(token));
                     "web token-file (control actions enabled)".to_string()
                 }
                 Err(e) => {
                     self.web_token.set(None);
-                    tracing::warn!(error = %format!("{e:#}"), "SIGHUP: web control actions disabled");
+                    tracing::warn!(error = %e, "SIGHUP: web control actions disabled");
                     "web token-file (control actions disabled)".to_string()
                 }
             },

@@ -139,6 +139,14 @@ struct CaptureWatch {
     since: Instant,
 }
 
+/// The stall rule (the watchdog's, and the status page's `stall_after_ms`): a source whose frames
+/// come at a rate has stalled after [`STALL_AFTER`] without a frame, or four frame intervals when
+/// that is longer. Serial devices have no rate (`None`): a quiet line is not a hung daemon.
+pub fn stall_after(cfg: &SourceConfig, bucket_ms: u32) -> Option<Duration> {
+    cfg.frame_interval(bucket_ms)
+        .map(|i| STALL_AFTER.max(i.saturating_mul(4)))
+}
+
 /// Decides whether the pipeline is alive: every lane beat recently, every periodic capture source
 /// delivered a frame recently or is backing off.
 pub struct Liveness {
@@ -165,9 +173,7 @@ impl Liveness {
         self.lanes.push((id, stats));
     }
 
-    /// Watches a capture source through its frame counter. Serial sources are exempt from the
-    /// rate check (a quiet line is not a hung daemon); the others must deliver a frame within
-    /// [`STALL_AFTER`], or four frame intervals when that is longer.
+    /// Watches a capture source through its frame counter, by [`stall_after`].
     pub fn capture(
         &mut self,
         id: Arc<str>,
@@ -175,20 +181,7 @@ impl Liveness {
         cfg: &SourceConfig,
         bucket_ms: u32,
     ) {
-        let interval = match cfg {
-            SourceConfig::SyntheticCamera(c) if c.fps > 0.0 => {
-                Some(Duration::from_secs_f64(1.0 / c.fps))
-            }
-            SourceConfig::SyntheticSerial(c) if c.rate_hz > 0.0 => {
-                Some(Duration::from_secs_f64(1.0 / c.rate_hz))
-            }
-            SourceConfig::V4l(c) if c.fps > 0.0 => Some(Duration::from_secs_f64(1.0 / c.fps)),
-            SourceConfig::SyntheticAudio(_) | SourceConfig::Alsa(_) => {
-                Some(Duration::from_millis(bucket_ms as u64))
-            }
-            _ => None,
-        };
-        let stall_after = interval.map(|i| STALL_AFTER.max(i.saturating_mul(4)));
+        let stall_after = stall_after(cfg, bucket_ms);
         self.captures.push(CaptureWatch {
             id,
             frames: health.frames(),
@@ -266,7 +259,7 @@ pub fn status_line(s: &rigd_web::Status) -> String {
         };
         out.push_str(&format!(
             ", spool {} in {} records{what}",
-            human_bytes(s.spool.bytes),
+            crate::config::ByteSize(s.spool.bytes).human(),
             s.spool.records
         ));
     }
@@ -274,22 +267,6 @@ pub fn status_line(s: &rigd_web::Status) -> String {
         out.push_str(&format!(", {} dropped", s.spool.dropped));
     }
     out
-}
-
-/// `2.1 GiB`, `512 B`.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }
 
 /// Runs until aborted: refreshes STATUS= every few seconds and pings the watchdog (at half its
@@ -402,16 +379,10 @@ mod tests {
     }
 
     fn camera(fps: f64) -> SourceConfig {
-        toml::from_str::<Wrap>(&format!(
-            "[source]\nid = \"cam\"\nkind = \"synthetic-camera\"\nfps = {fps}\n"
-        ))
-        .unwrap()
-        .source
-    }
-
-    #[derive(serde::Deserialize)]
-    struct Wrap {
-        source: SourceConfig,
+        let text = format!(
+            "[rig]\nid = \"r\"\n[[source]]\nid = \"cam\"\nkind = \"synthetic-camera\"\nfps = {fps}\n"
+        );
+        crate::config::Config::parse(&text, "t").unwrap().sources[0].clone()
     }
 
     #[test]
@@ -475,7 +446,5 @@ mod tests {
             status_line(&s),
             "locked, 3 sources (b retrying), uplink down, spool empty"
         );
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
     }
 }

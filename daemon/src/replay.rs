@@ -245,7 +245,11 @@ impl Tally {
 impl Summary {
     /// The human report on stderr.
     pub fn print(&self) {
-        eprintln!(
+        use std::io::Write;
+        // A closed stderr loses the report, never the command (eprintln! panics on EPIPE).
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(
+            err,
             "{}: {} records, {:.1} MB in {:.2} s ({:.1} MB/s){}",
             self.output,
             self.records,
@@ -259,25 +263,27 @@ impl Summary {
             }
         );
         for s in &self.sources {
-            eprintln!("  {}: {} records", s.id, s.records);
+            let _ = writeln!(err, "  {}: {} records", s.id, s.records);
         }
         if let Some(p) = &self.published {
-            eprintln!(
+            let _ = writeln!(
+            err,
                 "  broker: {} persisted, {} already held (deduplicated), {} refused, {} unacknowledged",
                 p.persisted, p.already_persisted, p.refused, p.unacknowledged
             );
         }
         if !self.corrupt.is_empty() {
-            eprintln!(
+            let _ = writeln!(
+                err,
                 "  {} corrupt records skipped (rigd spool verify lists them):",
                 self.corrupt.len()
             );
             for c in self.corrupt.iter().take(20) {
-                eprintln!("    {}", inspect::describe(c));
+                let _ = writeln!(err, "    {}", inspect::describe(c));
             }
         }
         for s in self.skipped.iter().take(20) {
-            eprintln!("  skipped: {s}");
+            let _ = writeln!(err, "  skipped: {s}");
         }
     }
 }

@@ -1,42 +1,17 @@
 //! The status snapshot the web UI, `/api/status` and `/metrics` show, read from the runtime's
 //! counters; rates and the recent latency window come from samples kept in
-//! [`Runtime::observed`](crate::app::Runtime).
+//! [`Runtime::observed`](crate::runtime::Runtime).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::app::Runtime;
-use crate::config::{SourceConfig, SpoolMode, WhenFull};
+use crate::config::{Modality, SpoolMode, WhenFull};
 use crate::metrics::LatencySnapshot;
+use crate::notify::{stall_after, STALL_AFTER};
+use crate::runtime::Runtime;
 
 fn age_ms(now_ns: i64, then_ns: i64) -> Option<u64> {
     (then_ns > 0).then(|| ((now_ns - then_ns).max(0) / 1_000_000) as u64)
-}
-
-/// camera | audio | serial, from a source kind.
-fn modality(kind: &str) -> &'static str {
-    match kind {
-        "synthetic-camera" | "v4l" => "camera",
-        "synthetic-audio" | "alsa" => "audio",
-        _ => "serial",
-    }
-}
-
-/// How long without a frame means a source has stalled: five frame periods, at least 2 s (serial
-/// devices of unknown rate: 5 s).
-fn stall_after_ms(cfg: Option<&SourceConfig>, bucket_ms: u32) -> u64 {
-    let period_ms = match cfg {
-        Some(SourceConfig::SyntheticCamera(c)) => 1000.0 / c.fps,
-        Some(SourceConfig::SyntheticSerial(c)) => 1000.0 / c.rate_hz,
-        Some(SourceConfig::V4l(c)) => 1000.0 / c.fps,
-        Some(SourceConfig::SyntheticAudio(_)) | Some(SourceConfig::Alsa(_)) => bucket_ms as f64,
-        _ => 1000.0,
-    };
-    if period_ms.is_finite() {
-        ((period_ms * 5.0) as u64).max(2000)
-    } else {
-        5000
-    }
 }
 
 fn dbfs(linear: f32) -> f64 {
@@ -95,12 +70,12 @@ impl rigd_web::StatusSource for Runtime {
             let spool_dropped = sp.dropped.load(Ordering::Relaxed);
             let drops = device_drops + spool_dropped + refused;
             let (frames, bytes) = (e.health.frames(), e.health.bytes());
-            let modality = modality(e.kind);
+            let modality = e.modality;
             let level = e.health.audio_level().or_else(|| e.lane.preview.level());
             sources.push(rigd_web::SourceStatus {
                 id: e.id.to_string(),
                 kind: e.kind.to_string(),
-                modality: modality.to_string(),
+                modality: modality.as_str().to_string(),
                 state: format!("{:?}", e.health.state()).to_lowercase(),
                 reason: e.health.reason(),
                 detail: e.health.detail(),
@@ -111,10 +86,14 @@ impl rigd_web::StatusSource for Runtime {
                 spool_dropped,
                 refused,
                 last_frame_age_ms: age_ms(now.ns, e.health.last_frame_ns()),
-                stall_after_ms: stall_after_ms(
-                    self.config.sources.iter().find(|c| c.id() == &*e.id),
-                    self.config.rig.bucket_ms,
-                ),
+                stall_after_ms: self
+                    .config
+                    .sources
+                    .iter()
+                    .find(|c| c.id() == &*e.id)
+                    .and_then(|c| stall_after(c, self.config.rig.bucket_ms))
+                    .unwrap_or(STALL_AFTER)
+                    .as_millis() as u64,
                 frame_rate: observed.rate(&e.id, "frames", t, frames),
                 byte_rate: observed.rate(&e.id, "bytes", t, bytes),
                 drop_rate: observed.rate(&e.id, "drops", t, drops),
@@ -123,16 +102,17 @@ impl rigd_web::StatusSource for Runtime {
                 spool_bytes: sp.bytes.load(Ordering::Relaxed),
                 spool_pushed: sp.pushed.load(Ordering::Relaxed),
                 spool_popped: sp.popped.load(Ordering::Relaxed),
-                preview_seq: (modality == "camera")
+                preview_seq: (modality == Modality::Camera)
                     .then(|| e.lane.preview.jpeg_seq())
                     .flatten(),
-                audio: (modality == "audio").then_some(level).flatten().map(|l| {
-                    rigd_web::AudioLevelStatus {
+                audio: (modality == Modality::Audio)
+                    .then_some(level)
+                    .flatten()
+                    .map(|l| rigd_web::AudioLevelStatus {
                         rms_dbfs: dbfs(l.rms),
                         peak_dbfs: dbfs(l.peak),
-                    }
-                }),
-                last_records: if modality == "serial" {
+                    }),
+                last_records: if modality == Modality::Serial {
                     e.lane.preview.records()
                 } else {
                     Vec::new()
@@ -248,16 +228,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stall_thresholds_follow_the_configured_rate() {
-        let cfg: crate::config::Config = toml::from_str(
+    fn stall_thresholds_are_the_watchdogs() {
+        let cfg = crate::config::Config::parse(
             "[rig]\nid = \"r\"\n[[source]]\nid = \"cam\"\nkind = \"synthetic-camera\"\nfps = 0.2\n\
-             [[source]]\nid = \"gps\"\nkind = \"synthetic-serial\"\nrate-hz = 10\n",
+             [[source]]\nid = \"gps\"\nkind = \"synthetic-serial\"\nrate-hz = 10\n\
+             [[source]]\nid = \"tty\"\nkind = \"serial\"\ndevice = \"/dev/ttyS0\"\n",
+            "t",
         )
         .unwrap();
-        assert_eq!(stall_after_ms(cfg.sources.first(), 33), 25_000);
-        assert_eq!(stall_after_ms(cfg.sources.get(1), 33), 2000);
-        assert_eq!(stall_after_ms(None, 33), 5000);
-        assert_eq!(modality("alsa"), "audio");
+        let after = |i: usize| stall_after(&cfg.sources[i], 33);
+        assert_eq!(after(0), Some(std::time::Duration::from_secs(20)));
+        assert_eq!(after(1), Some(STALL_AFTER));
+        assert_eq!(after(2), None);
+        assert_eq!(cfg.sources[2].modality(), Modality::Serial);
         assert_eq!(dbfs(0.0), -120.0);
         assert!((dbfs(0.5) + 6.02).abs() < 0.01);
     }

@@ -336,7 +336,7 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
         builder = builder.with_topics(
             cfg.sources
                 .iter()
-                .map(|s| cfg.topic.replace("{rig}", &cfg.rig).replace("{source}", s)),
+                .map(|s| crate::wire::topic(&cfg.topic, &cfg.rig, s)),
         );
     }
     let mut consumer: Consumer<Vec<u8>, TokioExecutor> = tokio::select! {

@@ -23,6 +23,14 @@ pub fn producer_name(rig: &str, source: &str) -> String {
     format!("rigd-{rig}-{source}")
 }
 
+/// The default topic template (`pulsar.topic`, and `--topic` of the offline tools).
+pub const DEFAULT_TOPIC: &str = "persistent://public/default/{rig}-{source}";
+
+/// A source's topic: the template with its placeholders `{rig}` and `{source}` filled in.
+pub fn topic(template: &str, rig: &str, source: &str) -> String {
+    template.replace("{rig}", rig).replace("{source}", source)
+}
+
 /// What goes into a message's metadata besides the payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {

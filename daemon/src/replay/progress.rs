@@ -43,7 +43,8 @@ impl Progress {
     /// Prints a line above the bar (or to stderr when there is no bar).
     pub fn println(&self, line: &str) {
         if self.bar.is_hidden() {
-            eprintln!("{line}");
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{line}");
         } else {
             self.bar.println(line);
         }

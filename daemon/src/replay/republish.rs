@@ -36,13 +36,9 @@ pub struct Target {
     pub stall_timeout: Duration,
 }
 
-pub const DEFAULT_TOPIC: &str = "persistent://public/default/{rig}-{source}";
-
 impl Target {
     pub fn topic_of(&self, source: &str) -> String {
-        self.topic
-            .replace("{rig}", &self.rig)
-            .replace("{source}", source)
+        crate::wire::topic(&self.topic, &self.rig, source)
     }
 }
 
@@ -282,7 +278,7 @@ mod tests {
         let t = Target {
             url: "pulsar://x:6650".into(),
             rig: "van-07".into(),
-            topic: DEFAULT_TOPIC.into(),
+            topic: crate::wire::DEFAULT_TOPIC.into(),
             bucket_ms: 33,
             token: None,
             tls_ca: None,

@@ -1,0 +1,172 @@
+//! What the host must offer a valid config before capture starts: the files it names exist and
+//! say something, the spool's path can be a directory on a filesystem larger than its reserve, the
+//! web port is free. `rigd check` reports these with the config's own problems; `rigd run` refuses
+//! to start (exit 2) on any of them, before it opens the spool or starts a source.
+//!
+//! Each problem is `key: what is wrong`, like [`Config::problems`], so that
+//! [`Config::check`] names the file and the line of the key.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{read_token, Config};
+
+/// Every problem of the host with `config` (none: the daemon can start).
+pub fn problems(config: &Config) -> Vec<String> {
+    let mut p = Vec::new();
+    if let Some(path) = &config.pulsar.token_file {
+        if let Err(e) = read_token(path) {
+            p.push(format!("pulsar.token-file: {e}"));
+        }
+    }
+    if let Some(path) = &config.pulsar.tls_ca_file {
+        // The certificates are read at start, whatever the URL says, so a file that is not
+        // there fails here rather than when the URL is changed to pulsar+ssl:// later.
+        if let Err(e) = crate::uplink::tls_config(Some(path)) {
+            p.push(format!("pulsar.tls-ca-file: {e}"));
+        }
+    }
+    spool_problems(config, &mut p);
+    let bind = config.web_bind();
+    if config.web.bind.parse::<std::net::SocketAddr>().is_ok() {
+        if let Err(e) = std::net::TcpListener::bind(bind) {
+            p.push(format!(
+                "web.bind: cannot listen on {bind}: {e} (another process, or a running rigd, holds it)"
+            ));
+        }
+    }
+    p
+}
+
+fn spool_problems(config: &Config, p: &mut Vec<String>) {
+    let path = &config.spool.path;
+    if path.as_os_str().is_empty() || path.to_string_lossy().contains('\0') {
+        return; // Config::problems says so
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_dir() => {
+            p.push(format!(
+                "spool.path: {} exists and is not a directory",
+                path.display()
+            ));
+            return;
+        }
+        Ok(_) => {}
+        // Not there yet (the spool creates it), or a file on the way: said below.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) => {}
+        Err(e) => {
+            p.push(format!("spool.path: {}: {e}", path.display()));
+            return;
+        }
+    }
+    // The spool creates its directory: the closest existing ancestor must be a directory.
+    let Some(existing) = existing_ancestor(path) else {
+        return;
+    };
+    if !existing.is_dir() {
+        p.push(format!(
+            "spool.path: cannot create {}: {} is not a directory",
+            path.display(),
+            existing.display()
+        ));
+        return;
+    }
+    if let Ok(st) = rustix::fs::statvfs(&existing) {
+        let size = st.f_blocks.saturating_mul(st.f_frsize);
+        let reserve = config.spool.free_reserve.0;
+        if size > 0 && reserve >= size {
+            p.push(format!(
+                "spool.free-reserve: {} is not below the size of the spool's filesystem ({}, at {}): every frame would be dropped",
+                config.spool.free_reserve.human(),
+                crate::config::ByteSize(size).human(),
+                existing.display()
+            ));
+        }
+    }
+}
+
+/// `path` itself, or its closest ancestor that exists (relative paths from the working directory).
+fn existing_ancestor(path: &Path) -> Option<PathBuf> {
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().ok()?.join(path)
+    };
+    abs.ancestors()
+        .find(|a| std::fs::symlink_metadata(a).is_ok())
+        .map(Path::to_path_buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path, extra: &str) -> Config {
+        let text = format!(
+            "[rig]\nid = \"a\"\n[spool]\npath = \"{}/spool\"\n[web]\nbind = \"127.0.0.1:0\"\n{extra}",
+            dir.display()
+        );
+        Config::parse(&text, "t.toml").unwrap()
+    }
+
+    #[test]
+    fn a_usable_host_has_no_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(problems(&config(dir.path(), "")), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_spool_path_that_is_a_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("spool"), b"x").unwrap();
+        let p = problems(&config(dir.path(), ""));
+        assert!(p.len() == 1 && p[0].starts_with("spool.path:"), "{p:?}");
+        std::fs::remove_file(dir.path().join("spool")).unwrap();
+        std::fs::write(dir.path().join("file"), b"x").unwrap();
+        let c = Config::parse(
+            &format!(
+                "[rig]\nid = \"a\"\n[spool]\npath = \"{}/file/spool\"\n[web]\nbind = \"127.0.0.1:0\"\n",
+                dir.path().display()
+            ),
+            "t",
+        )
+        .unwrap();
+        let p = problems(&c);
+        assert!(p.len() == 1 && p[0].contains("is not a directory"), "{p:?}");
+    }
+
+    #[test]
+    fn missing_files_and_a_reserve_larger_than_the_disk_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path(), "");
+        c.pulsar.token_file = Some(dir.path().join("no-token"));
+        c.pulsar.tls_ca_file = Some(dir.path().join("no-ca.pem"));
+        c.spool.free_reserve = crate::config::ByteSize(1 << 60);
+        let p = problems(&c);
+        for key in [
+            "pulsar.token-file:",
+            "pulsar.tls-ca-file:",
+            "spool.free-reserve:",
+        ] {
+            assert!(p.iter().any(|l| l.starts_with(key)), "{key}: {p:?}");
+        }
+        std::fs::write(dir.path().join("empty"), "\n").unwrap();
+        c.pulsar.token_file = Some(dir.path().join("empty"));
+        assert!(problems(&c)
+            .iter()
+            .any(|l| l.starts_with("pulsar.token-file:") && l.contains("empty")));
+    }
+
+    #[test]
+    fn a_busy_web_port_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = config(dir.path(), "");
+        c.web.bind = held.local_addr().unwrap().to_string();
+        let p = problems(&c);
+        assert!(p.len() == 1 && p[0].starts_with("web.bind:"), "{p:?}");
+    }
+}

@@ -1,0 +1,39 @@
+//! The running daemon as the status page and the control actions see it ([`Runtime`]): built by
+//! [`crate::app::run`], read by [`crate::status`] and [`crate::control`].
+
+use rigd_drivers::{FrameClock, SourceHealth};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::config::{Config, Modality};
+use crate::pipeline::LaneStats;
+use crate::spool::Spool;
+use crate::uplink::ProducerStats;
+
+/// What status reads for one source.
+pub struct SourceEntry {
+    pub id: Arc<str>,
+    pub kind: &'static str,
+    pub modality: Modality,
+    pub health: Arc<SourceHealth>,
+    pub lane: Arc<LaneStats>,
+    pub uplink: Option<Arc<ProducerStats>>,
+}
+
+/// Everything the status API reads.
+pub struct Runtime {
+    pub config: Config,
+    pub started: Instant,
+    pub clock: Arc<dyn FrameClock>,
+    /// The PTP port's clock and report, when `[clock].interface` is set.
+    pub ptp: Option<Arc<crate::clock::Ptp>>,
+    pub sources: Vec<SourceEntry>,
+    pub spool: Arc<Spool>,
+    /// Raised by a technician (web UI): the lanes submit nothing new and spool instead.
+    pub uplink_paused: Arc<AtomicBool>,
+    /// Technician event markers (the internal `events` source, crate::events).
+    pub events: crate::events::EventMarker,
+    /// Counter samples that status keeps to compute rates.
+    pub observed: Mutex<crate::metrics::Observed>,
+}
