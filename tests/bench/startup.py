@@ -73,7 +73,7 @@ def main():
         config = base / "rigd.toml"
         # One slow source so the spool barely grows between starts; no broker: nothing drains.
         config.write_text(f'[rig]\nid = "startup"\n[[source]]\nid = "gps"\nkind = "synthetic-serial"\nrate-hz = 1\n'
-                          f'[spool]\npath = "{spool}"\nmax-bytes = "{max(size * 2, 1 << 30)}"\nfree-reserve = "0"\n'
+                          f'[spool]\npath = "{spool}"\nmax-bytes = "{max(size * 2, 1 << 30)}"\nfree-reserve = "1MiB"\n'
                           f'[web]\nbind = "127.0.0.1:0"\n')
         rows = [(label if not size else f"{label}, after a clean shutdown", False)]
         if size:

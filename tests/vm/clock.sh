@@ -69,7 +69,7 @@ unlock-threshold-ns = 2000000
 
 [spool]
 path = "/tmp/spool"
-free-reserve = "0"
+free-reserve = "1MiB"
 
 [web]
 bind = "127.0.0.1:8080"
