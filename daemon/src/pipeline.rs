@@ -28,7 +28,6 @@ const DRAIN_BATCH: usize = 16;
 pub struct LaneStats {
     pub published: AtomicU64,
     pub already_persisted: AtomicU64,
-    pub refused: AtomicU64,
     pub spool_dropped_logged: AtomicU64,
     /// Submission-to-receipt latency of published frames (web UI and `/metrics`).
     pub latency: crate::metrics::LatencyHistogram,
@@ -237,9 +236,8 @@ impl Lane {
                 self.stats.already_persisted.fetch_add(1, Ordering::Relaxed);
                 self.stats.latency.record(ack.latency);
             }
-            Outcome::Refused(_) => {
-                self.stats.refused.fetch_add(1, Ordering::Relaxed);
-            }
+            // Counted and logged by the producer, where the refusal is decided.
+            Outcome::Refused(_) => {}
         }
         if from_spool {
             if let Err(e) = disk(|| self.spool.remove(&self.source, ack.seq)) {

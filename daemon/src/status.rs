@@ -43,13 +43,14 @@ impl rigd_web::StatusSource for Runtime {
         let mut latency = LatencySnapshot::default();
         for e in &self.sources {
             let sp = self.spool.stats(&e.id);
-            let mut refused = e.lane.refused.load(Ordering::Relaxed);
+            // Counted once, where the refusal is logged (the producer).
+            let mut refused = 0;
             if let Some(u) = &e.uplink {
                 all_connected &= u.connected.load(Ordering::Relaxed);
                 uplink.in_flight += u.in_flight.load(Ordering::Relaxed) as u64;
                 uplink.published += u.published.load(Ordering::Relaxed);
                 uplink.reconnects += u.reconnects.load(Ordering::Relaxed);
-                refused = refused.max(u.refused.load(Ordering::Relaxed));
+                refused = u.refused.load(Ordering::Relaxed);
                 let err = u.last_error.lock().map(|s| s.clone()).unwrap_or_default();
                 if !err.is_empty() && !u.connected.load(Ordering::Relaxed) {
                     uplink.last_error = Some(err);
