@@ -246,3 +246,22 @@ class ShapedBrokerPort:
     def __exit__(self, *exc):
         self.remove()
         return False
+
+
+def received_seqs(topic: str, url: str = BROKER_URL, idle: float = 6) -> list[int]:
+    """The `seq` property of every message on `topic`, in delivery order (Exclusive subscription:
+    publish order; Key_Shared orders per key only)."""
+    import pulsar
+
+    msgs = consume(url, [topic], idle_timeout_s=idle, consumer_type=pulsar.ConsumerType.Exclusive)
+    return [int(m["properties"]["seq"]) for m in msgs]
+
+
+def assert_once_each_in_order(seqs: list[int], source: str) -> None:
+    """Every seq from 0 once, in order (what a drained spool and broker dedup promise)."""
+    dups = len(seqs) - len(set(seqs))
+    missing = sorted(set(range(max(seqs, default=-1) + 1)) - set(seqs))
+    print(f"{source}: {len(seqs)} received, {dups} duplicates, {len(missing)} missing")
+    assert dups == 0, f"{source}: {dups} frames arrived twice"
+    assert not missing, f"{source}: {len(missing)} lost, first {missing[:10]}"
+    assert seqs == sorted(seqs), f"{source}: out of order"

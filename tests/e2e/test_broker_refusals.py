@@ -4,12 +4,12 @@ sources go on and nothing stalls or reconnects in a loop; a terminated topic is 
 stay in the spool, the other sources go on and shutdown stays bounded. The official Python client
 counts what arrived."""
 
+import json
+import subprocess
 import time
 import urllib.parse
 
-import pulsar
-
-from harness import BROKER_URL, Rigd, admin, consume, unique
+from harness import BROKER_URL, Rigd, admin, received_seqs, rigd_bin, unique
 
 
 def config(rig, cam_bytes):
@@ -46,9 +46,7 @@ def topic_path(rig, source):
 
 
 def seqs_of(rig, source):
-    msgs = consume(BROKER_URL, [f"persistent://public/default/{rig}-{source}"], idle_timeout_s=6,
-                   consumer_type=pulsar.ConsumerType.Exclusive)
-    return [int(m["properties"]["seq"]) for m in msgs]
+    return received_seqs(f"persistent://public/default/{rig}-{source}")
 
 
 def source_status(status, sid):
@@ -108,12 +106,7 @@ def test_a_terminated_topic_is_reported_its_frames_stay_spooled_and_the_rest_goe
     # Nothing of the camera is lost: what the broker holds plus what the spool holds is every seq.
     cam = seqs_of(rig, "cam")
     assert cam == list(range(len(cam)))
-    stat = Rigd(tmp_path, "", name="stat")  # only for the binary path
-    import json
-    import subprocess
-    from harness import rigd_bin
     out = subprocess.run([rigd_bin(), "spool", "stat", "--spool", str(tmp_path / "spool"), "--json"],
                          capture_output=True, text=True, check=True)
     spooled = next(x for x in json.loads(out.stdout)["sources"] if x["id"] == "cam")
     assert spooled["records"] > 0, out.stdout
-    del stat

@@ -10,9 +10,7 @@ import subprocess
 import time
 import urllib.error
 
-import pulsar
-
-from harness import BROKER_URL, ROOT, Rigd, admin, consume, free_port, unique
+from harness import BROKER_URL, ROOT, Rigd, admin, assert_once_each_in_order, free_port, received_seqs, unique
 
 CONFIG = """
 [rig]
@@ -44,19 +42,11 @@ bind = "127.0.0.1:{{WEB_PORT}}"
 """
 
 
-def seqs_of(url, ns, rig, source):
-    msgs = consume(url, [f"persistent://{ns}/{rig}-{source}"], idle_timeout_s=6,
-                   consumer_type=pulsar.ConsumerType.Exclusive)
-    return [int(m["properties"]["seq"]) for m in msgs]
-
-
 def assert_once_each(url, ns, rig):
     for source in ["cam", "gps"]:
-        seqs = seqs_of(url, ns, rig, source)
-        dups = len(seqs) - len(set(seqs))
-        print(f"{source}: {len(seqs)} received, {dups} duplicates")
-        assert dups == 0, f"{source}: {dups} frames arrived twice"
-        assert seqs == list(range(len(seqs))), f"{source}: gaps"
+        seqs = received_seqs(f"persistent://{ns}/{rig}-{source}", url=url)
+        assert seqs, source
+        assert_once_each_in_order(seqs, source)
 
 
 def kill9_runs(d, secs):

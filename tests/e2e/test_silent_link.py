@@ -6,9 +6,8 @@ exactly once (broker dedup on). Issue 14's headline scenario; docs/UPLINK.md "Sh
 import socket
 import time
 
-import pulsar
-
-from harness import BROKER_URL, FrozenBroker, Rigd, consume, namespace_with_dedup, unique
+from harness import (BROKER_URL, FrozenBroker, Rigd, assert_once_each_in_order, namespace_with_dedup,
+                     received_seqs, unique)
 
 # The bound docs/UPLINK.md states (systemd's TimeoutStopSec is 30 s).
 SHUTDOWN_BOUND_S = 10
@@ -46,12 +45,6 @@ path = "spool"
 [web]
 bind = "127.0.0.1:{{WEB_PORT}}"
 """
-
-
-def seqs_of(ns, rig, source):
-    msgs = consume(BROKER_URL, [f"persistent://{ns}/{rig}-{source}"], idle_timeout_s=8,
-                   consumer_type=pulsar.ConsumerType.Exclusive)
-    return [int(m["properties"]["seq"]) for m in msgs]
 
 
 def test_frozen_broker_then_sigterm_stops_in_bound_and_loses_nothing(broker, tmp_path):
@@ -93,10 +86,6 @@ def test_frozen_broker_then_sigterm_stops_in_bound_and_loses_nothing(broker, tmp
     finally:
         d.close()
     for source in ["cam", "mic", "gps"]:
-        seqs = seqs_of(ns, rig, source)
-        dups = len(seqs) - len(set(seqs))
-        missing = sorted(set(range(max(seqs) + 1)) - set(seqs))
-        print(f"{source}: {len(seqs)} received, {dups} duplicates, {len(missing)} missing")
-        assert dups == 0, f"{source}: {dups} duplicates"
-        assert not missing, f"{source}: {len(missing)} lost, first {missing[:10]}"
-        assert seqs == sorted(seqs), f"{source}: out of order"
+        seqs = received_seqs(f"persistent://{ns}/{rig}-{source}", idle=8)
+        assert seqs, source
+        assert_once_each_in_order(seqs, source)

@@ -10,7 +10,8 @@ import time
 import pulsar
 import pytest
 
-from harness import BROKER_URL, Rigd, ShapedBrokerPort, check_synthetic_jpeg, consume, namespace_with_dedup, unique
+from harness import (BROKER_URL, Rigd, ShapedBrokerPort, assert_once_each_in_order, check_synthetic_jpeg, consume,
+                     namespace_with_dedup, received_seqs, unique)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tc needs root")
 
@@ -112,6 +113,4 @@ rate-hz = 20
     finally:
         d.close()
     for source in ["cam", "gps"]:
-        seqs = [int(m["properties"]["seq"]) for m in received(ns, rig, source)]
-        assert len(seqs) == len(set(seqs)), f"{source}: duplicates"
-        assert seqs == list(range(len(seqs))), f"{source}: gaps"
+        assert_once_each_in_order(received_seqs(f"persistent://{ns}/{rig}-{source}", idle=8), source)
