@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{read_token, Config, PulsarConfig, SourceConfig, SpoolMode, EVENTS_SOURCE};
+use crate::config::{read_token, Config, SourceConfig, SpoolMode, EVENTS_SOURCE};
 use crate::events::EventMarker;
 use crate::pipeline::{self, Lane, LaneStats};
 use crate::runtime::{Runtime, SourceEntry};
@@ -74,7 +74,7 @@ fn spawn_capture(
     std::thread::Builder::new()
         .name(name)
         .spawn(move || {
-            let mut backoff = crate::uplink::plan::Backoff::new(Duration::from_millis(200), Duration::from_secs(30), sink.next_seq() | 1);
+            let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(30), sink.next_seq() | 1);
             while !stop.is_raised() {
                 sink.health().set_state(SourceState::Running, "");
                 match source.run(&mut sink, &stop) {
@@ -96,15 +96,6 @@ fn spawn_capture(
             }
         })
         .expect("spawning a capture thread")
-}
-
-/// The uplink's batching, as `[pulsar]` sets it.
-pub fn batch_policy(p: &PulsarConfig) -> BatchPolicy {
-    BatchPolicy {
-        max_messages: p.batch_max_messages,
-        max_bytes: p.batch_max_bytes.0 as usize,
-        delay: Duration::from_millis(p.batch_delay_ms),
-    }
 }
 
 /// What every lane is wired to: the spool, the uplink's settings, the pause switch, shutdown.
@@ -145,7 +136,7 @@ impl LaneWiring<'_> {
                     tls: self.tls.clone(),
                     tls_ca_file: config.pulsar.tls_ca_file.clone(),
                     compression: config.pulsar.compression,
-                    batch: batch_policy(&config.pulsar),
+                    batch: BatchPolicy::from(&config.pulsar),
                 },
                 ack_tx,
                 self.shutdown.clone(),
@@ -438,10 +429,16 @@ mod tests {
     #[test]
     fn batching_keys_have_the_java_defaults_and_are_validated() {
         let c = Config::parse("[rig]\nid = \"a\"\n", "t").unwrap();
-        assert_eq!(batch_policy(&c.pulsar), BatchPolicy::default());
+        let java = BatchPolicy {
+            max_messages: 1000,
+            max_bytes: 128 << 10,
+            delay: Duration::from_millis(1),
+        };
+        assert_eq!(BatchPolicy::from(&c.pulsar), java);
+        assert_eq!(BatchPolicy::default(), java);
         let c =
             Config::parse("[rig]\nid = \"a\"\n[pulsar]\nbatch-max-messages = 1\n", "t").unwrap();
-        assert!(!batch_policy(&c.pulsar).enabled());
+        assert!(!BatchPolicy::from(&c.pulsar).enabled());
         let p = Config::parse(
             "[rig]\nid = \"a\"\n[pulsar]\nbatch-max-messages = 0\nbatch-max-bytes = \"8MiB\"\nbatch-delay-ms = 5000\n",
             "t",

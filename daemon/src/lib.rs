@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod backoff;
 pub mod cli;
 pub mod clock;
 pub mod config;

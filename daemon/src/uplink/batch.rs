@@ -27,14 +27,21 @@ pub struct BatchPolicy {
     pub delay: Duration,
 }
 
-impl Default for BatchPolicy {
-    /// The Java client's defaults (1000 messages, 128 KiB, 1 ms).
-    fn default() -> Self {
+impl From<&crate::config::PulsarConfig> for BatchPolicy {
+    fn from(p: &crate::config::PulsarConfig) -> Self {
         BatchPolicy {
-            max_messages: 1000,
-            max_bytes: 128 << 10,
-            delay: Duration::from_millis(1),
+            max_messages: p.batch_max_messages,
+            max_bytes: p.batch_max_bytes.0 as usize,
+            delay: Duration::from_millis(p.batch_delay_ms),
         }
+    }
+}
+
+impl Default for BatchPolicy {
+    /// The config's defaults (the Java client's: 1000 messages, 128 KiB, 1 ms); one home for the
+    /// numbers, `config.rs`.
+    fn default() -> Self {
+        (&crate::config::PulsarConfig::default()).into()
     }
 }
 

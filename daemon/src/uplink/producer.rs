@@ -18,8 +18,8 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use super::batch::BatchPolicy;
 use super::connect::{self, Link, LinkError, Setup, Token};
-use super::plan::Backoff;
 use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
+use crate::backoff::Backoff;
 use rigd_drivers::Frame;
 
 const PING_IDLE: Duration = Duration::from_secs(30);
