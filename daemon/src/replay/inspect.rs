@@ -29,6 +29,12 @@ pub struct Stat {
     pub sources: Vec<SourceStat>,
     /// Records the daemon already set aside in `quarantine/`.
     pub quarantined: u64,
+    /// Why the index could not be used as it is (missing, unreadable, not covering the segments):
+    /// the records were listed from the segments, as the daemon's next start rebuilds them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index_damage: Option<String>,
+    /// Records the index did not list yet (a crash before their commit), read from the segments.
+    pub read_back: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -63,6 +69,8 @@ pub fn stat(snap: &SpoolSnapshot) -> Stat {
             })
             .collect(),
         quarantined: snap.quarantined(),
+        index_damage: snap.index_damage().map(str::to_string),
+        read_back: snap.read_back(),
     }
 }
 
@@ -90,7 +98,8 @@ pub fn verify(snap: &SpoolSnapshot, interrupt: &Interrupt) -> Verify {
         }
     }
     progress.finish();
-    let ok = corrupt.is_empty() && !interrupted;
+    // A damaged index is damage even when every record reads back: it was worked around.
+    let ok = corrupt.is_empty() && !interrupted && stat.index_damage.is_none();
     Verify {
         stat,
         records_checked: records,
@@ -128,8 +137,20 @@ pub fn print_stat(out: &mut impl Write, s: &Stat) -> std::io::Result<()> {
         human_bytes(bytes),
         s.quarantined
     )?;
-    if let Some(note) = &s.listing_note {
+    if let Some(damage) = &s.index_damage {
+        writeln!(
+            out,
+            "index damaged: {damage}; records listed from the segments (rigd rebuilds the index at its next start)"
+        )?;
+    } else if let Some(note) = &s.listing_note {
         writeln!(out, "records listed by a segment scan: {note}")?;
+    }
+    if s.read_back > 0 {
+        writeln!(
+            out,
+            "{} records after the index's last commit (the last run ended before committing them), read from the segments",
+            s.read_back
+        )?;
     }
     let w = s
         .sources
@@ -170,6 +191,9 @@ pub fn print_verify(out: &mut impl Write, v: &Verify) -> std::io::Result<()> {
     )?;
     for c in &v.corrupt {
         writeln!(out, "  corrupt: {}", describe(c))?;
+    }
+    if v.stat.index_damage.is_some() {
+        writeln!(out, "verify: the index is damaged (see above)")?;
     }
     Ok(())
 }

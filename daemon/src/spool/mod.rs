@@ -46,6 +46,7 @@
 //!   point into it) and after segment files are deleted (so that a rebuild from the segments never
 //!   finds a drained segment again).
 
+mod ledger;
 mod pages;
 pub mod record;
 pub mod snapshot;
@@ -207,6 +208,9 @@ struct Segments {
     readers: HashMap<u64, Arc<File>>,
     /// Segments left without records, deleted after the next commit has made the removals durable.
     emptied: Vec<u64>,
+    /// Segment lengths the ledger is to record at the next commit (sealed or new segments; the
+    /// one being written is added by the commit itself).
+    ledger_due: BTreeMap<u64, u64>,
 }
 
 pub struct Spool {
@@ -229,6 +233,8 @@ pub struct Spool {
     /// An fdatasync failed in this run: its data may be lost, so the run does not end clean.
     sync_failed: std::sync::atomic::AtomicBool,
     quarantined: AtomicU64,
+    /// Why the index was rebuilt from the segments at open (it did not cover them), if it was.
+    index_damage: Mutex<Option<String>>,
     epoch: AtomicU64,
     durable: tokio::sync::watch::Sender<u64>,
     free_bytes: AtomicU64,
@@ -267,7 +273,6 @@ impl Spool {
         if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             return Err(SpoolError::Locked { path });
         }
-        let mut rebuild = false;
         let index_path = path.join("index");
         let index = match open_index(&index_path) {
             Ok(db) => db,
@@ -280,7 +285,6 @@ impl Spool {
                 tracing::error!(spool = %path.display(), error = %e, moved_to = %aside.display(),
                     "spool index unreadable; moved aside, rebuilding it from the segments");
                 std::fs::rename(&index_path, &aside).map_err(io("move the damaged index aside"))?;
-                rebuild = true;
                 open_index(&index_path).map_err(|e| match e {
                     IndexOpen::Busy(source) | IndexOpen::Damaged(source) => SpoolError::Index {
                         path: path.clone(),
@@ -294,6 +298,10 @@ impl Spool {
             source,
         };
         let meta = index.open_tree("meta").map_err(ix)?;
+        let known = ledger::Known {
+            blank: meta.is_empty(),
+            ledger: read_ledger(&meta).map_err(ix)?,
+        };
         let unclean_start = meta
             .get("clean")
             .map_err(ix)?
@@ -331,6 +339,7 @@ impl Spool {
                 info: BTreeMap::new(),
                 readers: HashMap::new(),
                 emptied: Vec::new(),
+                ledger_due: BTreeMap::new(),
             }),
             pending: Mutex::new(Pending::default()),
             disk_bytes: AtomicU64::new(0),
@@ -343,18 +352,20 @@ impl Spool {
             disk,
             sync_failed: Default::default(),
             quarantined: AtomicU64::new(quarantined),
+            index_damage: Mutex::new(None),
             epoch: AtomicU64::new(0),
             durable,
             free_bytes: AtomicU64::new(u64::MAX),
         };
-        if rebuild_asked && !rebuild {
-            tracing::warn!(spool = %spool.path.display(), "spool: rebuilding the index from the segments, as the last run asked");
-            spool.reload_from_segments()?;
+        if rebuild_asked {
             spool.meta.remove("rebuild").map_err(spool.ix())?;
+            spool.rebuild_index("the last run found an unreadable index page")?;
         } else {
-            spool.load(rebuild, counts)?;
+            spool.load(&known, counts)?;
         }
-        if jump_owed {
+        // A rebuilt index knows nothing of what was published and removed: the jump is owed
+        // whatever the mode.
+        if jump_owed || spool.index_damage().is_some() {
             spool.jump_sequences()?;
         }
         // Only now: a crash before this line leaves the debt of the crashed run in place.
@@ -416,9 +427,26 @@ impl Spool {
     /// fsync of `segments/` after deletions. Not fatal: a drained segment that a power cut brings
     /// back holds nothing the index lists and is deleted again at the next start (only an index
     /// rebuild would send its records again, and broker deduplication drops them).
-    fn sync_after_delete(&self) {
+    /// Once the deletions are durable the ledger forgets the segments (a segment file the ledger
+    /// does not know is read back at the next start, never deleted unread).
+    fn sync_after_delete(&self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
         if let Err(e) = self.sync_segments_dir() {
             tracing::warn!(error = %e, "spool: deleted segments may come back after a power cut");
+            return;
+        }
+        let mut batch = sled::Batch::default();
+        for id in ids {
+            batch.remove(ledger::key(*id).as_bytes());
+        }
+        if let Err(e) = self
+            .meta
+            .apply_batch(batch)
+            .and_then(|()| self.index.flush().map(drop))
+        {
+            tracing::warn!(error = %e, "spool: cannot update the segment ledger");
         }
     }
 
@@ -626,11 +654,9 @@ impl Spool {
         Ok(())
     }
 
-    /// Reads the segment list and the index; rebuilds the index from segments when asked.
-    /// Rebuilds the index from the segments first when asked (it was damaged). `counts`: what the
-    /// last clean shutdown stored; when they match the segment files the index is not walked.
-    fn load(&self, rebuild: bool, counts: Option<Counts>) -> Result<(), SpoolError> {
-        let mut segs = self.segs();
+    /// The segment files on disk: id -> size.
+    fn segment_files(&self) -> Result<BTreeMap<u64, u64>, SpoolError> {
+        let mut files = BTreeMap::new();
         for entry in
             std::fs::read_dir(self.path.join("segments")).map_err(self.io("list segments"))?
         {
@@ -643,20 +669,30 @@ impl Spool {
             else {
                 continue;
             };
-            let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
-            segs.info.insert(id, (size, 0));
-            self.disk_bytes.fetch_add(size, Ordering::Relaxed);
+            let size = entry.metadata().map_err(self.io("stat segment"))?.len();
+            files.insert(id, size);
         }
-        if rebuild {
-            let ids: Vec<u64> = segs.info.keys().copied().collect();
-            drop(segs);
-            for id in ids {
-                self.rebuild_from(id)?;
-            }
-            segs = self.segs();
+        Ok(files)
+    }
+
+    /// Reads the segment list and the index, and makes the index cover the segments: bytes the
+    /// ledger does not cover are read back from the segments; an index that does not describe
+    /// the segments is rebuilt from them. `counts`: what the last clean shutdown stored; when they
+    /// match the segment files and the ledger covers them all, the index is not walked.
+    fn load(&self, known: &ledger::Known, counts: Option<Counts>) -> Result<(), SpoolError> {
+        let files = self.segment_files()?;
+        let plan = ledger::plan(known, &files);
+        if let Some(why) = &plan.damage {
+            return self.rebuild_index(why);
         }
+        let mut segs = self.segs();
+        for (id, size) in &files {
+            segs.info.insert(*id, (*size, 0));
+            self.disk_bytes.fetch_add(*size, Ordering::Relaxed);
+        }
+        let legacy = known.ledger.is_none();
         let counted = match counts {
-            Some(c) if !rebuild && c.matches(&segs.info) => {
+            Some(c) if !legacy && plan.uncovered.is_empty() && c.matches(&segs.info) => {
                 for (id, live) in &c.segments {
                     if let Some(i) = segs.info.get_mut(id) {
                         i.1 = *live;
@@ -689,7 +725,6 @@ impl Spool {
                 let (k, v) = item.map_err(self.ix())?;
                 let key = key_seq(&k);
                 let Some(page) = pages::decode(key, &v) else {
-                    tracing::error!(source = %source, page = key, "spool: index page unreadable; rebuilding the index from the segments");
                     bad_page = true;
                     break;
                 };
@@ -720,32 +755,70 @@ impl Spool {
             }
         }
         if bad_page {
-            if rebuild {
-                return Err(SpoolError::Index {
-                    path: self.path.clone(),
-                    source: sled::Error::Unsupported(
-                        "index pages unreadable after a rebuild".into(),
-                    ),
-                });
-            }
             drop(segs);
-            return self.reload_from_segments();
+            return self.rebuild_index("an index page does not decode");
         }
-        // Segments nothing points to any more are deleted; a new segment is started for writing.
+        // A sequence note below the records the index holds: the index is not what was committed.
+        if !counted {
+            for (source, _) in self.all_stats() {
+                let (note, stored) = (self.noted_seq(&source)?, self.stored_seq(&source)?);
+                if let Some(note) = note.filter(|n| *n < stored) {
+                    drop(segs);
+                    return self.rebuild_index(&format!(
+                        "the sequence note of {source} ({note}) is below its stored records (up to {})",
+                        stored - 1
+                    ));
+                }
+            }
+        }
+        // Bytes the index has not taken in (the last run crashed before committing them) are read
+        // back; so, in a spool from before the ledger, is every segment the index lists nothing in.
+        let mut unread = BTreeSet::new();
+        let mut scan: Vec<(u64, u64)> = plan.uncovered.iter().map(|(i, f)| (*i, *f)).collect();
+        if legacy {
+            scan.extend(
+                segs.info
+                    .iter()
+                    .filter(|(_, (size, live))| *live == 0 && *size > 0)
+                    .map(|(id, _)| (*id, 0)),
+            );
+        }
+        for (id, from) in scan {
+            match self.recover_segment(&mut segs, id, from) {
+                Ok(found) => {
+                    if found > 0 {
+                        tracing::warn!(segment = id, from, records = found,
+                            "spool: records the index did not list yet (the last run ended before committing them) read back from the segment");
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(segment = id, error = %e, "spool: cannot read a segment the index does not cover; kept as it is, read again at the next start");
+                    unread.insert(id);
+                }
+            }
+        }
+        // Segments the index proves empty are deleted; a new segment is started for writing.
         let empty: Vec<u64> = segs
             .info
             .iter()
-            .filter(|(_, (_, live))| *live == 0)
+            .filter(|(id, (_, live))| *live == 0 && !unread.contains(id))
             .map(|(id, _)| *id)
             .collect();
-        let mut deleted = false;
+        let mut deleted = Vec::new();
         for id in empty {
-            deleted |= self.delete_segment(&mut segs, id);
+            if self.delete_segment(&mut segs, id) {
+                deleted.push(id);
+            }
         }
+        let covered: Vec<(u64, u64)> = segs
+            .info
+            .iter()
+            .filter(|(id, _)| !unread.contains(id))
+            .map(|(id, (size, _))| (*id, *size))
+            .collect();
         drop(segs);
-        if deleted {
-            self.sync_after_delete();
-        }
+        self.record_ledger(&covered, &plan.stale)?;
+        self.sync_after_delete(&deleted);
         for (source, _) in self.all_stats() {
             self.update_oldest(&source)?;
         }
@@ -756,72 +829,174 @@ impl Spool {
         Ok(())
     }
 
-    /// Forgets the index and the counts, then loads again with the index rebuilt from segments.
-    fn reload_from_segments(&self) -> Result<(), SpoolError> {
+    /// Writes ledger entries (segment -> covered length), removes those of `gone` segments and
+    /// marks the spool as keeping a ledger. Reaches disk with the next sled flush.
+    fn record_ledger(&self, covered: &[(u64, u64)], gone: &[u64]) -> Result<(), SpoolError> {
+        let mut batch = sled::Batch::default();
+        for (id, len) in covered {
+            batch.insert(ledger::key(*id).as_bytes(), &len.to_le_bytes()[..]);
+        }
+        for id in gone {
+            batch.remove(ledger::key(*id).as_bytes());
+        }
+        batch.insert(ledger::MARK.as_bytes(), &[1u8][..]);
+        self.meta.apply_batch(batch).map_err(self.ix())
+    }
+
+    /// The index does not describe the segments: it is rebuilt from every segment, and sequence
+    /// numbers jump past everything found (the caller pays the jump; what was published and
+    /// removed cannot be known). Records already acknowledged may come back; their sequence ids
+    /// make the broker's deduplication drop them.
+    fn rebuild_index(&self, why: &str) -> Result<(), SpoolError> {
+        tracing::error!(spool = %self.path.display(), reason = why,
+            "spool: the index does not cover the segments on disk; rebuilding it from the segments (nothing is deleted that the segments hold)");
+        *self.index_damage.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.to_string());
         for name in self.index.tree_names() {
             if name.starts_with(b"i:") {
                 self.index.drop_tree(&name).map_err(self.ix())?;
             }
         }
+        let mut stale = sled::Batch::default();
+        for item in self.meta.scan_prefix("seg:") {
+            let (k, _) = item.map_err(self.ix())?;
+            stale.remove(k);
+        }
+        self.meta.apply_batch(stale).map_err(self.ix())?;
         self.trees.lock().unwrap_or_else(|p| p.into_inner()).clear();
         for (_, stats) in self.all_stats() {
             stats.records.store(0, Ordering::Relaxed);
             stats.bytes.store(0, Ordering::Relaxed);
         }
-        {
-            let mut segs = self.segs();
-            segs.info.clear();
-        }
+        let files = self.segment_files()?;
+        let mut segs = self.segs();
+        segs.info.clear();
         self.disk_bytes.store(0, Ordering::Relaxed);
-        self.load(true, None)
+        let mut unread = BTreeSet::new();
+        for (id, size) in &files {
+            segs.info.insert(*id, (*size, 0));
+            self.disk_bytes.fetch_add(*size, Ordering::Relaxed);
+        }
+        let mut found = 0;
+        for id in files.keys() {
+            match self.recover_segment(&mut segs, *id, 0) {
+                Ok(n) => found += n,
+                Err(e) => {
+                    tracing::error!(segment = id, error = %e, "spool: cannot read a segment during the rebuild; kept as it is, read again at the next start");
+                    unread.insert(*id);
+                }
+            }
+        }
+        let empty: Vec<u64> = segs
+            .info
+            .iter()
+            .filter(|(id, (_, live))| *live == 0 && !unread.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        let mut deleted = Vec::new();
+        for id in empty {
+            if self.delete_segment(&mut segs, id) {
+                deleted.push(id);
+            }
+        }
+        let covered: Vec<(u64, u64)> = segs
+            .info
+            .iter()
+            .filter(|(id, _)| !unread.contains(id))
+            .map(|(id, (size, _))| (*id, *size))
+            .collect();
+        drop(segs);
+        self.record_ledger(&covered, &[])?;
+        if !unread.is_empty() {
+            // The index still does not cover them: the next start rebuilds again.
+            self.meta.insert("rebuild", &[1u8][..]).map_err(self.ix())?;
+        }
+        self.sync_after_delete(&deleted);
+        for (source, _) in self.all_stats() {
+            self.update_oldest(&source)?;
+        }
+        tracing::warn!(spool = %self.path.display(), records = found, segments = covered.len(),
+            quarantined = self.quarantined(), "spool: index rebuilt from the segments");
+        Ok(())
     }
 
-    /// Re-inserts every valid record of segment `id` into the index (index rebuild).
-    fn rebuild_from(&self, id: u64) -> Result<(), SpoolError> {
+    /// Indexes the valid records of segment `id` from byte `from` on that the index does not list
+    /// yet, counting them as stored. After a damaged span (a bad header, garbage) the scan goes
+    /// on from the next valid record header; damaged spans are quarantined, a torn end is only
+    /// logged (the tail of an interrupted write). Returns how many records were added.
+    fn recover_segment(&self, segs: &mut Segments, id: u64, from: u64) -> Result<u64, SpoolError> {
         let data = std::fs::read(self.segment_path(id)).map_err(self.io("read segment"))?;
+        let base = (from as usize).min(data.len());
+        let data = &data[base..];
         let mut found: BTreeMap<Arc<str>, BTreeMap<u64, Location>> = BTreeMap::new();
-        let mut at = 0usize;
-        while at + record::PREFIX <= data.len() {
-            let Ok(total) = record::total_len(&data[at..at + record::PREFIX]) else {
-                break;
-            };
-            if at + total > data.len() {
-                break;
-            }
-            match record::decode(Bytes::copy_from_slice(&data[at..at + total])) {
-                Ok(f) => {
-                    let loc = Location {
-                        segment: id,
-                        offset: at as u64,
-                        len: total as u32,
-                        capture_ns: f.capture_ns,
-                    };
-                    found.entry(f.source).or_default().insert(f.seq, loc);
+        let items = record::scan(data);
+        let last = items.len().saturating_sub(1);
+        for (i, item) in items.into_iter().enumerate() {
+            match item {
+                record::Scanned::Record { offset, len } => {
+                    match record::decode(Bytes::copy_from_slice(&data[offset..offset + len])) {
+                        Ok(f) => {
+                            let loc = Location {
+                                segment: id,
+                                offset: (base + offset) as u64,
+                                len: len as u32,
+                                capture_ns: f.capture_ns,
+                            };
+                            found
+                                .entry(f.source)
+                                .or_default()
+                                .entry(f.seq)
+                                .or_insert(loc);
+                        }
+                        Err(e) => self.quarantine_bytes(
+                            "rebuild",
+                            id,
+                            (base + offset) as u64,
+                            &data[offset..offset + len],
+                            &e.to_string(),
+                        ),
+                    }
                 }
-                Err(e) => {
-                    self.quarantine_bytes(
-                        "rebuild",
-                        id,
-                        at as u64,
-                        &data[at..at + total],
-                        &e.to_string(),
+                record::Scanned::Damaged { offset, len } if i == last => {
+                    tracing::warn!(
+                        segment = id,
+                        offset = base + offset,
+                        torn_bytes = len,
+                        "spool: torn tail of a segment ignored"
                     );
                 }
+                record::Scanned::Damaged { offset, len } => self.quarantine_bytes(
+                    "rebuild",
+                    id,
+                    (base + offset) as u64,
+                    &data[offset..offset + len],
+                    &format!("{len} bytes without a valid record header"),
+                ),
             }
-            at += total;
         }
-        if at < data.len() {
-            tracing::warn!(
-                segment = id,
-                torn_bytes = data.len() - at,
-                "spool: torn tail of a segment ignored"
-            );
-        }
+        let mut added = 0;
         for (source, entries) in found {
-            let entries: Vec<_> = entries.into_iter().collect();
-            self.store_entries(&source, &self.tree(&source)?, &entries)?;
+            let mut fresh = Vec::with_capacity(entries.len());
+            for (seq, loc) in entries {
+                if self.lookup(&source, seq)?.is_none() {
+                    fresh.push((seq, loc));
+                }
+            }
+            if fresh.is_empty() {
+                continue;
+            }
+            self.store_entries(&source, &self.tree(&source)?, &fresh)?;
+            let stats = self.stats(&source);
+            let bytes: u64 = fresh.iter().map(|(_, l)| l.len as u64).sum();
+            stats
+                .records
+                .fetch_add(fresh.len() as u64, Ordering::Relaxed);
+            stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+            if let Some(i) = segs.info.get_mut(&id) {
+                i.1 += fresh.len() as u64;
+            }
+            added += fresh.len() as u64;
         }
-        Ok(())
+        Ok(added)
     }
 
     fn quarantine_bytes(&self, source: &str, segment: u64, offset: u64, bytes: &[u8], why: &str) {
@@ -841,6 +1016,7 @@ impl Spool {
             self.disk_bytes.fetch_sub(size, Ordering::Relaxed);
         }
         segs.readers.remove(&id);
+        segs.ledger_due.remove(&id);
         match std::fs::remove_file(self.segment_path(id)) {
             Ok(()) => true,
             Err(e) => {
@@ -857,6 +1033,14 @@ impl Spool {
     /// True when the last run did not shut down cleanly.
     pub fn unclean_start(&self) -> bool {
         self.unclean_start
+    }
+
+    /// Why the index had to be rebuilt from the segments at open, if it had to.
+    pub fn index_damage(&self) -> Option<String> {
+        self.index_damage
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn tree(&self, source: &Arc<str>) -> Result<sled::Tree, SpoolError> {
@@ -948,19 +1132,21 @@ impl Spool {
     /// to sled, then sled is flushed.
     pub fn commit(&self) -> Result<(), SpoolError> {
         let e = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
-        let (sync, watermark) = {
+        let (sync, watermark, due) = {
             let mut segs = self.segs();
+            let mut due = segs.ledger_due.clone();
             let sync = match segs.writer.as_mut() {
                 Some(w) => {
                     w.file.flush().map_err(self.io("write segment"))?;
                     w.flushed = w.len;
+                    due.insert(w.id, w.len);
                     Some(w.sync.clone())
                 }
                 None => None,
             };
             // Appends take the segment lock before their serial: every serial below this one has
             // its bytes in the file now (earlier segments were synced when they were sealed).
-            (sync, self.pending().serial)
+            (sync, self.pending().serial, due)
         };
         // Appends go on meanwhile; only the sync waits for the disk.
         if let Some(f) = sync {
@@ -973,22 +1159,31 @@ impl Spool {
             let mut p = self.pending();
             self.apply_removals(&mut p)?;
             self.apply_pending(&mut p, watermark)?;
+            // The ledger follows the entries: these bytes are synced and their entries in sled.
+            let mut batch = sled::Batch::default();
+            for (id, len) in &due {
+                batch.insert(ledger::key(*id).as_bytes(), &len.to_le_bytes()[..]);
+            }
+            self.meta.apply_batch(batch).map_err(self.ix())?;
             std::mem::take(&mut p.stale_oldest)
         };
         self.index.flush().map_err(self.ix())?;
         self.durable.send_replace(e);
         // The removals are durable: segments they emptied can go.
         let mut segs = self.segs();
-        let mut deleted = false;
+        for (id, len) in &due {
+            if segs.ledger_due.get(id) == Some(len) {
+                segs.ledger_due.remove(id);
+            }
+        }
+        let mut deleted = Vec::new();
         for id in std::mem::take(&mut segs.emptied) {
-            if segs.info.get(&id).is_some_and(|i| i.1 == 0) {
-                deleted |= self.delete_segment(&mut segs, id);
+            if segs.info.get(&id).is_some_and(|i| i.1 == 0) && self.delete_segment(&mut segs, id) {
+                deleted.push(id);
             }
         }
         drop(segs);
-        if deleted {
-            self.sync_after_delete();
-        }
+        self.sync_after_delete(&deleted);
         for source in stale {
             self.update_oldest(&source)?;
         }
@@ -1172,6 +1367,7 @@ impl Spool {
             if segs.info.get(&w.id).is_some_and(|i| i.1 == 0) {
                 segs.emptied.push(w.id);
             }
+            segs.ledger_due.insert(w.id, w.len);
         }
         let id = segs.info.keys().next_back().map(|k| k + 1).unwrap_or(1);
         let file = OpenOptions::new()
@@ -1187,6 +1383,7 @@ impl Spool {
             return Err(e);
         }
         segs.info.insert(id, (0, 0));
+        segs.ledger_due.insert(id, 0);
         let sync = Arc::new(file.try_clone().map_err(self.io("open segment"))?);
         segs.writer = Some(Writer {
             id,
@@ -1272,7 +1469,7 @@ impl Spool {
             self.delete_segment(&mut segs, id)
         };
         if deleted {
-            self.sync_after_delete();
+            self.sync_after_delete(&[id]);
         }
         for (source, _) in self.all_stats() {
             self.update_oldest(&source)?;
@@ -1630,6 +1827,21 @@ enum IndexOpen {
     Busy(sled::Error),
     #[error("index damaged: {0}")]
     Damaged(sled::Error),
+}
+
+/// The segment ledger as `meta` holds it; `None` in a spool from before the ledger.
+fn read_ledger(meta: &sled::Tree) -> sled::Result<Option<BTreeMap<u64, u64>>> {
+    if meta.get(ledger::MARK)?.is_none() {
+        return Ok(None);
+    }
+    let mut out = BTreeMap::new();
+    for item in meta.scan_prefix("seg:") {
+        let (k, v) = item?;
+        if let (Some(id), Some(len)) = (ledger::id_of(&k), ledger::decode_len(&v)) {
+            out.insert(id, len);
+        }
+    }
+    Ok(Some(out))
 }
 
 /// The page that may hold `seq`: the one with the greatest key not above it.

@@ -96,6 +96,60 @@ pub fn total_len(prefix: &[u8]) -> Result<usize, RecordError> {
     Ok(PREFIX + len)
 }
 
+/// What a pass over a segment's bytes finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scanned {
+    /// A span whose header parses (its checksum is not checked here).
+    Record { offset: usize, len: usize },
+    /// Bytes skipped to reach the next record header (or the end).
+    Damaged { offset: usize, len: usize },
+}
+
+/// Splits a segment's bytes into records, resynchronising on the next magic after damage (a
+/// header whose length was hit, garbage, a torn write), so that one bad header never hides the
+/// records after it. Pure.
+pub fn scan(data: &[u8]) -> Vec<Scanned> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < data.len() {
+        let parsed = data
+            .get(at..at + PREFIX)
+            .and_then(|p| total_len(p).ok())
+            .filter(|total| at + total <= data.len());
+        let ok = parsed.filter(|&total| {
+            // A header whose length runs over the next record would hide it: the checksum
+            // decides whether the span is a record at all.
+            decode(Bytes::copy_from_slice(&data[at..at + total])).is_ok()
+                || next_magic(data, at + 1).is_none_or(|m| m >= at + total)
+        });
+        match ok {
+            Some(total) => {
+                out.push(Scanned::Record {
+                    offset: at,
+                    len: total,
+                });
+                at += total;
+            }
+            None => {
+                let next = next_magic(data, at + 1).unwrap_or(data.len());
+                out.push(Scanned::Damaged {
+                    offset: at,
+                    len: next - at,
+                });
+                at = next;
+            }
+        }
+    }
+    out
+}
+
+fn next_magic(data: &[u8], from: usize) -> Option<usize> {
+    data.get(from..)?
+        .windows(MAGIC.len())
+        .position(|w| w == MAGIC)
+        .map(|p| from + p)
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     at: usize,

@@ -18,7 +18,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::{key_seq, pages, record, SpoolError};
+use super::record::{self, scan as scan_segment, Scanned};
+use super::{key_seq, ledger, pages, SpoolError};
 
 /// One live record as the index (or a scan) lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +60,11 @@ pub struct SpoolSnapshot {
     quarantined: u64,
     /// Damage found while listing (index entries without a segment, unparsable segment bytes).
     listing_corrupt: Vec<Corrupt>,
+    /// Why the index could not be used as it is (the daemon rebuilds it at its next start).
+    index_damage: Option<String>,
+    /// Records the index does not list yet (the last run ended before committing them), read
+    /// from the segments as the daemon's next start will.
+    read_back: u64,
     files: Mutex<HashMap<u64, Arc<File>>>,
 }
 
@@ -106,15 +112,22 @@ impl SpoolSnapshot {
             listing: Listing::Index,
             quarantined,
             listing_corrupt: Vec::new(),
+            index_damage: None,
+            read_back: 0,
             files: Mutex::new(HashMap::new()),
         };
-        let segments = snap.segment_ids()?;
+        let sizes = snap.segment_sizes()?;
+        let segments: Vec<u64> = sizes.keys().copied().collect();
         let from_index = if scan {
             Err("asked for (--scan)".to_string())
         } else {
-            snap.list_from_index(&segments)
+            snap.list_from_index(&sizes)
         };
         if let Err(reason) = from_index {
+            if !scan {
+                snap.index_damage = Some(reason.clone());
+            }
+            snap.read_back = 0;
             snap.sources.clear();
             snap.listing_corrupt.clear();
             snap.list_from_segments(&segments)?;
@@ -139,6 +152,18 @@ impl SpoolSnapshot {
     /// Damage found while listing the records (not by reading them).
     pub fn listing_corrupt(&self) -> &[Corrupt] {
         &self.listing_corrupt
+    }
+
+    /// Why the index could not be used (missing, unreadable, or not covering the segments): the
+    /// records were listed from the segments instead, as the daemon's next start rebuilds them.
+    pub fn index_damage(&self) -> Option<&str> {
+        self.index_damage.as_deref()
+    }
+
+    /// Records the index did not list yet (a crash before their commit) that were read from the
+    /// segments, as the daemon's next start reads them back.
+    pub fn read_back(&self) -> u64 {
+        self.read_back
     }
 
     /// Every source with its live records in `seq` order.
@@ -194,29 +219,30 @@ impl SpoolSnapshot {
         Ok(f)
     }
 
-    fn segment_ids(&self) -> Result<Vec<u64>, SpoolError> {
+    fn segment_sizes(&self) -> Result<BTreeMap<u64, u64>, SpoolError> {
         let io = |source| SpoolError::Io {
             path: self.path.clone(),
             op: "list segments",
             source,
         };
-        let mut ids = Vec::new();
+        let mut ids = BTreeMap::new();
         for entry in std::fs::read_dir(self.path.join("segments")).map_err(io)? {
-            let name = entry.map_err(io)?.file_name();
+            let entry = entry.map_err(io)?;
+            let name = entry.file_name();
             if let Some(id) = name
                 .to_str()
                 .and_then(|n| n.strip_suffix(".seg"))
                 .and_then(|h| u64::from_str_radix(h, 16).ok())
             {
-                ids.push(id);
+                ids.insert(id, entry.metadata().map_err(io)?.len());
             }
         }
-        ids.sort_unstable();
         Ok(ids)
     }
 
     /// Lists from a private copy of the sled index; `Err(reason)` when it cannot be used.
-    fn list_from_index(&mut self, segments: &[u64]) -> Result<(), String> {
+    fn list_from_index(&mut self, sizes: &BTreeMap<u64, u64>) -> Result<(), String> {
+        let segments: Vec<u64> = sizes.keys().copied().collect();
         let index = self.path.join("index");
         if !index.is_dir() {
             return Err("the spool has no index/ directory".into());
@@ -228,6 +254,17 @@ impl SpoolSnapshot {
         copy_dir(&index, copy.path())
             .map_err(|e| format!("cannot copy the index to {}: {e}", copy.path().display()))?;
         let db = open_copy(copy.path())?;
+        let meta = db
+            .open_tree("meta")
+            .map_err(|e| format!("index meta: {e}"))?;
+        let known = ledger::Known {
+            blank: meta.is_empty(),
+            ledger: super::read_ledger(&meta).map_err(|e| format!("index meta: {e}"))?,
+        };
+        let plan = ledger::plan(&known, sizes);
+        if let Some(damage) = plan.damage {
+            return Err(damage);
+        }
         for name in db.tree_names() {
             let Some(source) = name.strip_prefix(b"i:") else {
                 continue;
@@ -274,8 +311,94 @@ impl SpoolSnapshot {
                 self.sources.insert(source, entries);
             }
         }
+        if let Some(note) = meta
+            .scan_prefix("seq:")
+            .filter_map(Result::ok)
+            .find_map(|(k, v)| {
+                let source = String::from_utf8_lossy(&k[4..]).into_owned();
+                let note = ledger::decode_len(&v)?;
+                let last = self.sources.get(source.as_str())?.iter().map(|e| e.seq).max()?;
+                (note <= last).then(|| format!(
+                    "the sequence note of {source} ({note}) is below its stored records (up to {last})"
+                ))
+            })
+        {
+            return Err(note);
+        }
         drop(db);
+        // What the daemon's next start reads back: bytes the ledger does not cover, and in a spool
+        // from before the ledger the segments the index lists nothing in.
+        let mut scan: Vec<(u64, u64)> = plan.uncovered.into_iter().collect();
+        if known.ledger.is_none() {
+            let listed: std::collections::BTreeSet<u64> = self
+                .sources
+                .values()
+                .flat_map(|v| v.iter().map(|e| e.segment))
+                .collect();
+            scan.extend(
+                sizes
+                    .iter()
+                    .filter(|(id, size)| **size > 0 && !listed.contains(id))
+                    .map(|(id, _)| (*id, 0)),
+            );
+        }
+        for (id, from) in scan {
+            let found = self
+                .scan_file(id, from)
+                .map_err(|e| format!("cannot read segment {id:016x}: {e}"))?;
+            for (source, entry) in found {
+                let list = self.sources.entry(source).or_default();
+                if !list.iter().any(|e| e.seq == entry.seq) {
+                    list.push(entry);
+                    self.read_back += 1;
+                }
+            }
+        }
+        for list in self.sources.values_mut() {
+            list.sort_by_key(|e| e.seq);
+        }
         Ok(())
+    }
+
+    /// The valid records of one segment from byte `from` on (damage is reported, not fatal).
+    fn scan_file(&mut self, id: u64, from: u64) -> std::io::Result<Vec<(Arc<str>, Entry)>> {
+        let data = std::fs::read(self.segment_path(id))?;
+        let base = (from as usize).min(data.len());
+        let mut out = Vec::new();
+        for item in scan_segment(&data[base..]) {
+            match item {
+                Scanned::Record { offset, len } => {
+                    let at = base + offset;
+                    match record::decode(Bytes::copy_from_slice(&data[at..at + len])) {
+                        Ok(f) => out.push((
+                            f.source.clone(),
+                            Entry {
+                                seq: f.seq,
+                                capture_ns: f.capture_ns,
+                                len: len as u32,
+                                segment: id,
+                                offset: at as u64,
+                            },
+                        )),
+                        Err(e) => self.listing_corrupt.push(Corrupt {
+                            source: None,
+                            seq: None,
+                            segment: id,
+                            offset: at as u64,
+                            reason: e.to_string(),
+                        }),
+                    }
+                }
+                Scanned::Damaged { offset, len } => self.listing_corrupt.push(Corrupt {
+                    source: None,
+                    seq: None,
+                    segment: id,
+                    offset: (base + offset) as u64,
+                    reason: format!("{len} bytes without a valid record header"),
+                }),
+            }
+        }
+        Ok(out)
     }
 
     /// Lists every checksummed record of every segment; a later copy of a (source, seq) wins, as
@@ -330,58 +453,6 @@ impl SpoolSnapshot {
             .collect();
         Ok(())
     }
-}
-
-/// What a pass over a segment's bytes finds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Scanned {
-    /// A span whose header parses (its checksum is not checked here).
-    Record { offset: usize, len: usize },
-    /// Bytes skipped to reach the next record header (or the end).
-    Damaged { offset: usize, len: usize },
-}
-
-/// Splits a segment into records, resynchronising on the next magic after damage. Pure.
-fn scan_segment(data: &[u8]) -> Vec<Scanned> {
-    let mut out = Vec::new();
-    let mut at = 0usize;
-    while at < data.len() {
-        let parsed = data
-            .get(at..at + record::PREFIX)
-            .and_then(|p| record::total_len(p).ok())
-            .filter(|total| at + total <= data.len());
-        let ok = parsed.filter(|&total| {
-            // A header whose length runs over the next record would hide it: the checksum
-            // decides whether the span is a record at all.
-            record::decode(Bytes::copy_from_slice(&data[at..at + total])).is_ok()
-                || next_magic(data, at + 1).is_none_or(|m| m >= at + total)
-        });
-        match ok {
-            Some(total) => {
-                out.push(Scanned::Record {
-                    offset: at,
-                    len: total,
-                });
-                at += total;
-            }
-            None => {
-                let next = next_magic(data, at + 1).unwrap_or(data.len());
-                out.push(Scanned::Damaged {
-                    offset: at,
-                    len: next - at,
-                });
-                at = next;
-            }
-        }
-    }
-    out
-}
-
-fn next_magic(data: &[u8], from: usize) -> Option<usize> {
-    data.get(from..)?
-        .windows(record::MAGIC.len())
-        .position(|w| w == record::MAGIC)
-        .map(|p| from + p)
 }
 
 /// Opens the private copy of the index. sled panics on some damaged files instead of returning
