@@ -186,3 +186,96 @@ def test_a_removed_index_drains_to_the_broker_exactly_once(live_broker, tmp_path
         # Every spooled record arrived (0..n-1), then the new run's frames above the jump.
         assert seqs[:n] == list(range(n)), f"{src}: spooled records missing or out of order"
         assert all(s >= n for s in seqs[n:]), f"{src}: a sequence number was reused"
+
+
+BIG_CAM = """
+[[source]]
+id = "cam"
+kind = "synthetic-camera"
+width = 160
+height = 120
+fps = 30
+frame-bytes = 100000
+
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = 20
+"""
+
+
+class Tmpfs:
+    """A tmpfs this test mounts itself (a real full filesystem), unmounted whatever happens."""
+
+    def __init__(self, path: Path, size: str):
+        self.path, self.size = path, size
+
+    def __enter__(self):
+        self.path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.path)], check=True)
+        return self
+
+    def resize(self, size: str):
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(self.path)], check=True)
+
+    def __exit__(self, *exc):
+        subprocess.run(["umount", "-l", str(self.path)], check=False)
+
+
+def sane(status: dict, carried=0):
+    """Counters of a run that started with `carried` records in the spool."""
+    sp = status["spool"]
+    frames = sum(s["frames"] for s in status["sources"]) + carried
+    for k in ("records", "bytes", "dropped", "quarantined"):
+        assert sp[k] < 1 << 48, (k, sp)  # a wrapped counter is near 2^64
+    assert sp["dropped"] <= frames, (sp, frames)
+    assert sp["records"] <= frames, (sp, frames)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@pytest.mark.parametrize("reserve", ['free-reserve = "0"', ""])
+def test_a_full_filesystem_loses_nothing_spooled_and_counters_stay_sane(tmp_path, reserve):
+    rig = unique("full")
+    disk = tmp_path / "disk"
+    cfg = config(rig, spool=str(disk / "spool"), extra_spool=reserve, sources=BIG_CAM)
+    with Tmpfs(disk, "24m") as fs:
+        d = Rigd(tmp_path, cfg, name="full").start()
+        try:
+            time.sleep(14)  # ~3 MB/s: the 24 MiB filesystem fills after ~8 s
+            s_full = d.status()
+            sane(s_full)
+            assert d.stop() == 0, d.log()[-3000:]
+        finally:
+            d.close()
+        before = scan_seqs(disk / "spool")
+        # The restart on the still-full disk starts, and keeps the intact index where it is.
+        again = Rigd(tmp_path, cfg, name="still-full").start()
+        try:
+            time.sleep(3)
+            sane(again.status(), carried=sum(before.values()))
+            assert again.stop() == 0, again.log()[-3000:]
+        finally:
+            again.close()
+        assert not list((disk / "spool").glob("index.corrupt-*")), "the intact index was moved aside"
+        still = scan_seqs(disk / "spool")
+        for src, n in before.items():
+            assert still.get(src, 0) >= n if not reserve else True, (src, n, still)
+        # Space comes back: nothing spooled is deleted.
+        fs.resize("64m")
+        back = Rigd(tmp_path, cfg, name="space-back").start()
+        try:
+            time.sleep(3)
+            s = back.status()
+            sane(s, carried=sum(still.values()))
+            assert back.stop() == 0, back.log()[-3000:]
+        finally:
+            back.close()
+        after = scan_seqs(disk / "spool")
+        print(f"full disk ({reserve or 'default reserve'}): first run {s_full['spool']}, records stored "
+              f"{before} -> still full {still} -> space back {after}")
+        for src, n in still.items():
+            assert after.get(src, 0) >= n, (src, n, after)
+        st = stat(disk / "spool")
+        assert {x["id"]: x["records"] for x in st["sources"]} == after, (st, after)
+        v = rigd("spool", "verify", "--spool", disk / "spool", "--json")
+        assert v.returncode == 0, v.stdout[-2000:]

@@ -55,7 +55,6 @@ use bytes::Bytes;
 use rigd_drivers::Frame;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -190,14 +189,127 @@ struct Pending {
     stale_oldest: HashSet<Arc<str>>,
 }
 
+/// The segment being written. Records go whole into `buf` (or, when larger than it, straight
+/// into the file at their offset); the file is written with positioned writes at `flushed`, so a
+/// failed or short write (ENOSPC, EIO) never leaves a record half in the buffer: whatever did not
+/// reach the file stays buffered, in order, and the next flush goes on from there.
 struct Writer {
     id: u64,
-    file: BufWriter<File>,
-    /// A second handle on the segment, for fdatasync without holding the segment lock.
-    sync: Arc<File>,
+    /// Shared with the commit's fdatasync, which runs without the segment lock.
+    file: Arc<File>,
+    buf: Vec<u8>,
+    /// Bytes of the segment: in the file plus buffered.
     len: u64,
-    /// Bytes of the active segment known to be in the file (not in the buffer).
+    /// Bytes of the segment in the file.
     flushed: u64,
+}
+
+/// Bytes of whole records a writer buffers before writing them to the file.
+const WRITE_BUFFER: usize = 1 << 20;
+
+impl Writer {
+    /// Writes the buffer to the file. On an error what was written is kept (`flushed` moves
+    /// on), the rest stays buffered.
+    fn flush(&mut self) -> std::io::Result<()> {
+        while !self.buf.is_empty() {
+            match self.file.write_at(&self.buf, self.flushed) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.buf.drain(..n);
+                    self.flushed += n as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends one record (`head` then `payload`), whole or not at all.
+    fn append(&mut self, head: &[u8], payload: &[u8]) -> std::io::Result<()> {
+        let len = head.len() + payload.len();
+        if self.buf.len() + len > WRITE_BUFFER {
+            self.flush()?;
+        }
+        if len > WRITE_BUFFER {
+            let at = self.flushed;
+            let written = self
+                .file
+                .write_all_at(head, at)
+                .and_then(|()| self.file.write_all_at(payload, at + head.len() as u64));
+            if let Err(e) = written {
+                // A torn record past `flushed` is overwritten by the next one; cut it off if we can.
+                let _ = self.file.set_len(at);
+                return Err(e);
+            }
+            self.flushed += len as u64;
+        } else {
+            self.buf.extend_from_slice(head);
+            self.buf.extend_from_slice(payload);
+        }
+        self.len += len as u64;
+        Ok(())
+    }
+
+    /// The bytes `[offset, offset + len)` of this segment, from the file and the buffer.
+    fn read(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let mut out = vec![0u8; len];
+        let end = offset + len as u64;
+        let in_file = end.min(self.flushed).saturating_sub(offset) as usize;
+        if in_file > 0 {
+            self.file.read_exact_at(&mut out[..in_file], offset)?;
+        }
+        if in_file < len {
+            let from = (offset + in_file as u64 - self.flushed) as usize;
+            let rest = self
+                .buf
+                .get(from..from + (len - in_file))
+                .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+            out[in_file..].copy_from_slice(rest);
+        }
+        Ok(out)
+    }
+}
+
+/// An I/O error that says nothing about the data: out of file descriptors or memory, interrupted.
+fn transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc_errno::EMFILE
+                | libc_errno::ENFILE
+                | libc_errno::ENOMEM
+                | libc_errno::EINTR
+                | libc_errno::EAGAIN
+        )
+    )
+}
+
+/// The filesystem or the process is out of room (space, quota, descriptors, memory).
+fn no_room(e: &std::io::Error) -> bool {
+    transient(e)
+        || matches!(
+            e.raw_os_error(),
+            Some(libc_errno::ENOSPC | libc_errno::EDQUOT)
+        )
+}
+
+mod libc_errno {
+    pub const EDQUOT: i32 = 122;
+    pub const EINTR: i32 = 4;
+    pub const EAGAIN: i32 = 11;
+    pub const ENOMEM: i32 = 12;
+    pub const ENFILE: i32 = 23;
+    pub const EMFILE: i32 = 24;
+    pub const ENOSPC: i32 = 28;
+}
+
+/// `a -= n`, never below 0: a counter that would go negative has met a bookkeeping bug, and a
+/// wrapped u64 in status is worse than a count that is off.
+fn sub(a: &AtomicU64, n: u64) {
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
 }
 
 /// Mutable state behind one lock: the writer, segment bookkeeping, open read handles.
@@ -222,6 +334,8 @@ pub struct Spool {
     stats: Mutex<HashMap<Arc<str>, Arc<SourceSpoolStats>>>,
     segs: Mutex<Segments>,
     pending: Mutex<Pending>,
+    /// Held by a drop-oldest: one at a time.
+    dropping: Mutex<()>,
     disk_bytes: AtomicU64,
     segment_size: u64,
     max_bytes: u64,
@@ -277,6 +391,21 @@ impl Spool {
         let index = match open_index(&index_path) {
             Ok(db) => db,
             Err(IndexOpen::Busy(source)) => return Err(SpoolError::Index { path, source }),
+            // A full disk is not a damaged index: it stays where it is, untouched, and this run
+            // works on a temporary one rebuilt from the segments (in memory).
+            Err(IndexOpen::NoRoom(e)) => {
+                tracing::error!(spool = %path.display(), error = %e,
+                    "spool index cannot be opened (no space or resources); left as it is, this run uses a temporary index rebuilt from the segments");
+                sled::Config::new()
+                    .temporary(true)
+                    .cache_capacity(16 << 20)
+                    .flush_every_ms(None)
+                    .open()
+                    .map_err(|source| SpoolError::Index {
+                        path: path.clone(),
+                        source,
+                    })?
+            }
             Err(IndexOpen::Damaged(e)) => {
                 let aside = path.join(format!(
                     "index.corrupt-{}",
@@ -286,7 +415,9 @@ impl Spool {
                     "spool index unreadable; moved aside, rebuilding it from the segments");
                 std::fs::rename(&index_path, &aside).map_err(io("move the damaged index aside"))?;
                 open_index(&index_path).map_err(|e| match e {
-                    IndexOpen::Busy(source) | IndexOpen::Damaged(source) => SpoolError::Index {
+                    IndexOpen::Busy(source)
+                    | IndexOpen::Damaged(source)
+                    | IndexOpen::NoRoom(source) => SpoolError::Index {
                         path: path.clone(),
                         source,
                     },
@@ -342,6 +473,7 @@ impl Spool {
                 ledger_due: BTreeMap::new(),
             }),
             pending: Mutex::new(Pending::default()),
+            dropping: Mutex::new(()),
             disk_bytes: AtomicU64::new(0),
             segment_size: MAX_SEGMENT.min(cfg.max_bytes.0 / 8).max(1 << 20),
             max_bytes: cfg.max_bytes.0,
@@ -1013,7 +1145,7 @@ impl Spool {
             return false;
         }
         if let Some((size, _)) = segs.info.remove(&id) {
-            self.disk_bytes.fetch_sub(size, Ordering::Relaxed);
+            sub(&self.disk_bytes, size);
         }
         segs.readers.remove(&id);
         segs.ledger_due.remove(&id);
@@ -1137,10 +1269,9 @@ impl Spool {
             let mut due = segs.ledger_due.clone();
             let sync = match segs.writer.as_mut() {
                 Some(w) => {
-                    w.file.flush().map_err(self.io("write segment"))?;
-                    w.flushed = w.len;
+                    w.flush().map_err(self.io("write segment"))?;
                     due.insert(w.id, w.len);
-                    Some(w.sync.clone())
+                    Some(w.file.clone())
                 }
                 None => None,
             };
@@ -1285,7 +1416,7 @@ impl Spool {
                     .fetch_add(1, Ordering::Relaxed);
                 return Ok(Appended::DroppedNewest);
             }
-            match self.drop_oldest_segment()? {
+            match self.drop_oldest_segment(len)? {
                 Some(n) => dropped += n,
                 None => {
                     self.stats(&frame.source)
@@ -1295,50 +1426,19 @@ impl Spool {
                 }
             }
         }
-        {
-            let mut segs = self.segs();
-            let roll = segs
-                .writer
-                .as_ref()
-                .is_none_or(|w| w.len > 0 && w.len + len > self.segment_size);
-            if roll {
-                self.roll(&mut segs)?;
+        if let Err(e) = self.write_record(frame, &head, len) {
+            // The filesystem is full before the reserve says so (free space is read once a
+            // second): under drop-oldest, make room and try once more.
+            let enospc = matches!(&e, SpoolError::Io { source, .. } if source.raw_os_error() == Some(libc_errno::ENOSPC));
+            if !(enospc && self.when_full == WhenFull::DropOldest) {
+                return Err(e);
             }
-            let Some(w) = segs.writer.as_mut() else {
-                return Err(SpoolError::Io {
-                    path: self.path.clone(),
-                    op: "open segment",
-                    source: std::io::ErrorKind::Other.into(),
-                });
-            };
-            let loc = Location {
-                segment: w.id,
-                offset: w.len,
-                len: len as u32,
-                capture_ns: frame.capture_ns,
-            };
-            w.file
-                .write_all(&head)
-                .and_then(|()| w.file.write_all(&frame.payload))
-                .map_err(self.io("write segment"))?;
-            w.len += len;
-            let id = w.id;
-            if let Some(i) = segs.info.get_mut(&id) {
-                i.0 += len;
-                i.1 += 1;
+            // The failed write was the buffer's flush as well as this record.
+            match self.drop_oldest_segment(len + WRITE_BUFFER as u64)? {
+                Some(n) if n > 0 => dropped += n,
+                _ => return Err(e),
             }
-            // Under the segment lock, so a commit's watermark covers exactly the written appends.
-            let mut p = self.pending();
-            let serial = p.serial;
-            p.serial += 1;
-            p.highest
-                .entry(frame.source.clone())
-                .and_modify(|h| *h = (*h).max(frame.seq))
-                .or_insert(frame.seq);
-            p.entries
-                .entry(frame.source.clone())
-                .or_default()
-                .insert(frame.seq, (loc, serial));
+            self.write_record(frame, &head, len)?;
         }
         self.disk_bytes.fetch_add(len, Ordering::Relaxed);
         let stats = self.stats(&frame.source);
@@ -1357,13 +1457,62 @@ impl Spool {
         })
     }
 
+    /// Writes a record into the segment being written (rolling to a new one when full) and keeps
+    /// its index entry pending; all or nothing.
+    fn write_record(&self, frame: &Frame, head: &[u8], len: u64) -> Result<(), SpoolError> {
+        let mut segs = self.segs();
+        let roll = segs
+            .writer
+            .as_ref()
+            .is_none_or(|w| w.len > 0 && w.len + len > self.segment_size);
+        if roll {
+            self.roll(&mut segs)?;
+        }
+        let Some(w) = segs.writer.as_mut() else {
+            return Err(SpoolError::Io {
+                path: self.path.clone(),
+                op: "open segment",
+                source: std::io::ErrorKind::Other.into(),
+            });
+        };
+        let loc = Location {
+            segment: w.id,
+            offset: w.len,
+            len: len as u32,
+            capture_ns: frame.capture_ns,
+        };
+        w.append(head, &frame.payload)
+            .map_err(self.io("write segment"))?;
+        let id = w.id;
+        if let Some(i) = segs.info.get_mut(&id) {
+            i.0 += len;
+            i.1 += 1;
+        }
+        // Under the segment lock, so a commit's watermark covers exactly the written appends.
+        let mut p = self.pending();
+        let serial = p.serial;
+        p.serial += 1;
+        p.highest
+            .entry(frame.source.clone())
+            .and_modify(|h| *h = (*h).max(frame.seq))
+            .or_insert(frame.seq);
+        p.entries
+            .entry(frame.source.clone())
+            .or_default()
+            .insert(frame.seq, (loc, serial));
+        Ok(())
+    }
+
     fn roll(&self, segs: &mut Segments) -> Result<(), SpoolError> {
-        if let Some(mut w) = segs.writer.take() {
-            w.file.flush().map_err(self.io("write segment"))?;
-            if let Err(e) = self.disk.sync_data(w.file.get_ref()) {
+        if let Some(w) = segs.writer.as_mut() {
+            // Sealed only once whole and synced: until then it stays the segment being written.
+            w.flush().map_err(self.io("write segment"))?;
+            if let Err(e) = self.disk.sync_data(&w.file) {
                 self.note_sync_failure(&e);
                 return Err(self.io("fdatasync segment")(e));
             }
+        }
+        if let Some(w) = segs.writer.take() {
             if segs.info.get(&w.id).is_some_and(|i| i.1 == 0) {
                 segs.emptied.push(w.id);
             }
@@ -1372,7 +1521,8 @@ impl Spool {
         let id = segs.info.keys().next_back().map(|k| k + 1).unwrap_or(1);
         let file = OpenOptions::new()
             .create_new(true)
-            .append(true)
+            .read(true)
+            .write(true)
             .open(self.segment_path(id))
             .map_err(self.io("create segment"))?;
         // The new name is made durable before any index entry can point into the file; a file
@@ -1384,11 +1534,10 @@ impl Spool {
         }
         segs.info.insert(id, (0, 0));
         segs.ledger_due.insert(id, 0);
-        let sync = Arc::new(file.try_clone().map_err(self.io("open segment"))?);
         segs.writer = Some(Writer {
             id,
-            sync,
-            file: BufWriter::with_capacity(1 << 20, file),
+            file: Arc::new(file),
+            buf: Vec::with_capacity(WRITE_BUFFER),
             len: 0,
             flushed: 0,
         });
@@ -1397,8 +1546,8 @@ impl Spool {
 
     /// A removed record's bookkeeping: counters, and the segment's deletion when it is empty.
     fn release(&self, stats: &SourceSpoolStats, loc: Location) {
-        stats.records.fetch_sub(1, Ordering::Relaxed);
-        stats.bytes.fetch_sub(loc.len as u64, Ordering::Relaxed);
+        sub(&stats.records, 1);
+        sub(&stats.bytes, loc.len as u64);
         stats.popped.fetch_add(1, Ordering::Relaxed);
         self.release_segment(loc);
     }
@@ -1421,8 +1570,16 @@ impl Spool {
     }
 
     /// Drops every record of the oldest sealed segment (drop-oldest); returns how many, or None
-    /// when only the segment being written is left.
-    fn drop_oldest_segment(&self) -> Result<Option<u64>, SpoolError> {
+    /// when only the segment being written is left. The records are found in the index, not by
+    /// reading the segment: a segment that cannot be opened (EMFILE, EIO) is dropped all the same,
+    /// and every record the index lists in it is counted as dropped, once. Drops are one at a
+    /// time: a lane that waited for another's drop finds the space it made (`incoming`).
+    fn drop_oldest_segment(&self, incoming: u64) -> Result<Option<u64>, SpoolError> {
+        let _one = self.dropping.lock().unwrap_or_else(|p| p.into_inner());
+        self.refresh_free_space();
+        if !self.full(incoming) {
+            return Ok(Some(0));
+        }
         let id = {
             let segs = self.segs();
             let active = segs.writer.as_ref().map(|w| w.id);
@@ -1431,31 +1588,55 @@ impl Spool {
                 None => return Ok(None),
             }
         };
-        let data = std::fs::read(self.segment_path(id)).unwrap_or_default();
-        let mut at = 0usize;
-        let mut n = 0;
-        while at + record::PREFIX <= data.len() {
-            let Ok(total) = record::total_len(&data[at..at + record::PREFIX]) else {
-                break;
-            };
-            if at + total > data.len() {
-                break;
+        let mut victims: Vec<(Arc<str>, u64)> = Vec::new();
+        {
+            // Under the pending lock, so a commit cannot move entries from it to sled meanwhile.
+            let p = self.pending();
+            for (source, m) in &p.entries {
+                victims.extend(
+                    m.iter()
+                        .filter(|(_, (loc, _))| loc.segment == id)
+                        .map(|(seq, _)| (source.clone(), *seq)),
+                );
             }
-            if let Ok(f) = record::decode(Bytes::copy_from_slice(&data[at..at + total])) {
-                let here = self
-                    .lookup(&f.source, f.seq)?
-                    .is_some_and(|l| l.segment == id);
-                if here {
-                    self.unindex(&f.source, f.seq)?;
-                    let stats = self.stats(&f.source);
-                    stats.dropped.fetch_add(1, Ordering::Relaxed);
-                    stats.records.fetch_sub(1, Ordering::Relaxed);
-                    stats.bytes.fetch_sub(total as u64, Ordering::Relaxed);
-                    stats.popped.fetch_add(1, Ordering::Relaxed);
-                    n += 1;
+            let sources: Vec<Arc<str>> = self
+                .index
+                .tree_names()
+                .iter()
+                .filter_map(|n| n.strip_prefix(b"i:"))
+                .map(|s| String::from_utf8_lossy(s).into())
+                .collect();
+            for source in sources {
+                let removed = p.removed.get(&source);
+                for item in self.tree(&source)?.iter() {
+                    let (k, v) = item.map_err(self.ix())?;
+                    let Some(page) = pages::decode(key_seq(&k), &v) else {
+                        // The index cannot say what the segment holds: it is not deleted.
+                        tracing::error!(source = %source, segment = id, "spool: an index page does not decode; the oldest segment is kept");
+                        self.meta.insert("rebuild", &[1u8][..]).map_err(self.ix())?;
+                        return Ok(None);
+                    };
+                    victims.extend(
+                        page.into_iter()
+                            .filter(|(seq, loc)| {
+                                loc.segment == id && !removed.is_some_and(|r| r.contains(seq))
+                            })
+                            .map(|(seq, _)| (source.clone(), seq)),
+                    );
                 }
             }
-            at += total;
+        }
+        let mut n = 0;
+        for (source, seq) in victims {
+            // A receipt may have removed it meanwhile: then it is not a drop.
+            if let Some(loc) = self.unindex(&source, seq)? {
+                let stats = self.stats(&source);
+                stats.dropped.fetch_add(1, Ordering::Relaxed);
+                sub(&stats.records, 1);
+                sub(&stats.bytes, loc.len as u64);
+                stats.popped.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
         }
         // The segment goes now, to make room: its removals are made durable first.
         {
@@ -1471,10 +1652,54 @@ impl Spool {
         if deleted {
             self.sync_after_delete(&[id]);
         }
+        self.refresh_free_space();
         for (source, _) in self.all_stats() {
             self.update_oldest(&source)?;
         }
+        tracing::warn!(
+            segment = id,
+            records = n,
+            "spool full: dropped the oldest segment (when-full = drop-oldest)"
+        );
         Ok(Some(n))
+    }
+
+    /// At a shutdown whose commit failed: the frames still in the write buffer are lost. They
+    /// leave the index and are counted as dropped; returns how many.
+    fn drop_unwritten(&self) -> u64 {
+        let (id, flushed) = {
+            let mut segs = self.segs();
+            let Some(w) = segs.writer.as_mut() else {
+                return 0;
+            };
+            let _ = w.flush();
+            (w.id, w.flushed)
+        };
+        let lost: Vec<(Arc<str>, u64, Location)> = {
+            let mut p = self.pending();
+            let mut lost = Vec::new();
+            for (source, m) in p.entries.iter_mut() {
+                let gone: Vec<u64> = m
+                    .iter()
+                    .filter(|(_, (l, _))| l.segment == id && l.offset + l.len as u64 > flushed)
+                    .map(|(seq, _)| *seq)
+                    .collect();
+                for seq in gone {
+                    if let Some((loc, _)) = m.remove(&seq) {
+                        lost.push((source.clone(), seq, loc));
+                    }
+                }
+            }
+            lost
+        };
+        for (source, _, loc) in &lost {
+            let stats = self.stats(source);
+            stats.dropped.fetch_add(1, Ordering::Relaxed);
+            sub(&stats.records, 1);
+            sub(&stats.bytes, loc.len as u64);
+            stats.popped.fetch_add(1, Ordering::Relaxed);
+        }
+        lost.len() as u64
     }
 
     /// Up to `max` records of a source with `seq >= from`, in order. Records that cannot be read
@@ -1519,6 +1744,14 @@ impl Spool {
         for (seq, loc) in wanted {
             let raw = self.read_at(loc).map(Bytes::from);
             let result = match &raw {
+                // Out of file descriptors or memory: the record is fine, reading it is not now.
+                Err(e) if transient(e) => {
+                    return Err(SpoolError::Io {
+                        path: self.segment_path(loc.segment),
+                        op: "read segment",
+                        source: std::io::Error::new(e.kind(), e.to_string()),
+                    })
+                }
                 Err(e) => Err(format!(
                     "cannot read {} bytes at {}: {e}",
                     loc.len, loc.offset
@@ -1540,14 +1773,16 @@ impl Spool {
                 Err(why) => {
                     // The bytes as read (none when the read failed) go to quarantine/.
                     let raw = raw.unwrap_or_default();
-                    let name = format!("{source}-{seq}");
-                    self.quarantine_bytes(&name, loc.segment, loc.offset, &raw, &why);
-                    self.unindex(source, seq)?;
-                    let stats = self.stats(source);
-                    stats.quarantined.fetch_add(1, Ordering::Relaxed);
-                    stats.records.fetch_sub(1, Ordering::Relaxed);
-                    stats.bytes.fetch_sub(loc.len as u64, Ordering::Relaxed);
-                    self.release_segment(loc);
+                    // Counted once: only by the caller that takes the entry out of the index.
+                    if self.unindex(source, seq)?.is_some() {
+                        let name = format!("{source}-{seq}");
+                        self.quarantine_bytes(&name, loc.segment, loc.offset, &raw, &why);
+                        let stats = self.stats(source);
+                        stats.quarantined.fetch_add(1, Ordering::Relaxed);
+                        sub(&stats.records, 1);
+                        sub(&stats.bytes, loc.len as u64);
+                        self.release_segment(loc);
+                    }
                 }
             }
             if out.len() >= max || bytes >= 32 << 20 {
@@ -1633,11 +1868,8 @@ impl Spool {
     fn read_at(&self, loc: Location) -> std::io::Result<Vec<u8>> {
         let file = {
             let mut segs = self.segs();
-            if let Some(w) = segs.writer.as_mut().filter(|w| w.id == loc.segment) {
-                if loc.offset + loc.len as u64 > w.flushed {
-                    w.file.flush()?;
-                    w.flushed = w.len;
-                }
+            if let Some(w) = segs.writer.as_ref().filter(|w| w.id == loc.segment) {
+                return w.read(loc.offset, loc.len as usize);
             }
             match segs.readers.get(&loc.segment) {
                 Some(f) => f.clone(),
@@ -1697,8 +1929,17 @@ impl Spool {
 
     /// The final commit; then, only if it and every data sync of this run succeeded, marks a
     /// clean shutdown and stores the counts a clean start uses.
+    ///
+    /// A final commit that fails (a full or failing disk) is not an error of the shutdown: the
+    /// frames whose bytes never reached the segment file are counted as dropped and logged, the
+    /// run stays unclean, and the next start reads back from the segments what did reach them.
     pub fn close(&self) -> Result<(), SpoolError> {
-        self.commit()?;
+        if let Err(e) = self.commit() {
+            let lost = self.drop_unwritten();
+            tracing::error!(spool = %self.path.display(), error = %e, lost,
+                "spool: the final commit failed; frames that never reached the disk are counted as dropped, the next start reads back the rest from the segments");
+            return Ok(());
+        }
         if self.sync_failed.load(Ordering::Relaxed) {
             tracing::warn!(spool = %self.path.display(),
                 "spool: a data sync failed during this run; the next start treats it as unclean");
@@ -1811,6 +2052,9 @@ fn open_index(path: &Path) -> Result<sled::Db, IndexOpen> {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
+            Ok(Err(sled::Error::Io(e))) if no_room(&e) => {
+                return Err(IndexOpen::NoRoom(sled::Error::Io(e)))
+            }
             Ok(Err(e)) => return Err(IndexOpen::Damaged(e)),
             Err(_) => {
                 return Err(IndexOpen::Damaged(sled::Error::Unsupported(
@@ -1827,6 +2071,9 @@ enum IndexOpen {
     Busy(sled::Error),
     #[error("index damaged: {0}")]
     Damaged(sled::Error),
+    /// No space, quota, descriptors or memory to open it: nothing is wrong with the index.
+    #[error("index cannot be opened now: {0}")]
+    NoRoom(sled::Error),
 }
 
 /// The segment ledger as `meta` holds it; `None` in a spool from before the ledger.

@@ -770,7 +770,8 @@ fn a_failed_final_commit_does_not_mark_the_shutdown_clean() {
         publish_live(&spool, "gps", 1, 10);
         spool.append(&frame("gps", 11, 10)).unwrap(); // handed back at shutdown
         disk.fail_data.store(true, Ordering::Relaxed);
-        assert!(spool.close().is_err());
+        // Not an error of the shutdown (SIGTERM still exits 0), but the run is not clean.
+        spool.close().unwrap();
     }
     let spool = Spool::open(&c).unwrap();
     assert!(spool.unclean_start());
@@ -978,7 +979,7 @@ fn a_segment_the_index_does_not_know_is_read_back_not_deleted() {
             spool.append(&frame("gps", seq, 300_000)).unwrap();
         }
         // Data written, no commit: a crash (kill -9 after the page cache has the bytes).
-        spool.segs().writer.as_mut().unwrap().file.flush().unwrap();
+        spool.segs().writer.as_mut().unwrap().flush().unwrap();
     }
     let spool = Spool::open(&c).unwrap();
     assert_eq!(spool.index_damage(), None);
