@@ -188,12 +188,8 @@ impl Lane {
                 );
                 true
             }
-            Ok(Appended::DroppedNewest) => {
-                self.log_drop(
-                    last_drop_log,
-                    1,
-                    "spool full: dropped the newest frame (when-full = drop-newest)",
-                );
+            Ok(a @ (Appended::DroppedNewest | Appended::DroppedNoRoom)) => {
+                self.log_drop(last_drop_log, 1, a.loss().unwrap_or_default());
                 false
             }
             Err(e) => {

@@ -279,3 +279,52 @@ def test_a_full_filesystem_loses_nothing_spooled_and_counters_stay_sane(tmp_path
         assert {x["id"]: x["records"] for x in st["sources"]} == after, (st, after)
         v = rigd("spool", "verify", "--spool", disk / "spool", "--json")
         assert v.returncode == 0, v.stdout[-2000:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lowering a running child's RLIMIT_NOFILE with prlimit needs root")
+def test_drop_oldest_without_file_descriptors_deletes_nothing_it_did_not_count(tmp_path):
+    import socket
+    rig = unique("nofile")
+    cfg = config(rig, sources=BIG_CAM).replace('max-bytes = "64MiB"', 'max-bytes = "8MiB"')
+    d = Rigd(tmp_path, cfg, name="nofile").start()
+    conns = []
+    try:
+        time.sleep(4)  # the 8 MiB spool is full: drop-oldest runs every ~0.3 s from here on
+        pid = d.proc.pid
+        used = len(os.listdir(f"/proc/{pid}/fd"))
+        limit = used + 8
+        # The soft limit only: the hard one may not be raised again without CAP_SYS_RESOURCE.
+        subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={limit}:"], check=True)
+        # Idle web clients take the rest of the descriptors.
+        for _ in range(limit):
+            try:
+                conns.append(socket.create_connection(("127.0.0.1", d.port), timeout=1))
+            except OSError:
+                break
+        time.sleep(6)
+        s = d.status()
+        sane(s)
+        for c in conns:
+            c.close()
+        conns.clear()
+        subprocess.run(["prlimit", f"--pid={pid}", "--nofile=1024:"], check=True)
+        time.sleep(2)
+        s = d.status()
+        assert d.stop() == 0, d.log()[-3000:]
+    finally:
+        for c in conns:
+            c.close()
+        d.close()
+    spool = tmp_path / "spool"
+    listed = stat(spool)
+    truth = scan_seqs(spool)
+    print(f"fd exhaustion: status {s['spool']}; index lists "
+          f"{ {x['id']: x['records'] for x in listed['sources']} }, segments hold {truth}")
+    # Every index entry points at a record that is there, and nothing stored is unlisted.
+    assert {x["id"]: x["records"] for x in listed["sources"]} == truth, (listed, truth)
+    v = rigd("spool", "verify", "--spool", spool, "--json")
+    assert v.returncode == 0, v.stdout[-2000:]
+    # Status bytes are what the segment files hold, not more.
+    on_disk = sum(p.stat().st_size for p in (spool / "segments").glob("*.seg"))
+    assert s["spool"]["bytes"] <= on_disk + (2 << 20), (s["spool"], on_disk)
+    assert "dropped the newest frame (when-full = drop-newest)" not in d.log()

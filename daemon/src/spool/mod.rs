@@ -134,8 +134,29 @@ pub enum Appended {
     Stored,
     /// Stored after dropping this many older frames (of any source) to make room.
     StoredDroppingOldest(u64),
-    /// Not stored: the spool is full and `when-full = drop-newest` (or nothing older to drop).
+    /// Not stored: the spool is full and `when-full = drop-newest`.
     DroppedNewest,
+    /// Not stored: the spool is full under `when-full = drop-oldest` and only the segment being
+    /// written is left, so this frame goes instead.
+    DroppedNoRoom,
+}
+
+impl Appended {
+    /// The log line for a frame loss of this kind (none for a stored frame).
+    pub fn loss(&self) -> Option<&'static str> {
+        match self {
+            Appended::Stored => None,
+            Appended::StoredDroppingOldest(_) => {
+                Some("spool full: dropped the oldest frames (when-full = drop-oldest)")
+            }
+            Appended::DroppedNewest => {
+                Some("spool full: dropped the newest frame (when-full = drop-newest)")
+            }
+            Appended::DroppedNoRoom => Some(
+                "spool full: nothing older left to drop, this frame dropped (when-full = drop-oldest)",
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1422,7 +1443,7 @@ impl Spool {
                     self.stats(&frame.source)
                         .dropped
                         .fetch_add(1, Ordering::Relaxed);
-                    return Ok(Appended::DroppedNewest);
+                    return Ok(Appended::DroppedNoRoom);
                 }
             }
         }
