@@ -1062,3 +1062,31 @@ fn drop_oldest_with_nothing_older_says_so() {
         "{line}"
     );
 }
+
+#[test]
+fn a_rebuild_resynchronises_after_a_record_whose_length_was_hit() {
+    // One record's length set to 1 MiB before a rebuild lost every undamaged record after it
+    // (the rebuild stopped, or jumped 1 MiB): it now scans on to the next valid header.
+    for payload in [1_000usize, 100_000] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = cfg(dir.path());
+        c.max_bytes = ByteSize(64 << 20);
+        {
+            let spool = Spool::open(&c).unwrap();
+            for seq in 0..30 {
+                spool.append(&frame("gps", seq, payload)).unwrap();
+            }
+            spool.close().unwrap();
+        }
+        let seg = &segment_files(dir.path())[0];
+        let mut data = std::fs::read(seg).unwrap();
+        let rec = data.len() / 30;
+        data[rec * 5 + 4..rec * 5 + 8].copy_from_slice(&(1u32 << 20).to_le_bytes());
+        std::fs::write(seg, data).unwrap();
+        std::fs::remove_dir_all(dir.path().join("spool/index")).unwrap();
+        let spool = Spool::open(&c).unwrap();
+        let want: Vec<u64> = (0..30).filter(|s| *s != 5).collect();
+        assert_eq!(seqs(&spool, "gps"), want, "payload {payload}");
+        assert_eq!(spool.quarantined(), 1, "payload {payload}");
+    }
+}
