@@ -171,7 +171,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(bind)
         .await
         .with_context(|| format!("web.bind: cannot listen on {bind}"))?;
-    let spool = Spool::open(&config.spool).context("opening the spool")?;
+    let rig = crate::spool::identity::RigIdentity {
+        rig: config.rig.id.clone(),
+        bucket_ms: config.rig.bucket_ms,
+        topic: config.pulsar.topic.clone(),
+    };
+    let spool = Spool::open_for(&config.spool, &rig).context("opening the spool")?;
     if spool.unclean_start() {
         let note = match config.spool.mode {
             SpoolMode::OnOutage => {

@@ -142,14 +142,17 @@ struct ReplayArgs {
     mcap: Option<PathBuf>,
     /// Republish to this Pulsar cluster (pulsar://host:port) with the rig's own topics, keys,
     /// properties, producer names and sequence ids: a broker with deduplication drops what it holds.
-    #[arg(long, value_name = "URL", requires = "rig")]
+    #[arg(long, value_name = "URL")]
     pulsar: Option<String>,
-    /// The rig id the spool was captured under (`rig.id`; topic and producer names). Needed with --pulsar.
+    /// The rig id the spool was captured under (`rig.id`; topic and producer names). Default: the
+    /// one the spool recorded.
     #[arg(long, value_name = "ID", value_parser = rig_id)]
     rig: Option<String>,
-    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}.
-    #[arg(long, value_name = "TEMPLATE", default_value = crate::wire::DEFAULT_TOPIC)]
-    topic: String,
+    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}. Default: the one the
+    /// spool recorded, else the default template
+    /// (`wire::DEFAULT_TOPIC`).
+    #[arg(long, value_name = "TEMPLATE")]
+    topic: Option<String>,
     /// File holding the Pulsar token (`pulsar.token-file`).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
@@ -160,8 +163,9 @@ struct ReplayArgs {
     #[arg(long, value_name = "S", default_value_t = 60)]
     timeout: u64,
     /// Time-bucket width of the rig (`rig.bucket-ms`), for the bucket numbers in the output.
-    #[arg(long, value_name = "MS", default_value_t = 33, value_parser = clap::value_parser!(u32).range(1..))]
-    bucket_ms: u32,
+    /// Default: the one the spool recorded, else 33.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u32).range(1..))]
+    bucket_ms: Option<u32>,
     /// List records by reading every segment instead of the index.
     #[arg(long)]
     scan: bool,
@@ -343,10 +347,21 @@ fn replay(args: ReplayArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e),
     };
+    let rig = crate::replay::rig_identity(
+        &snap,
+        args.rig.clone(),
+        args.topic.clone(),
+        args.bucket_ms,
+        args.pulsar.is_some(),
+    );
+    let rig = match rig {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
     let result = if let Some(dir) = &args.out {
-        files::export(&snap, &plan, dir, args.bucket_ms, &interrupt)
+        files::export(&snap, &plan, dir, rig.bucket_ms, &interrupt)
     } else if let Some(file) = &args.mcap {
-        mcap::export(&snap, &plan, file, args.bucket_ms, &interrupt)
+        mcap::export(&snap, &plan, file, rig.bucket_ms, &interrupt)
     } else if let Some(url) = &args.pulsar {
         let token = match read_token(args.token_file.as_ref()) {
             Ok(t) => t,
@@ -354,9 +369,9 @@ fn replay(args: ReplayArgs) -> ExitCode {
         };
         let target = republish::Target {
             url: url.clone(),
-            rig: args.rig.clone().unwrap_or_default(),
-            topic: args.topic.clone(),
-            bucket_ms: args.bucket_ms,
+            rig: rig.rig.clone(),
+            topic: rig.topic.clone(),
+            bucket_ms: rig.bucket_ms,
             token,
             tls_ca: args.tls_ca.clone(),
             stall_timeout: std::time::Duration::from_secs(args.timeout.max(1)),

@@ -43,6 +43,8 @@ pub enum ReplayError {
     Unsupported { path: PathBuf, why: String },
     #[error("pulsar {url}: {why}")]
     Pulsar { url: String, why: String },
+    #[error("{path}: the spool does not record its rig ({why}); say it with --rig")]
+    NoRig { path: PathBuf, why: String },
 }
 
 impl ReplayError {
@@ -53,6 +55,7 @@ impl ReplayError {
             ReplayError::UnknownSource { .. }
                 | ReplayError::EmptyRange { .. }
                 | ReplayError::Spool(SpoolError::NotSpool { .. })
+                | ReplayError::NoRig { .. }
         )
     }
 
@@ -60,6 +63,40 @@ impl ReplayError {
         let path = path.into();
         move |source| ReplayError::Output { path, op, source }
     }
+}
+
+/// The rig to replay as: what the arguments say, else what the spool recorded (rig id, topic
+/// template, bucket width), else the defaults for topic and bucket. Without a rig id from either,
+/// [`ReplayError::NoRig`] when `need_rig`.
+pub fn rig_identity(
+    snap: &SpoolSnapshot,
+    rig: Option<String>,
+    topic: Option<String>,
+    bucket_ms: Option<u32>,
+    need_rig: bool,
+) -> Result<crate::spool::identity::RigIdentity, ReplayError> {
+    let stored = snap.identity();
+    let known = stored.ok().flatten();
+    let rig = match rig.or_else(|| known.map(|k| k.rig.clone())) {
+        Some(r) => r,
+        None if need_rig => {
+            return Err(ReplayError::NoRig {
+                path: snap.path().to_path_buf(),
+                why: match stored {
+                    Err(e) => e.to_string(),
+                    Ok(_) => format!("no {} file", crate::spool::identity::FILE),
+                },
+            })
+        }
+        None => String::new(),
+    };
+    Ok(crate::spool::identity::RigIdentity {
+        rig,
+        topic: topic
+            .or_else(|| known.map(|k| k.topic.clone()))
+            .unwrap_or_else(|| crate::wire::DEFAULT_TOPIC.to_string()),
+        bucket_ms: bucket_ms.or(known.map(|k| k.bucket_ms)).unwrap_or(33),
+    })
 }
 
 /// Which records to replay: sources (all when empty) and a capture-time range `[from, to)`.

@@ -328,3 +328,28 @@ def test_drop_oldest_without_file_descriptors_deletes_nothing_it_did_not_count(t
     on_disk = sum(p.stat().st_size for p in (spool / "segments").glob("*.seg"))
     assert s["spool"]["bytes"] <= on_disk + (2 << 20), (s["spool"], on_disk)
     assert "dropped the newest frame (when-full = drop-newest)" not in d.log()
+
+
+def test_the_spool_records_its_rig_and_replay_republishes_without_rig(live_broker, tmp_path):
+    ns = namespace_with_dedup(unique("rigid"))
+    rig = unique("rigid")
+    dead = f"pulsar://127.0.0.1:{free_port()}"
+    cfg = config(rig, url=dead, ns=ns).replace("[rig]\n", "[rig]\nbucket-ms = 40\n", 1)
+    d = Rigd(tmp_path, cfg, name="outage").start()
+    try:
+        time.sleep(5)
+        assert d.stop() == 0
+    finally:
+        d.close()
+    spool = tmp_path / "spool"
+    st = stat(spool)
+    assert st["rig"] == {"rig": rig, "bucket-ms": 40, "topic": f"persistent://{ns}/{{rig}}-{{source}}"}, st
+    human = rigd("spool", "stat", "--spool", spool)
+    assert f"rig {rig} (bucket 40 ms" in human.stdout, human.stdout
+    r = rigd("replay", "--spool", spool, "--pulsar", live_broker, "--json", timeout=180)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    for src in st["sources"]:
+        msgs = consume(BROKER_URL, [f"persistent://{ns}/{rig}-{src['id']}"], idle_timeout_s=6,
+                       consumer_type=pulsar.ConsumerType.Exclusive)
+        assert len(msgs) == src["records"], (src, len(msgs))
+        assert all(m["properties"]["rig"] == rig and m["properties"]["bucket-ms"] == "40" for m in msgs)

@@ -22,6 +22,9 @@ pub struct SourceStat {
 #[derive(Debug, Clone, Serialize)]
 pub struct Stat {
     pub spool: String,
+    /// The rig the spool belongs to (`rig`, `bucket-ms`, `topic`), as the daemon recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rig: Option<crate::spool::identity::RigIdentity>,
     /// `index`, or `segment-scan` when the records were found by reading the segments.
     pub listing: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -56,6 +59,7 @@ pub fn stat(snap: &SpoolSnapshot) -> Stat {
     };
     Stat {
         spool: snap.path().display().to_string(),
+        rig: snap.identity().ok().flatten().cloned(),
         listing,
         listing_note,
         sources: snap
@@ -137,6 +141,17 @@ pub fn print_stat(out: &mut impl Write, s: &Stat) -> std::io::Result<()> {
         human_bytes(bytes),
         s.quarantined
     )?;
+    match &s.rig {
+        Some(r) => writeln!(
+            out,
+            "rig {} (bucket {} ms, topic {})",
+            r.rig, r.bucket_ms, r.topic
+        )?,
+        None => writeln!(
+            out,
+            "rig: not recorded in the spool (a spool from before rigd recorded it)"
+        )?,
+    }
     if let Some(damage) = &s.index_damage {
         writeln!(
             out,

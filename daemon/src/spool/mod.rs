@@ -46,6 +46,7 @@
 //!   point into it) and after segment files are deleted (so that a rebuild from the segments never
 //!   finds a drained segment again).
 
+pub mod identity;
 mod ledger;
 mod pages;
 pub mod record;
@@ -379,6 +380,25 @@ impl Spool {
     /// Opens (or creates) the spool; damaged contents are set aside, never fatal.
     pub fn open(cfg: &SpoolConfig) -> Result<Arc<Self>, SpoolError> {
         Self::open_on(cfg, Box::new(Os))
+    }
+
+    /// [`Spool::open`], recording which rig the spool belongs to ([`identity`]) for the offline
+    /// tools. A spool that named another rig is taken over (and says so).
+    pub fn open_for(
+        cfg: &SpoolConfig,
+        rig: &identity::RigIdentity,
+    ) -> Result<Arc<Self>, SpoolError> {
+        let spool = Self::open(cfg)?;
+        if let Ok(Some(before)) = identity::read(&spool.path) {
+            if &before != rig {
+                tracing::warn!(spool = %spool.path.display(), was = %before.rig, now = %rig.rig,
+                    "spool: it named another rig identity; records spooled before are published under this one");
+            }
+        }
+        if let Err(e) = identity::write(&spool.path, rig) {
+            tracing::warn!(spool = %spool.path.display(), error = %e, "spool: cannot record the rig identity (the offline tools will need --rig)");
+        }
+        Ok(spool)
     }
 
     /// [`Spool::open`] with the durability calls going to `disk` (fault injection).

@@ -65,6 +65,8 @@ pub struct SpoolSnapshot {
     /// Records the index does not list yet (the last run ended before committing them), read
     /// from the segments as the daemon's next start will.
     read_back: u64,
+    /// The rig the spool belongs to, as the daemon recorded it (`RIG`).
+    identity: Result<Option<super::identity::RigIdentity>, String>,
     files: Mutex<HashMap<u64, Arc<File>>>,
 }
 
@@ -105,6 +107,7 @@ impl SpoolSnapshot {
         let quarantined = std::fs::read_dir(path.join("quarantine"))
             .map(|d| d.count() as u64)
             .unwrap_or(0);
+        let identity = super::identity::read(&path);
         let mut snap = SpoolSnapshot {
             path,
             _lock: lock,
@@ -114,6 +117,7 @@ impl SpoolSnapshot {
             listing_corrupt: Vec::new(),
             index_damage: None,
             read_back: 0,
+            identity,
             files: Mutex::new(HashMap::new()),
         };
         let sizes = snap.segment_sizes()?;
@@ -152,6 +156,15 @@ impl SpoolSnapshot {
     /// Damage found while listing the records (not by reading them).
     pub fn listing_corrupt(&self) -> &[Corrupt] {
         &self.listing_corrupt
+    }
+
+    /// The rig the spool belongs to (`Ok(None)`: a spool from before it was recorded; `Err`:
+    /// the file does not parse).
+    pub fn identity(&self) -> Result<Option<&super::identity::RigIdentity>, &str> {
+        match &self.identity {
+            Ok(id) => Ok(id.as_ref()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Why the index could not be used (missing, unreadable, or not covering the segments): the

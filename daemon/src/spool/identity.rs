@@ -1,0 +1,88 @@
+//! The rig a spool belongs to: rig id, bucket width and topic template, in `RIG` at the spool's
+//! root (TOML), so that a spool copied off a vehicle can be replayed and republished without
+//! being told whose it is (`rigd replay --spool DIR --pulsar URL`).
+//!
+//! Written by the daemon at open when it differs from what is there: to `RIG.tmp`, fsynced, then
+//! renamed over `RIG` and the directory fsynced, so a power cut leaves the old file or the new
+//! one. A failure to write it (a full disk) is logged, never fatal: the records do not depend on
+//! it.
+
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+
+pub const FILE: &str = "RIG";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RigIdentity {
+    /// `rig.id`: part of topic and producer names.
+    pub rig: String,
+    /// `rig.bucket-ms`: the time-bucket width the keys were computed with.
+    pub bucket_ms: u32,
+    /// `pulsar.topic`: the topic template, placeholders `{rig}` and `{source}`.
+    pub topic: String,
+}
+
+impl RigIdentity {
+    pub fn encode(&self) -> String {
+        // Three plain strings and a number: serialising cannot fail.
+        toml::to_string(self).unwrap_or_default()
+    }
+
+    pub fn decode(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+}
+
+/// The identity stored in a spool directory (`Ok(None)`: none stored, a spool from before it).
+pub fn read(dir: &Path) -> Result<Option<RigIdentity>, String> {
+    match std::fs::read_to_string(dir.join(FILE)) {
+        Ok(text) => RigIdentity::decode(&text)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", dir.join(FILE).display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", dir.join(FILE).display())),
+    }
+}
+
+/// Stores `id` in `dir` unless it is there already.
+pub fn write(dir: &Path, id: &RigIdentity) -> std::io::Result<()> {
+    if read(dir).ok().flatten().as_ref() == Some(id) {
+        return Ok(());
+    }
+    let tmp = dir.join(format!("{FILE}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(id.encode().as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(FILE))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_is_rewritten_only_when_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path()).unwrap(), None);
+        let id = RigIdentity {
+            rig: "van-07".into(),
+            bucket_ms: 33,
+            topic: "persistent://public/default/{rig}-{source}".into(),
+        };
+        write(dir.path(), &id).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), Some(id.clone()));
+        let other = RigIdentity {
+            rig: "van-08".into(),
+            ..id
+        };
+        write(dir.path(), &other).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), Some(other));
+        std::fs::write(dir.path().join(FILE), "rig = 3").unwrap();
+        assert!(read(dir.path()).is_err());
+    }
+}
