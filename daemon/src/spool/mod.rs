@@ -8,15 +8,24 @@
 //! - `index/`: a sled database. Tree `i:{source}` holds the source's record locations (segment,
 //!   offset, length, capture time) in [`pages`] of up to 256 records, keyed by big-endian `seq`;
 //!   tree `meta` holds `seq:{source}` (next capture sequence), `clean` (1 after a clean shutdown),
-//!   `mode` (`on-outage` or `always`: the mode of the run that last opened the spool) and `counts`
-//!   (what a clean shutdown counted).
+//!   `mode` (`on-outage` or `always`: the mode of the run that last opened the spool), `counts`
+//!   (what a clean shutdown counted), and the segment [`ledger`] (`ledger`, `seg:{id:016x}`: how
+//!   far each segment's records are indexed).
+//! - `RIG`: the rig the spool belongs to ([`identity`]: rig id, bucket width, topic template).
 //! - `quarantine/`: records that failed their checksum, one file each, kept for inspection.
 //! - `LOCK`: held (flock) by the process that has the spool open.
 //!
 //! The offline tools read a spool through [`snapshot`], which never writes to it.
 //!
-//! Invariants:
+//! Invariants (the rule: the segments are the truth, the index a cache of them):
 //! - A record is removed only after the broker's receipt for it, or by a counted capacity drop.
+//! - A segment is deleted only when the index proves every record in it removed: at open only
+//!   when the ledger covers it and the index lists nothing in it. Bytes the ledger does not cover
+//!   are read back; an index that does not describe the segments (blank, a known segment missing,
+//!   a page that does not decode, a sequence note below its records) is rebuilt from them and the
+//!   sequences jump past what was found.
+//! - A record is counted out (dropped, quarantined, acknowledged) by the one caller that takes its
+//!   entry out of the index; counters never go below 0.
 //! - A source's records are read back in `seq` order, which is capture order.
 //! - An appended record's index entry and its source's sequence note are held in memory
 //!   ([`Pending`]) until a commit has written the record's data (fdatasync); only then do they go
@@ -69,13 +78,45 @@ pub const CRASH_SEQ_MARGIN: u64 = 1 << 20;
 
 const MAX_SEGMENT: u64 = 64 << 20;
 
-/// The durability calls the spool makes, behind a trait so that tests can fail them (EIO) or
-/// watch their order.
+/// The spool's file I/O on segments and quarantine, behind a trait so that tests can fail any
+/// call (EIO, ENOSPC, EMFILE), make writes short or torn, or watch the order of the syncs. The
+/// index is sled's own business and not behind it.
 pub(crate) trait Disk: Send + Sync {
     /// fdatasync of a segment file.
     fn sync_data(&self, file: &File) -> std::io::Result<()>;
     /// fsync of a directory, after an entry in it was created or removed.
     fn sync_dir(&self, dir: &Path) -> std::io::Result<()>;
+    /// Creates a new segment file for reading and writing (fails if it exists).
+    fn create(&self, path: &Path) -> std::io::Result<File> {
+        OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(path)
+    }
+    /// Opens a segment for reading.
+    fn open(&self, path: &Path) -> std::io::Result<File> {
+        File::open(path)
+    }
+    /// A whole segment.
+    fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        std::fs::read(path)
+    }
+    /// One positioned write; may write less than `buf`.
+    fn write_at(&self, file: &File, buf: &[u8], offset: u64) -> std::io::Result<usize> {
+        file.write_at(buf, offset)
+    }
+    /// Fills `buf` from `offset`.
+    fn read_exact_at(&self, file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        file.read_exact_at(buf, offset)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    /// A quarantine file.
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        std::fs::write(path, bytes)
+    }
 }
 
 /// The real disk.
@@ -226,15 +267,36 @@ struct Writer {
     flushed: u64,
 }
 
+/// All of `buf` at `offset`, through `disk`'s (possibly short) writes.
+fn write_all_at(
+    disk: &dyn Disk,
+    file: &File,
+    mut buf: &[u8],
+    mut offset: u64,
+) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match disk.write_at(file, buf, offset) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                buf = &buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Bytes of whole records a writer buffers before writing them to the file.
 const WRITE_BUFFER: usize = 1 << 20;
 
 impl Writer {
     /// Writes the buffer to the file. On an error what was written is kept (`flushed` moves
     /// on), the rest stays buffered.
-    fn flush(&mut self) -> std::io::Result<()> {
+    fn flush(&mut self, disk: &dyn Disk) -> std::io::Result<()> {
         while !self.buf.is_empty() {
-            match self.file.write_at(&self.buf, self.flushed) {
+            match disk.write_at(&self.file, &self.buf, self.flushed) {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     self.buf.drain(..n);
@@ -248,17 +310,15 @@ impl Writer {
     }
 
     /// Appends one record (`head` then `payload`), whole or not at all.
-    fn append(&mut self, head: &[u8], payload: &[u8]) -> std::io::Result<()> {
+    fn append(&mut self, disk: &dyn Disk, head: &[u8], payload: &[u8]) -> std::io::Result<()> {
         let len = head.len() + payload.len();
         if self.buf.len() + len > WRITE_BUFFER {
-            self.flush()?;
+            self.flush(disk)?;
         }
         if len > WRITE_BUFFER {
             let at = self.flushed;
-            let written = self
-                .file
-                .write_all_at(head, at)
-                .and_then(|()| self.file.write_all_at(payload, at + head.len() as u64));
+            let written = write_all_at(disk, &self.file, head, at)
+                .and_then(|()| write_all_at(disk, &self.file, payload, at + head.len() as u64));
             if let Err(e) = written {
                 // A torn record past `flushed` is overwritten by the next one; cut it off if we can.
                 let _ = self.file.set_len(at);
@@ -274,12 +334,12 @@ impl Writer {
     }
 
     /// The bytes `[offset, offset + len)` of this segment, from the file and the buffer.
-    fn read(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    fn read(&self, disk: &dyn Disk, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
         let mut out = vec![0u8; len];
         let end = offset + len as u64;
         let in_file = end.min(self.flushed).saturating_sub(offset) as usize;
         if in_file > 0 {
-            self.file.read_exact_at(&mut out[..in_file], offset)?;
+            disk.read_exact_at(&self.file, &mut out[..in_file], offset)?;
         }
         if in_file < len {
             let from = (offset + in_file as u64 - self.flushed) as usize;
@@ -1097,7 +1157,10 @@ impl Spool {
     /// on from the next valid record header; damaged spans are quarantined, a torn end is only
     /// logged (the tail of an interrupted write). Returns how many records were added.
     fn recover_segment(&self, segs: &mut Segments, id: u64, from: u64) -> Result<u64, SpoolError> {
-        let data = std::fs::read(self.segment_path(id)).map_err(self.io("read segment"))?;
+        let data = self
+            .disk
+            .read(&self.segment_path(id))
+            .map_err(self.io("read segment"))?;
         let base = (from as usize).min(data.len());
         let data = &data[base..];
         let mut found: BTreeMap<Arc<str>, BTreeMap<u64, Location>> = BTreeMap::new();
@@ -1174,7 +1237,12 @@ impl Spool {
 
     fn quarantine_bytes(&self, source: &str, segment: u64, offset: u64, bytes: &[u8], why: &str) {
         let name = format!("{source}-{segment:016x}-{offset}.bad");
-        let _ = std::fs::write(self.path.join("quarantine").join(&name), bytes);
+        if let Err(e) = self
+            .disk
+            .write_file(&self.path.join("quarantine").join(&name), bytes)
+        {
+            tracing::error!(file = %name, error = %e, "spool: cannot write a quarantine file");
+        }
         self.quarantined.fetch_add(1, Ordering::Relaxed);
         tracing::error!(source, segment, offset, reason = why, file = %name, "spool: corrupt record quarantined");
     }
@@ -1190,7 +1258,7 @@ impl Spool {
         }
         segs.readers.remove(&id);
         segs.ledger_due.remove(&id);
-        match std::fs::remove_file(self.segment_path(id)) {
+        match self.disk.remove(&self.segment_path(id)) {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(segment = id, error = %e, "spool: cannot delete a drained segment");
@@ -1310,7 +1378,8 @@ impl Spool {
             let mut due = segs.ledger_due.clone();
             let sync = match segs.writer.as_mut() {
                 Some(w) => {
-                    w.flush().map_err(self.io("write segment"))?;
+                    w.flush(self.disk.as_ref())
+                        .map_err(self.io("write segment"))?;
                     due.insert(w.id, w.len);
                     Some(w.file.clone())
                 }
@@ -1522,7 +1591,7 @@ impl Spool {
             len: len as u32,
             capture_ns: frame.capture_ns,
         };
-        w.append(head, &frame.payload)
+        w.append(self.disk.as_ref(), head, &frame.payload)
             .map_err(self.io("write segment"))?;
         let id = w.id;
         if let Some(i) = segs.info.get_mut(&id) {
@@ -1547,7 +1616,8 @@ impl Spool {
     fn roll(&self, segs: &mut Segments) -> Result<(), SpoolError> {
         if let Some(w) = segs.writer.as_mut() {
             // Sealed only once whole and synced: until then it stays the segment being written.
-            w.flush().map_err(self.io("write segment"))?;
+            w.flush(self.disk.as_ref())
+                .map_err(self.io("write segment"))?;
             if let Err(e) = self.disk.sync_data(&w.file) {
                 self.note_sync_failure(&e);
                 return Err(self.io("fdatasync segment")(e));
@@ -1560,17 +1630,15 @@ impl Spool {
             segs.ledger_due.insert(w.id, w.len);
         }
         let id = segs.info.keys().next_back().map(|k| k + 1).unwrap_or(1);
-        let file = OpenOptions::new()
-            .create_new(true)
-            .read(true)
-            .write(true)
-            .open(self.segment_path(id))
+        let file = self
+            .disk
+            .create(&self.segment_path(id))
             .map_err(self.io("create segment"))?;
         // The new name is made durable before any index entry can point into the file; a file
         // whose name may not survive is not used (the next append tries again).
         if let Err(e) = self.sync_segments_dir() {
             drop(file);
-            let _ = std::fs::remove_file(self.segment_path(id));
+            let _ = self.disk.remove(&self.segment_path(id));
             return Err(e);
         }
         segs.info.insert(id, (0, 0));
@@ -1713,7 +1781,7 @@ impl Spool {
             let Some(w) = segs.writer.as_mut() else {
                 return 0;
             };
-            let _ = w.flush();
+            let _ = w.flush(self.disk.as_ref());
             (w.id, w.flushed)
         };
         let lost: Vec<(Arc<str>, u64, Location)> = {
@@ -1910,19 +1978,19 @@ impl Spool {
         let file = {
             let mut segs = self.segs();
             if let Some(w) = segs.writer.as_ref().filter(|w| w.id == loc.segment) {
-                return w.read(loc.offset, loc.len as usize);
+                return w.read(self.disk.as_ref(), loc.offset, loc.len as usize);
             }
             match segs.readers.get(&loc.segment) {
                 Some(f) => f.clone(),
                 None => {
-                    let f = Arc::new(File::open(self.segment_path(loc.segment))?);
+                    let f = Arc::new(self.disk.open(&self.segment_path(loc.segment))?);
                     segs.readers.insert(loc.segment, f.clone());
                     f
                 }
             }
         };
         let mut buf = vec![0u8; loc.len as usize];
-        file.read_exact_at(&mut buf, loc.offset)?;
+        self.disk.read_exact_at(&file, &mut buf, loc.offset)?;
         Ok(buf)
     }
 
