@@ -78,6 +78,9 @@ pub const CRASH_SEQ_MARGIN: u64 = 1 << 20;
 
 const MAX_SEGMENT: u64 = 64 << 20;
 
+/// Free space kept for the index whatever `free-reserve` says (even `"0"`).
+const INDEX_HEADROOM: u64 = 4 << 20;
+
 /// The spool's file I/O on segments and quarantine, behind a trait so that tests can fail any
 /// call (EIO, ENOSPC, EMFILE), make writes short or torn, or watch the order of the syncs. The
 /// index is sled's own business and not behind it.
@@ -852,10 +855,17 @@ impl Spool {
     }
 
     /// Rewrites the pages that list records removed since the last commit.
+    /// A source's removals leave `p` only once its pages are rewritten: after a failure (sled
+    /// out of space) they are still held, so the records stay out of reads and are not counted
+    /// out a second time.
     fn apply_removals(&self, p: &mut Pending) -> Result<(), SpoolError> {
-        for (source, removed) in std::mem::take(&mut p.removed) {
+        let sources: Vec<Arc<str>> = p.removed.keys().cloned().collect();
+        for source in sources {
+            let Some(removed) = p.removed.get(&source) else {
+                continue;
+            };
             let tree = self.tree(&source)?;
-            let removed: Vec<u64> = removed.into_iter().collect();
+            let removed: Vec<u64> = removed.iter().copied().collect();
             let mut batch = sled::Batch::default();
             let mut i = 0;
             while i < removed.len() {
@@ -883,6 +893,7 @@ impl Spool {
                 i += n;
             }
             tree.apply_batch(batch).map_err(self.ix())?;
+            p.removed.remove(&source);
         }
         Ok(())
     }
@@ -1505,9 +1516,12 @@ impl Spool {
         }
     }
 
+    /// `free-reserve`, but never below [`INDEX_HEADROOM`]: the index must always have room to
+    /// record drops and removals (a sled that hit ENOSPC fails every later write of the run).
     fn full(&self, incoming: u64) -> bool {
+        let reserve = self.free_reserve.max(INDEX_HEADROOM);
         self.total_bytes() + incoming > self.max_bytes
-            || self.free_bytes.load(Ordering::Relaxed) < self.free_reserve.saturating_add(incoming)
+            || self.free_bytes.load(Ordering::Relaxed) < reserve.saturating_add(incoming)
     }
 
     /// Stores a frame, applying the capacity policy.
