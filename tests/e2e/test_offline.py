@@ -226,6 +226,10 @@ def test_corrupt_records_are_reported_by_verify_and_skipped_by_replay(spooled, t
 
 
 def test_bad_arguments_exit_2(spooled, tmp_path):
+    # A spool from before the rig identity was recorded: republishing it needs --rig.
+    anonymous = tmp_path / "anonymous"
+    shutil.copytree(spooled, anonymous)
+    (anonymous / "RIG").unlink(missing_ok=True)
     cases = [
         ["replay", "--spool", spooled],                                        # no output
         ["replay", "--spool", spooled, "--out", tmp_path / "o", "--mcap", tmp_path / "m"],
@@ -233,7 +237,7 @@ def test_bad_arguments_exit_2(spooled, tmp_path):
         ["replay", "--spool", spooled, "--from", "yesterday", "--out", tmp_path / "o"],
         ["replay", "--spool", spooled, "--from", "2030-01-01T00:00:00Z", "--to", "2020-01-01T00:00:00Z",
          "--out", tmp_path / "o"],
-        ["replay", "--spool", spooled, "--pulsar", BROKER_URL],               # --rig missing
+        ["replay", "--spool", anonymous, "--pulsar", BROKER_URL],             # no rig recorded, no --rig
         ["replay", "--spool", spooled, "--pulsar", BROKER_URL, "--rig", "Van 7"],
         ["replay", "--spool", tmp_path / "nothing-here", "--out", tmp_path / "o"],
         ["spool", "stat", "--spool", tmp_path / "nothing-here"],
