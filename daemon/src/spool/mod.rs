@@ -1042,24 +1042,7 @@ impl Spool {
             }
         }
         // Segments the index proves empty are deleted; a new segment is started for writing.
-        let empty: Vec<u64> = segs
-            .info
-            .iter()
-            .filter(|(id, (_, live))| *live == 0 && !unread.contains(id))
-            .map(|(id, _)| *id)
-            .collect();
-        let mut deleted = Vec::new();
-        for id in empty {
-            if self.delete_segment(&mut segs, id) {
-                deleted.push(id);
-            }
-        }
-        let covered: Vec<(u64, u64)> = segs
-            .info
-            .iter()
-            .filter(|(id, _)| !unread.contains(id))
-            .map(|(id, (size, _))| (*id, *size))
-            .collect();
+        let (deleted, covered) = self.delete_proven_empty(&mut segs, &unread);
         drop(segs);
         self.record_ledger(&covered, &plan.stale)?;
         self.sync_after_delete(&deleted);
@@ -1075,6 +1058,33 @@ impl Spool {
 
     /// Writes ledger entries (segment -> covered length), removes those of `gone` segments and
     /// marks the spool as keeping a ledger. Reaches disk with the next sled flush.
+    /// After a recovery or a rebuild: deletes the segments the index proves empty (never one that
+    /// could not be read), and returns them with the (id, size) of every segment the index now
+    /// covers, for the ledger.
+    fn delete_proven_empty(
+        &self,
+        segs: &mut Segments,
+        unread: &BTreeSet<u64>,
+    ) -> (Vec<u64>, Vec<(u64, u64)>) {
+        let empty: Vec<u64> = segs
+            .info
+            .iter()
+            .filter(|(id, (_, live))| *live == 0 && !unread.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        let deleted = empty
+            .into_iter()
+            .filter(|id| self.delete_segment(segs, *id))
+            .collect();
+        let covered = segs
+            .info
+            .iter()
+            .filter(|(id, _)| !unread.contains(id))
+            .map(|(id, (size, _))| (*id, *size))
+            .collect();
+        (deleted, covered)
+    }
+
     fn record_ledger(&self, covered: &[(u64, u64)], gone: &[u64]) -> Result<(), SpoolError> {
         let mut batch = sled::Batch::default();
         for (id, len) in covered {
@@ -1130,24 +1140,7 @@ impl Spool {
                 }
             }
         }
-        let empty: Vec<u64> = segs
-            .info
-            .iter()
-            .filter(|(id, (_, live))| *live == 0 && !unread.contains(id))
-            .map(|(id, _)| *id)
-            .collect();
-        let mut deleted = Vec::new();
-        for id in empty {
-            if self.delete_segment(&mut segs, id) {
-                deleted.push(id);
-            }
-        }
-        let covered: Vec<(u64, u64)> = segs
-            .info
-            .iter()
-            .filter(|(id, _)| !unread.contains(id))
-            .map(|(id, (size, _))| (*id, *size))
-            .collect();
+        let (deleted, covered) = self.delete_proven_empty(&mut segs, &unread);
         drop(segs);
         self.record_ledger(&covered, &[])?;
         if !unread.is_empty() {
