@@ -233,7 +233,25 @@ def sane(status: dict, carried=0):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
-@pytest.mark.parametrize("reserve", ['free-reserve = "0"', ""])
+def test_a_reserve_the_filesystem_cannot_keep_is_refused_before_capture(tmp_path):
+    """`free-reserve = "0"` (every group commit then fails with ENOSPC on a full disk) and the
+    default 256 MiB on a 24 MiB filesystem (every frame dropped) never start: `check` and `run`
+    exit 2 naming the key, and no spool is created (issue 16's preflight)."""
+    disk = tmp_path / "disk"
+    with Tmpfs(disk, "24m"):
+        for reserve in ['free-reserve = "0"', ""]:
+            cfg = config(unique("reserve"), spool=str(disk / "spool"), extra_spool=reserve, sources=BIG_CAM)
+            path = tmp_path / "reserve.toml"
+            path.write_text(cfg.replace("{WEB_PORT}", "0"))
+            for cmd in (["check", "--config", path], ["run", "--config", path]):
+                r = rigd(*cmd)
+                assert r.returncode == 2, (reserve, cmd, r.returncode, r.stderr)
+                assert "spool.free-reserve" in r.stderr, r.stderr
+            assert not (disk / "spool").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@pytest.mark.parametrize("reserve", ['free-reserve = "1MiB"'])
 def test_a_full_filesystem_loses_nothing_spooled_and_counters_stay_sane(tmp_path, reserve):
     rig = unique("full")
     disk = tmp_path / "disk"
