@@ -324,20 +324,7 @@ impl SpoolSnapshot {
                 self.sources.insert(source, entries);
             }
         }
-        if let Some(note) = meta
-            .scan_prefix("seq:")
-            .filter_map(Result::ok)
-            .find_map(|(k, v)| {
-                let source = String::from_utf8_lossy(&k[4..]).into_owned();
-                let note = ledger::decode_len(&v)?;
-                let last = self.sources.get(source.as_str())?.iter().map(|e| e.seq).max()?;
-                (note <= last).then(|| format!(
-                    "the sequence note of {source} ({note}) is below its stored records (up to {last})"
-                ))
-            })
-        {
-            return Err(note);
-        }
+        // (A sequence note below the stored records is a crash state, not damage: see Spool::load.)
         drop(db);
         // What the daemon's next start reads back: bytes the ledger does not cover, and in a spool
         // from before the ledger the segments the index lists nothing in.
