@@ -186,6 +186,9 @@ pub struct Window {
     /// Frames and payload bytes held (queue and open batch).
     frames: usize,
     bytes: usize,
+    /// Messages still sending (not every chunk receipted): `outstanding` without a scan of the
+    /// queue on every submission.
+    sending: usize,
     acks: VecDeque<Ack>,
     session: Option<Session>,
     /// The broker's last sequence id at this process's first producer creation.
@@ -205,6 +208,7 @@ impl Window {
             open_batch: None,
             frames: 0,
             bytes: 0,
+            sending: 0,
             acks: VecDeque::new(),
             session: None,
             broker_last: None,
@@ -382,6 +386,7 @@ impl Window {
             submitted: now,
             state: State::Sending,
         });
+        self.sending += 1;
         Ok(())
     }
 
@@ -478,13 +483,18 @@ impl Window {
             submitted: b.opened,
             state: State::Sending,
         });
+        self.sending += 1;
     }
 
     /// Whether anything written awaits a receipt, or anything waits to be written.
     fn outstanding(&self) -> bool {
-        self.messages
-            .iter()
-            .any(|m| m.sending() && m.receipts < m.chunks.len())
+        #[cfg(test)]
+        assert_eq!(
+            self.sending,
+            self.messages.iter().filter(|m| m.sending()).count(),
+            "the sending count follows the queue"
+        );
+        self.sending > 0
     }
 
     /// Appends the next SEND frame to `out` (the first chunk not yet written on this session), or
@@ -586,6 +596,7 @@ impl Window {
         m.receipts += 1;
         if m.receipts >= m.chunks.len() {
             m.state = State::Done(Outcome::Persisted);
+            self.sending -= 1;
         }
         self.complete_front(now);
         Ok(())
@@ -616,6 +627,7 @@ impl Window {
                     ));
                 };
                 m.state = State::Done(Outcome::Refused(format!("the broker refused it: {what}")));
+                self.sending -= 1;
                 self.complete_front(now);
                 OnSendError::Refused
             }
@@ -682,6 +694,7 @@ impl Window {
         }
         self.frames = 0;
         self.bytes = 0;
+        self.sending = 0;
         left
     }
 }
