@@ -15,7 +15,7 @@
 //! One sled entry per page rather than per record: a group commit of thousands of small frames
 //! costs a few sled inserts instead of thousands (sled copies a node on every insert).
 
-use super::Location;
+use super::index::Location;
 
 /// Entries per page written by a commit. Merging into an existing page may exceed it.
 pub const PAGE_MAX: usize = 256;

@@ -18,8 +18,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::index::key_seq;
 use super::record::{self, scan as scan_segment, Scanned};
-use super::{key_seq, ledger, pages, SpoolError};
+use super::{ledger, pages, SpoolError};
 
 /// One live record as the index (or a scan) lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

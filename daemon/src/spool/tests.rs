@@ -1,6 +1,8 @@
 use super::*;
 use crate::config::ByteSize;
 use rigd_drivers::{ClockState, Media};
+use std::collections::BTreeSet;
+use std::os::unix::fs::FileExt;
 
 fn cfg(dir: &Path) -> SpoolConfig {
     SpoolConfig {

@@ -1,0 +1,177 @@
+//! Capacity: `max-bytes` and `free-reserve`, and what `when-full` drops to keep them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::index::{key_seq, Location};
+use super::{pages, SourceSpoolStats, Spool, SpoolError};
+
+/// Free space kept for the index whatever `free-reserve` says (even `"0"`).
+pub(super) const INDEX_HEADROOM: u64 = 4 << 20;
+
+/// `a -= n`, never below 0: a counter that would go negative has met a bookkeeping bug, and a
+/// wrapped u64 in status is worse than a count that is off.
+pub(super) fn sub(a: &AtomicU64, n: u64) {
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+        Some(v.saturating_sub(n))
+    });
+}
+
+impl Spool {
+    /// Reads free space for the reserve; called periodically, not per frame.
+    pub fn refresh_free_space(&self) {
+        if let Ok(st) = rustix::fs::statvfs(&self.path) {
+            self.free_bytes
+                .store(st.f_bavail.saturating_mul(st.f_frsize), Ordering::Relaxed);
+        }
+    }
+
+    /// `free-reserve`, but never below [`INDEX_HEADROOM`]: the index must always have room to
+    /// record drops and removals (a sled that hit ENOSPC fails every later write of the run).
+    pub(super) fn full(&self, incoming: u64) -> bool {
+        let reserve = self.free_reserve.max(INDEX_HEADROOM);
+        self.total_bytes() + incoming > self.max_bytes
+            || self.free_bytes.load(Ordering::Relaxed) < reserve.saturating_add(incoming)
+    }
+
+    /// Drops every record of the oldest sealed segment (drop-oldest); returns how many, or None
+    /// when only the segment being written is left. The records are found in the index, not by
+    /// reading the segment: a segment that cannot be opened (EMFILE, EIO) is dropped all the same,
+    /// and every record the index lists in it is counted as dropped, once. Drops are one at a
+    /// time: a lane that waited for another's drop finds the space it made (`incoming`).
+    pub(super) fn drop_oldest_segment(&self, incoming: u64) -> Result<Option<u64>, SpoolError> {
+        let _one = self.dropping.lock().unwrap_or_else(|p| p.into_inner());
+        self.refresh_free_space();
+        if !self.full(incoming) {
+            return Ok(Some(0));
+        }
+        let id = {
+            let segs = self.segs();
+            let active = segs.writer.as_ref().map(|w| w.id);
+            match segs.info.keys().copied().find(|id| Some(*id) != active) {
+                Some(id) => id,
+                None => return Ok(None),
+            }
+        };
+        let mut victims: Vec<(Arc<str>, u64)> = Vec::new();
+        {
+            // Under the pending lock, so a commit cannot move entries from it to sled meanwhile.
+            let p = self.pending();
+            for (source, m) in &p.entries {
+                victims.extend(
+                    m.iter()
+                        .filter(|(_, (loc, _))| loc.segment == id)
+                        .map(|(seq, _)| (source.clone(), *seq)),
+                );
+            }
+            let sources: Vec<Arc<str>> = self
+                .index
+                .tree_names()
+                .iter()
+                .filter_map(|n| n.strip_prefix(b"i:"))
+                .map(|s| String::from_utf8_lossy(s).into())
+                .collect();
+            for source in sources {
+                let removed = p.removed.get(&source);
+                for item in self.tree(&source)?.iter() {
+                    let (k, v) = item.map_err(self.ix())?;
+                    let Some(page) = pages::decode(key_seq(&k), &v) else {
+                        // The index cannot say what the segment holds: it is not deleted.
+                        tracing::error!(source = %source, segment = id, "spool: an index page does not decode; the oldest segment is kept");
+                        self.meta.insert("rebuild", &[1u8][..]).map_err(self.ix())?;
+                        return Ok(None);
+                    };
+                    victims.extend(
+                        page.into_iter()
+                            .filter(|(seq, loc)| {
+                                loc.segment == id && !removed.is_some_and(|r| r.contains(seq))
+                            })
+                            .map(|(seq, _)| (source.clone(), seq)),
+                    );
+                }
+            }
+        }
+        let mut n = 0;
+        for (source, seq) in victims {
+            // A receipt may have removed it meanwhile: then it is not a drop.
+            if let Some(loc) = self.unindex(&source, seq)? {
+                let stats = self.stats(&source);
+                stats.dropped.fetch_add(1, Ordering::Relaxed);
+                sub(&stats.records, 1);
+                sub(&stats.bytes, loc.len as u64);
+                stats.popped.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+        }
+        // The segment goes now, to make room: its removals are made durable first.
+        {
+            let mut p = self.pending();
+            self.apply_removals(&mut p)?;
+            p.stale_oldest.clear();
+        }
+        self.index.flush().map_err(self.ix())?;
+        let deleted = {
+            let mut segs = self.segs();
+            self.delete_segment(&mut segs, id)
+        };
+        if deleted {
+            self.sync_after_delete(&[id]);
+        }
+        self.refresh_free_space();
+        for (source, _) in self.all_stats() {
+            self.update_oldest(&source)?;
+        }
+        tracing::warn!(
+            segment = id,
+            records = n,
+            "spool full: dropped the oldest segment (when-full = drop-oldest)"
+        );
+        Ok(Some(n))
+    }
+
+    /// At a shutdown whose commit failed: the frames still in the write buffer are lost. They
+    /// leave the index and are counted as dropped; returns how many.
+    pub(super) fn drop_unwritten(&self) -> u64 {
+        let (id, flushed) = {
+            let mut segs = self.segs();
+            let Some(w) = segs.writer.as_mut() else {
+                return 0;
+            };
+            let _ = w.flush(self.disk.as_ref());
+            (w.id, w.flushed)
+        };
+        let lost: Vec<(Arc<str>, u64, Location)> = {
+            let mut p = self.pending();
+            let mut lost = Vec::new();
+            for (source, m) in p.entries.iter_mut() {
+                let gone: Vec<u64> = m
+                    .iter()
+                    .filter(|(_, (l, _))| l.segment == id && l.offset + l.len as u64 > flushed)
+                    .map(|(seq, _)| *seq)
+                    .collect();
+                for seq in gone {
+                    if let Some((loc, _)) = m.remove(&seq) {
+                        lost.push((source.clone(), seq, loc));
+                    }
+                }
+            }
+            lost
+        };
+        for (source, _, loc) in &lost {
+            let stats = self.stats(source);
+            stats.dropped.fetch_add(1, Ordering::Relaxed);
+            sub(&stats.records, 1);
+            sub(&stats.bytes, loc.len as u64);
+            stats.popped.fetch_add(1, Ordering::Relaxed);
+        }
+        lost.len() as u64
+    }
+
+    /// A removed record's bookkeeping: counters, and the segment's deletion when it is empty.
+    pub(super) fn release(&self, stats: &SourceSpoolStats, loc: Location) {
+        sub(&stats.records, 1);
+        sub(&stats.bytes, loc.len as u64);
+        stats.popped.fetch_add(1, Ordering::Relaxed);
+        self.release_segment(loc);
+    }
+}

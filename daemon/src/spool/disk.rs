@@ -1,0 +1,92 @@
+//! File I/O on segments and quarantine files, behind [`Disk`] so that tests can inject faults.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// The spool's file I/O on segments and quarantine, behind a trait so that tests can fail any
+/// call (EIO, ENOSPC, EMFILE), make writes short or torn, or watch the order of the syncs. The
+/// index is sled's own business and not behind it.
+pub(crate) trait Disk: Send + Sync {
+    /// fdatasync of a segment file.
+    fn sync_data(&self, file: &File) -> std::io::Result<()>;
+    /// fsync of a directory, after an entry in it was created or removed.
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()>;
+    /// Creates a new segment file for reading and writing (fails if it exists).
+    fn create(&self, path: &Path) -> std::io::Result<File> {
+        OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(path)
+    }
+    /// Opens a segment for reading.
+    fn open(&self, path: &Path) -> std::io::Result<File> {
+        File::open(path)
+    }
+    /// A whole segment.
+    fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        std::fs::read(path)
+    }
+    /// One positioned write; may write less than `buf`.
+    fn write_at(&self, file: &File, buf: &[u8], offset: u64) -> std::io::Result<usize> {
+        file.write_at(buf, offset)
+    }
+    /// Fills `buf` from `offset`.
+    fn read_exact_at(&self, file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        file.read_exact_at(buf, offset)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    /// A quarantine file.
+    fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        std::fs::write(path, bytes)
+    }
+}
+
+/// The real disk.
+pub(super) struct Os;
+
+impl Disk for Os {
+    fn sync_data(&self, file: &File) -> std::io::Result<()> {
+        file.sync_data()
+    }
+
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+}
+
+/// An I/O error that says nothing about the data: out of file descriptors or memory, interrupted.
+pub(super) fn transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc_errno::EMFILE
+                | libc_errno::ENFILE
+                | libc_errno::ENOMEM
+                | libc_errno::EINTR
+                | libc_errno::EAGAIN
+        )
+    )
+}
+
+/// The filesystem or the process is out of room (space, quota, descriptors, memory).
+pub(super) fn no_room(e: &std::io::Error) -> bool {
+    transient(e)
+        || matches!(
+            e.raw_os_error(),
+            Some(libc_errno::ENOSPC | libc_errno::EDQUOT)
+        )
+}
+
+pub(super) mod libc_errno {
+    pub const EDQUOT: i32 = 122;
+    pub const EINTR: i32 = 4;
+    pub const EAGAIN: i32 = 11;
+    pub const ENOMEM: i32 = 12;
+    pub const ENFILE: i32 = 23;
+    pub const EMFILE: i32 = 24;
+    pub const ENOSPC: i32 = 28;
+}
