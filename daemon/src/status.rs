@@ -164,6 +164,8 @@ impl rigd_web::StatusSource for Runtime {
                 }
                 .to_string(),
                 bytes: self.spool.total_bytes(),
+                index_bytes: self.spool.index_bytes(),
+                index_damage: self.spool.index_damage(),
                 max_bytes: self.config.spool.max_bytes.0,
                 records,
                 dropped: sum(|s| s.dropped.load(Ordering::Relaxed)),

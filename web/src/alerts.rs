@@ -191,6 +191,15 @@ fn spool_alerts(s: &Status, out: &mut Vec<Alert>) {
             ),
         ));
     }
+    if let Some(why) = &sp.index_damage {
+        out.push(alert(
+            "warn",
+            "spool",
+            format!(
+                "Spool index damaged: {why}. Nothing was deleted; check with `rigd spool verify`"
+            ),
+        ));
+    }
     if sp.quarantined > 0 {
         out.push(alert(
             "warn",

@@ -185,11 +185,18 @@ pub struct SpoolStatus {
     pub mode: String,
     /// drop-oldest | drop-newest
     pub when_full: String,
+    /// Bytes on disk, segments and index together (what `max_bytes` limits).
     pub bytes: u64,
+    /// Of `bytes`, the sled index.
+    pub index_bytes: u64,
     pub max_bytes: u64,
     pub records: u64,
     pub dropped: u64,
+    /// Records set aside in `quarantine/` (its files, as `rigd spool verify` counts them).
     pub quarantined: u64,
+    /// Why the index was rebuilt from the segments at start, or found damaged since (absent:
+    /// it covers the segments).
+    pub index_damage: Option<String>,
     pub oldest_age_ms: Option<u64>,
     pub pushed: u64,
     pub popped: u64,

@@ -261,6 +261,26 @@ pub fn render(s: &Status) -> String {
     );
     e.sample("rigd_spool_bytes", &[], s.spool.bytes as f64);
     e.family(
+        "rigd_spool_index_bytes",
+        "gauge",
+        "Of rigd_spool_bytes, the index.",
+    );
+    e.sample("rigd_spool_index_bytes", &[], s.spool.index_bytes as f64);
+    e.family(
+        "rigd_spool_index_damaged",
+        "gauge",
+        "1 when the index was rebuilt from the segments at start or found damaged since (status says why).",
+    );
+    e.sample(
+        "rigd_spool_index_damaged",
+        &[],
+        if s.spool.index_damage.is_some() {
+            1.0
+        } else {
+            0.0
+        },
+    );
+    e.family(
         "rigd_spool_max_bytes",
         "gauge",
         "The spool's configured capacity.",

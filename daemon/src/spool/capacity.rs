@@ -4,7 +4,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::index::{key_seq, Location};
-use super::{pages, SourceSpoolStats, Spool, SpoolError};
+use super::{pages, Spool, SpoolError};
+
+/// Why a record's entry left the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Gone {
+    /// The broker's receipt came.
+    Acked,
+    /// A capacity drop, a technician's clear, or a write that never reached the disk.
+    Dropped,
+    /// It cannot be read back (checksum, I/O error, not the record the index names).
+    Quarantined,
+}
 
 /// Free space kept for the index whatever `free-reserve` says (even `"0"`).
 pub(super) const INDEX_HEADROOM: u64 = 4 << 20;
@@ -19,18 +30,25 @@ pub(super) fn sub(a: &AtomicU64, n: u64) {
 
 impl Spool {
     /// Reads free space for the reserve; called periodically, not per frame.
+    /// Also measures the index's size on disk, which counts in `max-bytes`.
     pub fn refresh_free_space(&self) {
         if let Ok(st) = rustix::fs::statvfs(&self.path) {
             self.free_bytes
                 .store(st.f_bavail.saturating_mul(st.f_frsize), Ordering::Relaxed);
         }
+        self.index_bytes
+            .store(tree_allocated(&self.path.join("index")), Ordering::Relaxed);
     }
 
+    /// `max-bytes` is for segments and index together. The index's share counts at most half
+    /// of it: sled gives space back lazily, so an index that does not shrink as records are
+    /// dropped could otherwise make drop-oldest empty the whole spool in one go.
     /// `free-reserve`, but never below [`INDEX_HEADROOM`]: the index must always have room to
     /// record drops and removals (a sled that hit ENOSPC fails every later write of the run).
     pub(super) fn full(&self, incoming: u64) -> bool {
         let reserve = self.free_reserve.max(INDEX_HEADROOM);
-        self.total_bytes() + incoming > self.max_bytes
+        let index = self.index_bytes().min(self.max_bytes / 2);
+        self.segment_bytes() + index + incoming > self.max_bytes
             || self.free_bytes.load(Ordering::Relaxed) < reserve.saturating_add(incoming)
     }
 
@@ -95,11 +113,8 @@ impl Spool {
         for (source, seq) in victims {
             // A receipt may have removed it meanwhile: then it is not a drop.
             if let Some(loc) = self.unindex(&source, seq)? {
-                let stats = self.stats(&source);
-                stats.dropped.fetch_add(1, Ordering::Relaxed);
-                sub(&stats.records, 1);
-                sub(&stats.bytes, loc.len as u64);
-                stats.popped.fetch_add(1, Ordering::Relaxed);
+                // The segment is deleted below, not released record by record.
+                self.count_out(&source, loc, Gone::Dropped, false);
                 n += 1;
             }
         }
@@ -158,20 +173,45 @@ impl Spool {
             lost
         };
         for (source, _, loc) in &lost {
-            let stats = self.stats(source);
-            stats.dropped.fetch_add(1, Ordering::Relaxed);
-            sub(&stats.records, 1);
-            sub(&stats.bytes, loc.len as u64);
-            stats.popped.fetch_add(1, Ordering::Relaxed);
+            self.count_out(source, *loc, Gone::Dropped, false);
         }
         lost.len() as u64
     }
 
-    /// A removed record's bookkeeping: counters, and the segment's deletion when it is empty.
-    pub(super) fn release(&self, stats: &SourceSpoolStats, loc: Location) {
+    /// The one place a record that left the index is counted out (by the one caller that took
+    /// its entry out): `records` and `bytes` down, `popped` up, and the counter of why it went.
+    /// `segment`: one record fewer in its segment (false when the caller deletes the segment).
+    pub(super) fn count_out(&self, source: &Arc<str>, loc: Location, gone: Gone, segment: bool) {
+        let stats = self.stats(source);
         sub(&stats.records, 1);
         sub(&stats.bytes, loc.len as u64);
         stats.popped.fetch_add(1, Ordering::Relaxed);
-        self.release_segment(loc);
+        match gone {
+            Gone::Acked => {}
+            Gone::Dropped => {
+                stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Gone::Quarantined => {
+                stats.quarantined.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if segment {
+            self.release_segment(loc);
+        }
     }
+}
+
+/// Bytes allocated to the files under `dir` (0 when it cannot be read).
+fn tree_allocated(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => tree_allocated(&e.path()),
+            Ok(m) => super::segments::allocated(&m),
+            Err(_) => 0,
+        })
+        .sum()
 }

@@ -39,9 +39,14 @@ pub(crate) trait Disk: Send + Sync {
     fn remove(&self, path: &Path) -> std::io::Result<()> {
         std::fs::remove_file(path)
     }
-    /// A quarantine file.
+    /// A new quarantine file (`AlreadyExists` when it is there already).
     fn write_file(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        std::fs::write(path, bytes)
+        use std::io::Write;
+        OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .open(path)?
+            .write_all(bytes)
     }
 }
 
@@ -89,4 +94,18 @@ pub(super) mod libc_errno {
     pub const ENFILE: i32 = 23;
     pub const EMFILE: i32 = 24;
     pub const ENOSPC: i32 = 28;
+}
+
+/// Replaces `dir/name` with `bytes` so that a power cut leaves the old file or the new one: to
+/// `name.tmp`, fsynced, renamed over `name`, the directory fsynced.
+pub(super) fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}.tmp"));
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(name))?;
+    File::open(dir)?.sync_all()
 }

@@ -8,7 +8,6 @@
 //! it.
 
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::Path;
 
 pub const FILE: &str = "RIG";
@@ -51,14 +50,7 @@ pub fn write(dir: &Path, id: &RigIdentity) -> std::io::Result<()> {
     if read(dir).ok().flatten().as_ref() == Some(id) {
         return Ok(());
     }
-    let tmp = dir.join(format!("{FILE}.tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(id.encode().as_bytes())?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, dir.join(FILE))?;
-    std::fs::File::open(dir)?.sync_all()
+    super::disk::replace_file(dir, FILE, id.encode().as_bytes())
 }
 
 #[cfg(test)]

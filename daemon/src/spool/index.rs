@@ -446,10 +446,11 @@ impl Spool {
         tracing::error!(source = %source, page = key, "spool: index page unreadable; dropped, the next start rebuilds the index from the segments");
         tree.remove(key.to_be_bytes()).map_err(self.ix())?;
         self.meta.insert("rebuild", &[1u8][..]).map_err(self.ix())?;
-        self.stats(source)
-            .quarantined
-            .fetch_add(1, Ordering::Relaxed);
-        self.quarantined.fetch_add(1, Ordering::Relaxed);
+        // Its records are still in their segments (kept: their segments still count them) and
+        // still counted as stored; they are listed again by the rebuild.
+        self.note_damage(format!(
+            "an index page of {source} does not decode; its records stay in the segments and are listed again when the next start rebuilds the index"
+        ));
         Ok(())
     }
 

@@ -63,6 +63,7 @@
 
 mod capacity;
 mod disk;
+pub mod floor;
 pub mod identity;
 mod index;
 mod ledger;
@@ -82,7 +83,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::{SpoolConfig, SpoolMode, WhenFull};
 
-use capacity::sub;
+use capacity::Gone;
 pub(crate) use disk::Disk;
 use disk::{libc_errno, transient, Os};
 use index::{key_seq, open_index, read_ledger, IndexOpen, Location, Pending};
@@ -173,7 +174,9 @@ pub struct Spool {
     pending: Mutex<Pending>,
     /// Held by a drop-oldest: one at a time.
     dropping: Mutex<()>,
+    /// Bytes the segments count in the spool's size (see [`segments::Segments::charged`]).
     disk_bytes: AtomicU64,
+    index_bytes: AtomicU64,
     segment_size: u64,
     max_bytes: u64,
     free_reserve: u64,
@@ -189,6 +192,7 @@ pub struct Spool {
     epoch: AtomicU64,
     durable: tokio::sync::watch::Sender<u64>,
     free_bytes: AtomicU64,
+    floors: Mutex<floor::Floors>,
 }
 
 impl Spool {
@@ -327,10 +331,12 @@ impl Spool {
                 readers: HashMap::new(),
                 emptied: Vec::new(),
                 ledger_due: BTreeMap::new(),
+                charged: BTreeMap::new(),
             }),
             pending: Mutex::new(Pending::default()),
             dropping: Mutex::new(()),
             disk_bytes: AtomicU64::new(0),
+            index_bytes: AtomicU64::new(0),
             segment_size: MAX_SEGMENT.min(cfg.max_bytes.0 / 8).max(1 << 20),
             max_bytes: cfg.max_bytes.0,
             free_reserve: cfg.free_reserve.0,
@@ -344,6 +350,7 @@ impl Spool {
             epoch: AtomicU64::new(0),
             durable,
             free_bytes: AtomicU64::new(u64::MAX),
+            floors: Mutex::new(floor::Floors::default()),
         };
         if rebuild_asked {
             spool.meta.remove("rebuild").map_err(spool.ix())?;
@@ -351,8 +358,9 @@ impl Spool {
         } else {
             spool.load(&known, counts)?;
         }
-        // A rebuilt index knows nothing of what was published and removed: the jump is owed
-        // whatever the mode.
+        // A blank or rebuilt index knows nothing of what was published and removed: numbering
+        // resumes at the floor kept outside it, and the jump is owed whatever the mode.
+        spool.load_floors(known.blank || spool.index_damage().is_some())?;
         if jump_owed || spool.index_damage().is_some() {
             spool.jump_sequences()?;
         }
@@ -390,7 +398,20 @@ impl Spool {
         self.unclean_start
     }
 
-    /// Why the index had to be rebuilt from the segments at open, if it had to.
+    /// Records damage to the index found at open or while running (shown in status and metrics).
+    fn note_damage(&self, why: String) {
+        let mut d = self.index_damage.lock().unwrap_or_else(|p| p.into_inner());
+        match d.as_mut() {
+            Some(d) if d.contains(&why) => {}
+            Some(d) => {
+                d.push_str("; ");
+                d.push_str(&why);
+            }
+            None => *d = Some(why),
+        }
+    }
+
+    /// Why the index had to be rebuilt from the segments at open, or was found damaged since.
     pub fn index_damage(&self) -> Option<String> {
         self.index_damage
             .lock()
@@ -410,9 +431,19 @@ impl Spool {
         v
     }
 
-    /// Bytes the spool's segment files take on disk.
+    /// Bytes the spool takes on disk: segments and index (what `max-bytes` limits).
     pub fn total_bytes(&self) -> u64 {
+        self.segment_bytes() + self.index_bytes()
+    }
+
+    /// Bytes allocated to the segment files.
+    pub fn segment_bytes(&self) -> u64 {
         self.disk_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes allocated to the sled index, as last measured (once a second, and at each drop).
+    pub fn index_bytes(&self) -> u64 {
+        self.index_bytes.load(Ordering::Relaxed)
     }
 
     pub fn quarantined(&self) -> u64 {
@@ -444,20 +475,26 @@ impl Spool {
             self.index.flush().map_err(self.ix())?;
         }
         // A jump owed by a crashed run was paid at open, into the notes.
-        Ok(noted
+        let next = noted
             .unwrap_or(0)
             .max(stored)
             .max(pending_note)
-            .max(pending_last))
+            .max(pending_last);
+        // Before anything is numbered from it: the floor is durably ahead.
+        self.reserve_seq(source, next)?;
+        Ok(next)
     }
 
     /// Records the next sequence number of a source: durable with the commit that makes the
-    /// source's earlier appends durable, never before them.
+    /// source's earlier appends durable, never before them. Called with each frame, before the
+    /// next one can be published: keeps the durable floor ahead ([`floor`]).
     pub fn note_seq(&self, source: &Arc<str>, next: u64) -> Result<(), SpoolError> {
-        let mut p = self.pending();
-        let serial = p.serial;
-        p.seq_notes.insert(source.clone(), (next, serial));
-        Ok(())
+        {
+            let mut p = self.pending();
+            let serial = p.serial;
+            p.seq_notes.insert(source.clone(), (next, serial));
+        }
+        self.reserve_seq(source, next)
     }
 
     /// The commit epoch an append made now becomes durable in.
@@ -600,7 +637,6 @@ impl Spool {
             }
             self.write_record(frame, &head, len)?;
         }
-        self.disk_bytes.fetch_add(len, Ordering::Relaxed);
         let stats = self.stats(&frame.source);
         if stats.records.load(Ordering::Relaxed) == 0 {
             stats
@@ -692,11 +728,7 @@ impl Spool {
                     if self.unindex(source, seq)?.is_some() {
                         let name = format!("{source}-{seq}");
                         self.quarantine_bytes(&name, loc.segment, loc.offset, &raw, &why);
-                        let stats = self.stats(source);
-                        stats.quarantined.fetch_add(1, Ordering::Relaxed);
-                        sub(&stats.records, 1);
-                        sub(&stats.bytes, loc.len as u64);
-                        self.release_segment(loc);
+                        self.count_out(source, loc, Gone::Quarantined, true);
                     }
                 }
             }
@@ -711,8 +743,8 @@ impl Spool {
     /// The source's oldest capture time follows at the next commit.
     pub fn remove(&self, source: &Arc<str>, seq: u64) -> Result<(), SpoolError> {
         if let Some(loc) = self.unindex(source, seq)? {
+            self.count_out(source, loc, Gone::Acked, true);
             let stats = self.stats(source);
-            self.release(&stats, loc);
             if stats.records.load(Ordering::Relaxed) == 0 {
                 stats.oldest_ns.store(0, Ordering::Relaxed);
             }
@@ -742,8 +774,7 @@ impl Spool {
         }
         let stats = self.stats(source);
         for loc in &gone {
-            self.release(&stats, *loc);
-            stats.dropped.fetch_add(1, Ordering::Relaxed);
+            self.count_out(source, *loc, Gone::Dropped, true);
         }
         stats.oldest_ns.store(0, Ordering::Relaxed);
         Ok(gone.len() as u64)

@@ -82,15 +82,17 @@ impl Spool {
             }
         }
         for source in &sources {
+            // Two bounds on what the crashed run handed out: the margin past its last durable
+            // note (a guess: less than that between two commits), and the floor (a guarantee
+            // while `SEQ` could be written). The higher one.
             let next = self
                 .noted_seq(source)?
                 .unwrap_or(0)
-                .max(self.stored_seq(source)?);
+                .max(self.stored_seq(source)?)
+                .saturating_add(CRASH_SEQ_MARGIN)
+                .max(self.floor(source));
             self.meta
-                .insert(
-                    format!("seq:{source}"),
-                    &(next + CRASH_SEQ_MARGIN).to_le_bytes()[..],
-                )
+                .insert(format!("seq:{source}"), &next.to_le_bytes()[..])
                 .map_err(self.ix())?;
         }
         self.index.flush().map_err(self.ix())?;
@@ -108,15 +110,15 @@ impl Spool {
         known: &ledger::Known,
         counts: Option<Counts>,
     ) -> Result<(), SpoolError> {
-        let files = self.segment_files()?;
+        let found = self.segment_files()?;
+        let files: BTreeMap<u64, u64> = found.iter().map(|(id, (len, _))| (*id, *len)).collect();
         let plan = ledger::plan(known, &files);
         if let Some(why) = &plan.damage {
             return self.rebuild_index(why);
         }
         let mut segs = self.segs();
-        for (id, size) in &files {
-            segs.info.insert(*id, (*size, 0));
-            self.disk_bytes.fetch_add(*size, Ordering::Relaxed);
+        for (id, (len, allocated)) in &found {
+            segs.found(*id, *len, *allocated, &self.disk_bytes);
         }
         let legacy = known.ledger.is_none();
         let counted = match counts {
@@ -165,9 +167,19 @@ impl Spool {
                         stats.bytes.fetch_add(loc.len as u64, Ordering::Relaxed);
                         kept.push((seq, loc));
                     } else {
-                        tracing::error!(source = %source, seq, "spool: record lost (its segment is gone); counted as quarantined");
+                        // Nothing to keep but the fact: the note in quarantine/ is what counts it.
                         stats.quarantined.fetch_add(1, Ordering::Relaxed);
-                        self.quarantined.fetch_add(1, Ordering::Relaxed);
+                        let note = format!(
+                            "{source}/{seq}: {} bytes at {} of segment {:016x}, which is gone\n",
+                            loc.len, loc.offset, loc.segment
+                        );
+                        self.quarantine_bytes(
+                            &format!("{source}-{seq}-missing"),
+                            loc.segment,
+                            loc.offset,
+                            note.as_bytes(),
+                            "its segment is gone",
+                        );
                     }
                 }
                 if kept.len() != live {
@@ -284,7 +296,7 @@ impl Spool {
     pub(super) fn rebuild_index(&self, why: &str) -> Result<(), SpoolError> {
         tracing::error!(spool = %self.path.display(), reason = why,
             "spool: the index does not cover the segments on disk; rebuilding it from the segments (nothing is deleted that the segments hold)");
-        *self.index_damage.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.to_string());
+        self.note_damage(format!("rebuilt from the segments at start: {why}"));
         for name in self.index.tree_names() {
             if name.starts_with(b"i:") {
                 self.index.drop_tree(&name).map_err(self.ix())?;
@@ -304,11 +316,11 @@ impl Spool {
         let files = self.segment_files()?;
         let mut segs = self.segs();
         segs.info.clear();
+        segs.charged.clear();
         self.disk_bytes.store(0, Ordering::Relaxed);
         let mut unread = BTreeSet::new();
-        for (id, size) in &files {
-            segs.info.insert(*id, (*size, 0));
-            self.disk_bytes.fetch_add(*size, Ordering::Relaxed);
+        for (id, (len, allocated)) in &files {
+            segs.found(*id, *len, *allocated, &self.disk_bytes);
         }
         let mut found = 0;
         for id in files.keys() {
@@ -424,6 +436,11 @@ impl Spool {
         Ok(added)
     }
 
+    /// Sets damaged bytes aside in `quarantine/`, one file per record or damaged span, and counts
+    /// them. The directory is the count (`spool stat` and `verify` count its files, and an open
+    /// starts from them): a span already there (a second rebuild finds the same damage) is not
+    /// counted again. A file that cannot be written (a full disk) is counted all the same, and
+    /// said in the log: the record is lost either way.
     pub(super) fn quarantine_bytes(
         &self,
         source: &str,
@@ -433,11 +450,18 @@ impl Spool {
         why: &str,
     ) {
         let name = format!("{source}-{segment:016x}-{offset}.bad");
-        if let Err(e) = self
+        match self
             .disk
             .write_file(&self.path.join("quarantine").join(&name), bytes)
         {
-            tracing::error!(file = %name, error = %e, "spool: cannot write a quarantine file");
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                tracing::warn!(file = %name, reason = why, "spool: damaged bytes found again, already in quarantine/");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(file = %name, error = %e, "spool: cannot write a quarantine file; the record is counted as quarantined without it");
+            }
         }
         self.quarantined.fetch_add(1, Ordering::Relaxed);
         tracing::error!(source, segment, offset, reason = why, file = %name, "spool: corrupt record quarantined");

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard};
 
 use rigd_drivers::Frame;
@@ -137,6 +138,24 @@ pub(super) struct Segments {
     /// Segment lengths the ledger is to record at the next commit (sealed or new segments; the
     /// one being written is added by the commit itself).
     pub(super) ledger_due: BTreeMap<u64, u64>,
+    /// Per segment: the bytes it counts in the spool's size: the blocks allocated to it when it
+    /// was found (a sparse file counts what it takes, not its length), plus what this run
+    /// appended to it.
+    pub(super) charged: BTreeMap<u64, u64>,
+}
+
+impl Segments {
+    /// Takes in a segment file found on disk: (length, allocated bytes).
+    pub(super) fn found(&mut self, id: u64, len: u64, allocated: u64, total: &AtomicU64) {
+        self.info.insert(id, (len, 0));
+        self.charge(id, allocated, total);
+    }
+
+    /// Counts `n` more bytes of segment `id` in the spool's size (`total`).
+    pub(super) fn charge(&mut self, id: u64, n: u64, total: &AtomicU64) {
+        *self.charged.entry(id).or_default() += n;
+        total.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 impl Spool {
@@ -181,8 +200,8 @@ impl Spool {
         self.segs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The segment files on disk: id -> size.
-    pub(super) fn segment_files(&self) -> Result<BTreeMap<u64, u64>, SpoolError> {
+    /// The segment files on disk: id -> (length, bytes allocated to it).
+    pub(super) fn segment_files(&self) -> Result<BTreeMap<u64, (u64, u64)>, SpoolError> {
         let mut files = BTreeMap::new();
         for entry in
             std::fs::read_dir(self.path.join("segments")).map_err(self.io("list segments"))?
@@ -196,8 +215,8 @@ impl Spool {
             else {
                 continue;
             };
-            let size = entry.metadata().map_err(self.io("stat segment"))?.len();
-            files.insert(id, size);
+            let meta = entry.metadata().map_err(self.io("stat segment"))?;
+            files.insert(id, (meta.len(), allocated(&meta)));
         }
         Ok(files)
     }
@@ -208,8 +227,9 @@ impl Spool {
         if segs.writer.as_ref().is_some_and(|w| w.id == id) {
             return false;
         }
-        if let Some((size, _)) = segs.info.remove(&id) {
-            sub(&self.disk_bytes, size);
+        segs.info.remove(&id);
+        if let Some(charged) = segs.charged.remove(&id) {
+            sub(&self.disk_bytes, charged);
         }
         segs.readers.remove(&id);
         segs.ledger_due.remove(&id);
@@ -258,6 +278,7 @@ impl Spool {
             i.0 += len;
             i.1 += 1;
         }
+        segs.charge(id, len, &self.disk_bytes);
         // Under the segment lock, so a commit's watermark covers exactly the written appends.
         let mut p = self.pending();
         let serial = p.serial;
@@ -349,4 +370,10 @@ impl Spool {
         self.disk.read_exact_at(&file, &mut buf, loc.offset)?;
         Ok(buf)
     }
+}
+
+/// Bytes the filesystem allocated to a file (a sparse file takes less than its length).
+pub(super) fn allocated(meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    meta.blocks().saturating_mul(512)
 }

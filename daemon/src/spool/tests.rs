@@ -580,7 +580,7 @@ fn counts_round_trip_and_garbage_is_refused() {
 }
 
 #[test]
-fn an_unreadable_index_page_is_skipped_counted_and_rebuilt_at_the_next_start() {
+fn an_unreadable_index_page_is_skipped_reported_and_rebuilt_at_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path());
     let gps: Arc<str> = "gps".into();
@@ -598,7 +598,9 @@ fn an_unreadable_index_page_is_skipped_counted_and_rebuilt_at_the_next_start() {
         // The drain goes on past it instead of stopping or looping on it.
         let got = seqs(&spool, "gps");
         assert_eq!(got, (0..256).chain(512..600).collect::<Vec<_>>());
-        assert_eq!(spool.quarantined(), 1);
+        // Not lost (its records are in the segments): reported as damage, not quarantined.
+        assert_eq!(spool.quarantined(), 0);
+        assert!(spool.index_damage().unwrap().contains("does not decode"));
         spool.close().unwrap();
     }
     // The next start rebuilds the index from the segments: every record is back.
@@ -957,9 +959,164 @@ fn a_removed_index_is_reported_and_the_sequence_jumps_past_the_records_found() {
     damage_index(dir.path(), IndexDamage::Removed);
     let spool = Spool::open(&c).unwrap();
     assert!(spool.index_damage().is_some());
+    // Past the records found and past the floor in SEQ (which the first run kept ahead of 233).
+    let floor = floor::read(&c.path).unwrap()["gps"];
+    assert!(floor > 233);
     assert_eq!(
         spool.next_seq(&"gps".into()).unwrap(),
-        233 + CRASH_SEQ_MARGIN
+        floor + CRASH_SEQ_MARGIN
+    );
+}
+
+#[test]
+fn a_drained_spool_whose_index_is_lost_never_numbers_below_what_was_published() {
+    // Every frame published and acknowledged, every segment deleted: the segments hold nothing
+    // to rebuild from. Before the floor, numbering restarted at 0 and the broker's deduplication
+    // dropped the next 5000 frames as duplicates.
+    for how in [
+        IndexDamage::Removed,
+        IndexDamage::Zeroed,
+        IndexDamage::Truncated,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(dir.path());
+        let gps: Arc<str> = "gps".into();
+        {
+            let spool = Spool::open(&c).unwrap();
+            let first = spool.next_seq(&gps).unwrap();
+            for seq in first..first + 5000 {
+                spool.append(&frame("gps", seq, 100)).unwrap();
+                spool.note_seq(&gps, seq + 1).unwrap();
+            }
+            spool.commit().unwrap();
+            for seq in first..first + 5000 {
+                spool.remove(&gps, seq).unwrap();
+            }
+            spool.commit().unwrap();
+            spool.close().unwrap();
+        }
+        assert!(segment_files(dir.path()).len() <= 1, "{how:?}");
+        damage_index(dir.path(), how);
+        let spool = Spool::open(&c).unwrap();
+        let next = spool.next_seq(&gps).unwrap();
+        assert!(next >= 5000, "{how:?}: numbering restarted at {next}");
+    }
+}
+
+#[test]
+fn the_floor_is_durable_ahead_of_every_number_handed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    let gps: Arc<str> = "gps".into();
+    let spool = Spool::open(&c).unwrap();
+    let first = spool.next_seq(&gps).unwrap();
+    assert!(floor::read(&c.path).unwrap()["gps"] >= first + floor::STEP / 2);
+    // Far past the first reservation: the floor on disk keeps moving ahead of the notes.
+    let mut next = first;
+    for _ in 0..5 {
+        next += floor::STEP / 2 + 1;
+        spool.note_seq(&gps, next).unwrap();
+        let on_disk = floor::read(&c.path).unwrap()["gps"];
+        assert!(on_disk > next + floor::STEP / 4, "{on_disk} vs {next}");
+    }
+    // A crash with none of those notes committed: the jump past the last durable note
+    // (CRASH_SEQ_MARGIN) falls short of them, the floor does not.
+    drop(spool);
+    let spool = Spool::open(&c).unwrap();
+    assert!(spool.unclean_start());
+    assert!(spool.next_seq(&gps).unwrap() >= next);
+    spool.close().unwrap();
+    drop(spool);
+    // A file that does not parse is an error for the offline view, and ignored at open.
+    std::fs::write(c.path.join(floor::FILE), "garbage").unwrap();
+    assert!(floor::read(&c.path).is_err());
+    let spool = Spool::open(&c).unwrap();
+    assert!(spool.next_seq(&gps).unwrap() >= next);
+    assert!(
+        floor::read(&c.path).is_ok(),
+        "rewritten at the next reservation"
+    );
+}
+
+#[test]
+fn quarantine_is_counted_once_per_file_across_rebuilds() {
+    // A damaged span is quarantined by the rebuild; a second rebuild finds it again. The count
+    // is the files in quarantine/ (what `rigd spool verify` reports), not the times it was seen.
+    let dir = tempfile::tempdir().unwrap();
+    let c = spool_of_699(dir.path());
+    let seg = segment_files(dir.path())[0].clone();
+    let mut data = std::fs::read(&seg).unwrap();
+    for b in &mut data[5000..5040] {
+        *b ^= 0xff;
+    }
+    std::fs::write(&seg, &data).unwrap();
+    let quarantine_files = || {
+        std::fs::read_dir(c.path.join("quarantine"))
+            .unwrap()
+            .count() as u64
+    };
+    for _ in 0..3 {
+        damage_index(dir.path(), IndexDamage::Removed);
+        let spool = Spool::open(&c).unwrap();
+        assert!(spool.quarantined() >= 1);
+        assert_eq!(spool.quarantined(), quarantine_files());
+        spool.close().unwrap();
+    }
+    let snap = snapshot::SpoolSnapshot::open(&c.path, false).unwrap();
+    assert_eq!(snap.quarantined(), quarantine_files());
+}
+
+#[test]
+fn an_index_entry_whose_segment_is_gone_is_quarantined_with_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = spool_of_699(dir.path());
+    let seg = segment_files(dir.path())[0].clone();
+    std::fs::remove_file(&seg).unwrap();
+    let spool = Spool::open(&c).unwrap();
+    let lost = spool.quarantined();
+    assert!(lost > 0);
+    let files: Vec<String> = std::fs::read_dir(c.path.join("quarantine"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(files.len() as u64, lost);
+    assert!(files.iter().all(|f| f.contains("-missing-")), "{files:?}");
+    let stored: u64 = spool
+        .all_stats()
+        .iter()
+        .map(|(_, s)| s.records.load(Ordering::Relaxed))
+        .sum();
+    assert_eq!(stored + lost, 699);
+}
+
+#[test]
+fn a_sparse_segment_counts_what_it_takes_on_disk_and_the_index_counts_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = spool_of_699(dir.path());
+    let seg = segment_files(dir.path())[0].clone();
+    let before = {
+        let spool = Spool::open(&c).unwrap();
+        spool.refresh_free_space();
+        assert!(spool.index_bytes() > 0);
+        assert_eq!(
+            spool.total_bytes(),
+            spool.segment_bytes() + spool.index_bytes()
+        );
+        let b = spool.segment_bytes();
+        spool.close().unwrap();
+        b
+    };
+    // A hole of 1 GiB at the end of a segment (what a damaged copy can leave): its length grows,
+    // the blocks it takes do not.
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(f.metadata().unwrap().len() + (1 << 30)).unwrap();
+    drop(f);
+    damage_index(dir.path(), IndexDamage::Removed);
+    let spool = Spool::open(&c).unwrap();
+    assert!(
+        spool.segment_bytes() < before + (1 << 20),
+        "{} vs {before}",
+        spool.segment_bytes()
     );
 }
 
