@@ -141,6 +141,10 @@ def test_a_damaged_index_keeps_every_record_and_numbering_goes_on(tmp_path, how)
         time.sleep(2)
         s = d.status()
         assert s["spool"]["records"] >= n, (how, s["spool"], n)
+        # The technician sees it without a shell: status, an alert, and the metric.
+        assert s["spool"]["index_damage"], (how, s["spool"])
+        assert any("index damaged" in a["text"] for a in s["alerts"]), (how, s["alerts"])
+        assert "rigd_spool_index_damaged 1" in d.get("/metrics").decode(), how
         assert d.stop() == 0
     finally:
         d.close()
@@ -186,6 +190,40 @@ def test_a_removed_index_drains_to_the_broker_exactly_once(live_broker, tmp_path
         # Every spooled record arrived (0..n-1), then the new run's frames above the jump.
         assert seqs[:n] == list(range(n)), f"{src}: spooled records missing or out of order"
         assert all(s >= n for s in seqs[n:]), f"{src}: a sequence number was reused"
+
+
+def test_a_drained_spool_whose_index_is_lost_publishes_the_next_frames(live_broker, tmp_path):
+    """Everything published and acknowledged, the drained segments deleted, then the index is
+    removed: the segments hold nothing to number from. Numbering must resume past what the broker
+    has (the floor in SEQ), or its deduplication drops the new frames as duplicates."""
+    ns = namespace_with_dedup(unique("integ"))
+    rig = unique("integ")
+    topic = f"persistent://{ns}/{rig}-gps"
+    d = Rigd(tmp_path, config(rig, url=live_broker, ns=ns), name="first").start()
+    try:
+        d.wait_for(lambda s: next(x for x in s["sources"] if x["id"] == "gps")["published"] >= 40,
+                   timeout=60, what="40 gps frames published")
+        assert d.stop() == 0
+    finally:
+        d.close()
+    first = [int(m["properties"]["seq"]) for m in consume(BROKER_URL, [topic], idle_timeout_s=4,
+                                                           consumer_type=pulsar.ConsumerType.Exclusive)]
+    assert len(first) >= 40
+    damage_index(tmp_path / "spool", "removed")
+    d = Rigd(tmp_path, config(rig, url=live_broker, ns=ns), name="second").start()
+    try:
+        d.wait_for(lambda s: next(x for x in s["sources"] if x["id"] == "gps")["published"] >= 20,
+                   timeout=60, what="20 gps frames published")
+        published = next(x for x in d.status()["sources"] if x["id"] == "gps")["published"]
+        assert d.stop() == 0
+    finally:
+        d.close()
+    seqs = [int(m["properties"]["seq"]) for m in consume(BROKER_URL, [topic], idle_timeout_s=4,
+                                                          consumer_type=pulsar.ConsumerType.Exclusive)]
+    assert len(seqs) == len(set(seqs)), "duplicates"
+    second = [q for q in seqs if q > max(first)]
+    # Every frame the second run published reached the topic (none dropped as a duplicate).
+    assert len(second) >= published, (len(second), published, max(first), seqs[-5:])
 
 
 BIG_CAM = """

@@ -1470,3 +1470,5 @@ mod faults {
         }
     }
 }
+
+mod crash;
