@@ -1318,11 +1318,7 @@ impl Disk for FaultFs {
     }
     fn create(&self, path: &Path) -> std::io::Result<File> {
         self.errno(FsOp::Create)?;
-        OpenOptions::new()
-            .create_new(true)
-            .read(true)
-            .write(true)
-            .open(path)
+        Os.create(path)
     }
     fn open(&self, path: &Path) -> std::io::Result<File> {
         self.errno(FsOp::Open)?;
