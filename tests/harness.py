@@ -65,7 +65,11 @@ def namespace_with_dedup(name: str) -> str:
 class Rigd:
     """One rigd daemon with its own config, spool and web port."""
 
-    def __init__(self, workdir: Path, config: str, name: str = "rigd"):
+    def __init__(self, workdir: Path, config: str, name: str = "rigd", tls_ca: Path | None = None):
+        """`tls_ca`: the web UI is served over HTTPS with a certificate this CA signed."""
+        import ssl
+        self.scheme = "https" if tls_ca else "http"
+        self.ssl = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca else None
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -86,10 +90,10 @@ class Rigd:
         return self
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{self.scheme}://127.0.0.1:{self.port}{path}"
 
     def get(self, path: str, timeout=5):
-        with urllib.request.urlopen(self.url(path), timeout=timeout) as r:
+        with urllib.request.urlopen(self.url(path), timeout=timeout, context=self.ssl) as r:
             return r.read()
 
     def status(self) -> dict:

@@ -197,6 +197,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         None => Token::None,
     };
+    let web_tls = web_tls(&config)?;
     let tls = match &config.pulsar.url {
         Some(url) if url.starts_with("pulsar+ssl://") => Some(
             crate::uplink::tls_config(config.pulsar.tls_ca_file.as_deref())
@@ -292,7 +293,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         events,
         observed: Mutex::default(),
     });
-    let (web, web_token) = serve_web(listener, &runtime, &config, shutdown_rx.clone());
+    let (web, web_token) = serve_web(listener, &runtime, &config, web_tls, shutdown_rx.clone());
     tracing::info!(rig = %config.rig.id, sources = config.sources.len(), web = %bind,
         uplink = config.pulsar.url.as_deref().unwrap_or("none (spooling everything)"),
         spool = %config.spool.path.display(), "rigd running");
@@ -334,6 +335,7 @@ fn serve_web(
     listener: tokio::net::TcpListener,
     runtime: &Arc<Runtime>,
     config: &Config,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: watch::Receiver<bool>,
 ) -> (tokio::task::JoinHandle<()>, rigd_web::ControlToken) {
     // A missing or empty token file disables control actions; capture goes on regardless.
@@ -351,10 +353,11 @@ fn serve_web(
     // Header and idle deadlines, a connection cap, and a shutdown that ends within its grace
     // (live streams included), so web clients cannot hold SIGTERM open (rigd_web::serve).
     let mut web_shutdown = shutdown;
-    let web = tokio::spawn(rigd_web::serve(
+    let web = tokio::spawn(rigd_web::serve_tls(
         listener,
         app,
         rigd_web::ServeLimits::default(),
+        tls,
         async move {
             let _ = web_shutdown.wait_for(|down| *down).await;
         },
@@ -425,6 +428,16 @@ async fn shut_down(s: ShutDown<'_>) -> anyhow::Result<()> {
         .sum();
     tracing::info!(spooled_records = left, "rigd stopped");
     Ok(())
+}
+
+/// `[web] tls-cert-file` and `tls-key-file`: the HTTPS configuration, read once at start.
+pub fn web_tls(config: &Config) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+    match (&config.web.tls_cert_file, &config.web.tls_key_file) {
+        (Some(cert), Some(key)) => rigd_web::tls_server_config(cert, key)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("web.tls-cert-file / web.tls-key-file: {e}")),
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]

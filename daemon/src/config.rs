@@ -945,6 +945,12 @@ pub struct WebConfig {
     pub bind: String,
     /// Control actions are disabled without it.
     pub token_file: Option<PathBuf>,
+    /// Certificate chain (PEM) for HTTPS; with `tls-key-file` the UI and API are served over
+    /// TLS only (plain HTTP is refused), so the control token never crosses the rig's network in
+    /// clear.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key_file: Option<PathBuf>,
 }
 
 fn default_bind() -> String {
@@ -956,6 +962,8 @@ impl Default for WebConfig {
         Self {
             bind: default_bind(),
             token_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -1273,6 +1281,8 @@ impl Config {
             ("pulsar.token-file", &self.pulsar.token_file),
             ("pulsar.tls-ca-file", &self.pulsar.tls_ca_file),
             ("web.token-file", &self.web.token_file),
+            ("web.tls-cert-file", &self.web.tls_cert_file),
+            ("web.tls-key-file", &self.web.tls_key_file),
         ] {
             if let Some(f) = file {
                 no_nul(&mut p, key, &f.to_string_lossy());
@@ -1280,6 +1290,15 @@ impl Config {
                     p.push(format!("{key}: must not be empty (leave it out for none)"));
                 }
             }
+        }
+        match (&self.web.tls_cert_file, &self.web.tls_key_file) {
+            (Some(_), None) => p.push(
+                "web.tls-cert-file: set without web.tls-key-file (HTTPS needs both)".to_string(),
+            ),
+            (None, Some(_)) => p.push(
+                "web.tls-key-file: set without web.tls-cert-file (HTTPS needs both)".to_string(),
+            ),
+            _ => {}
         }
         if self.pulsar.batch_max_messages == 0 {
             p.push(

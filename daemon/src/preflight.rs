@@ -25,6 +25,9 @@ pub fn problems(config: &Config) -> Vec<String> {
             p.push(format!("pulsar.tls-ca-file: {e}"));
         }
     }
+    if let Err(e) = crate::app::web_tls(config) {
+        p.push(e.to_string());
+    }
     spool_problems(config, &mut p);
     let bind = config.web_bind();
     if config.web.bind.parse::<std::net::SocketAddr>().is_ok() {

@@ -17,7 +17,7 @@ mod prometheus;
 mod serve;
 
 pub use alerts::{alerts, Alert};
-pub use serve::{serve, ServeLimits};
+pub use serve::{serve, serve_tls, tls_server_config, ServeLimits};
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -78,6 +78,20 @@ pub async fn serve(
     limits: ServeLimits,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_tls(listener, app, limits, None, shutdown).await
+}
+
+/// [`serve`], over TLS when `tls` is given: the handshake must end within the header deadline
+/// (a client that opens a connection and says nothing holds it no longer than a silent HTTP
+/// client would), and a client that speaks plain HTTP to it fails the handshake and is closed.
+pub async fn serve_tls(
+    listener: TcpListener,
+    app: Router,
+    limits: ServeLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut open: Vec<Weak<Activity>> = Vec::new();
@@ -126,7 +140,18 @@ pub async fn serve(
                 }
                 let activity = Arc::new(Activity::new());
                 open.push(Arc::downgrade(&activity));
-                connections.spawn(connection(stream, app.clone(), limits, activity, stop_rx.clone()));
+                let (app, stop) = (app.clone(), stop_rx.clone());
+                let _ = stream.set_nodelay(true);
+                match acceptor.clone() {
+                    None => connections.spawn(connection(stream, app, limits, activity, stop)),
+                    Some(acceptor) => connections.spawn(async move {
+                        match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
+                            Ok(Ok(tls)) => connection(tls, app, limits, activity, stop).await,
+                            Ok(Err(e)) => tracing::debug!(error = %e, "web connection: TLS handshake failed"),
+                            Err(_) => tracing::debug!("web connection: no TLS handshake within the header deadline"),
+                        }
+                    }),
+                };
             }
         }
     }
@@ -168,14 +193,13 @@ fn evict_longest_idle(open: &[Weak<Activity>]) -> bool {
 }
 
 /// One connection: hyper's HTTP/1 state machine, its watchdog, and the shutdown request.
-async fn connection(
-    stream: TcpStream,
+async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    stream: S,
     app: Router,
     limits: ServeLimits,
     activity: Arc<Activity>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
     let io = TokioIo::new(Watched {
         inner: stream,
         activity: activity.clone(),
@@ -352,12 +376,12 @@ impl Drop for InFlight {
 
 /// The socket, noting for the watchdog when a request head starts and when the client stops
 /// taking bytes.
-struct Watched {
-    inner: TcpStream,
+struct Watched<S> {
+    inner: S,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -378,7 +402,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl Watched {
+impl<S> Watched<S> {
     fn note_write<T>(&self, r: &Poll<io::Result<T>>) {
         match r {
             Poll::Pending => {
@@ -397,7 +421,7 @@ impl Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -478,4 +502,36 @@ impl RateLimitedCount {
         }
         due
     }
+}
+
+/// The TLS configuration for [`serve_tls`] from a PEM certificate chain and its private key; the
+/// error names the file and what is wrong with it.
+pub fn tls_server_config(
+    cert_file: &std::path::Path,
+    key_file: &std::path::Path,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert_file)
+        .and_then(|c| c.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("{}: {e}", cert_file.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no certificate in it", cert_file.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key_file)
+        .map_err(|e| format!("{}: no private key in it ({e})", key_file.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| {
+            format!(
+                "{} and {}: {e} (is the key the certificate's?)",
+                cert_file.display(),
+                key_file.display()
+            )
+        })?;
+    Ok(Arc::new(config))
 }
