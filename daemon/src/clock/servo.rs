@@ -75,8 +75,8 @@ pub struct Gains {
     pub ki_acquire: f64,
     pub kp_track: f64,
     pub ki_track: f64,
-    /// Samples over which the gains move from acquisition to tracking.
-    pub settle_samples: u32,
+    /// Seconds over which the gains move from acquisition to tracking.
+    pub settle_s: f64,
 }
 
 impl Default for Gains {
@@ -86,20 +86,28 @@ impl Default for Gains {
             ki_acquire: 0.3,
             kp_track: 0.3,
             ki_track: 0.03,
-            settle_samples: 12,
+            settle_s: 6.0,
         }
     }
 }
 
 impl Gains {
-    /// (kp, ki) for the `n`th sample since the loop closed.
-    fn at(&self, n: u32) -> (f64, f64) {
-        let f = (n as f64 / self.settle_samples.max(1) as f64).min(1.0);
-        // geometric: the gains halve at the same pace whatever their ratio
+    /// (kp, ki) for the `n`th sample since the loop closed, samples `interval_s` apart. The
+    /// gains are per half second (the sample interval at 1 Hz sync and delay requests); faster
+    /// samples get smaller shares, kp by `(interval / 0.5 s)^0.7` and ki by the square of that,
+    /// as linuxptp scales its software-timestamping PI gains (exponents -0.3 and 0.4 on
+    /// per-second gains): at 8 Hz a sample moves the clock by a sixth of what it does at 1 Hz,
+    /// so the loop averages over about the same time instead of following every timestamp's
+    /// noise.
+    fn at(&self, n: u32, interval_s: f64) -> (f64, f64) {
+        let f = (n as f64 * interval_s / self.settle_s.max(1e-3)).min(1.0);
+        let r = (interval_s / 0.5).clamp(1e-3, 1.0);
+        let (p, i) = (r.powf(0.7), r.powf(1.4));
+        // geometric: the gains fall at the same pace whatever their ratio
         let g = |a: f64, t: f64| a * (t / a).powf(f);
         (
-            g(self.kp_acquire, self.kp_track),
-            g(self.ki_acquire, self.ki_track),
+            g(self.kp_acquire * p, self.kp_track * p),
+            g(self.ki_acquire * i, self.ki_track * i),
         )
     }
 }
@@ -130,12 +138,16 @@ pub struct Servo {
     freq_ppm: f64,
     /// The integral term (ppb, the learned frequency error with its sign: positive = fast).
     integral_ppb: f64,
-    /// The last offset estimate (ns), 0 when there is none since the last step.
+    /// The last offset measured (ns), 0 when there is none since the last step.
     offset_ns: f64,
+    /// The offsets of the last second or so since the loop closed (for [`Servo::estimate_ns`]).
+    recent: VecDeque<f64>,
     /// Recent absolute offset (exponential average), the outlier scale.
     noise_ns: f64,
     /// Consecutive samples beyond the step threshold while running.
     beyond: u32,
+    /// A proportional correction is in force and should end after this long (s).
+    kick_s: Option<f64>,
 }
 
 impl Servo {
@@ -152,9 +164,25 @@ impl Servo {
             freq_ppm: 0.0,
             integral_ppb: 0.0,
             offset_ns: 0.0,
+            recent: VecDeque::new(),
             noise_ns: 0.0,
             beyond: 0,
+            kick_s: None,
         }
+    }
+
+    /// How long the proportional correction of the last sample should run (taken once): the
+    /// caller ends it with [`Servo::end_kick`] after that long, so it removes its share of the
+    /// offset whenever the next sample comes, and never outlives the master (holdover runs on
+    /// the learned frequency alone).
+    pub fn take_kick(&mut self) -> Option<f64> {
+        self.kick_s.take()
+    }
+
+    /// Back to the learned frequency, without the proportional correction.
+    pub fn end_kick(&mut self) -> Option<Action> {
+        let learned = (-self.integral_ppb * 1e-3).clamp(-MAX_PPM, MAX_PPM);
+        (self.running() && learned != self.freq_ppm).then(|| self.set_frequency(learned))
     }
 
     /// Median of the recent path delays.
@@ -172,9 +200,28 @@ impl Servo {
         })
     }
 
-    /// The last offset from the master (ns); 0 when none since the last step.
+    /// The last offset measured from the master (ns); 0 when none since the last step.
     pub fn offset_ns(&self) -> f64 {
         self.offset_ns
+    }
+
+    /// The offset estimate reported to the port (and so to the lock tracker): the mean of the
+    /// offsets measured over about the last second (at least two: a Sync and a Delay_Req, whose
+    /// errors from an asymmetric delay cancel), so one noisy timestamp does not decide the lock;
+    /// 0 when there is none since the last step.
+    pub fn estimate_ns(&self) -> f64 {
+        if self.recent.is_empty() {
+            return self.offset_ns;
+        }
+        self.recent.iter().sum::<f64>() / self.recent.len() as f64
+    }
+
+    fn remember(&mut self, o: f64) {
+        let n = (1.0 / self.expected_interval_s()).round().max(2.0) as usize;
+        while self.recent.len() >= n {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(o);
     }
 
     /// The frequency asked for (ppm against the base).
@@ -206,6 +253,7 @@ impl Servo {
     fn step(&mut self, delta_ns: f64) -> Action {
         self.beyond = 0;
         self.offset_ns = 0.0;
+        self.recent.clear();
         if let Some((t, raw)) = self.last_sync {
             self.last_sync = Some((t, raw + delta_ns));
         }
@@ -292,17 +340,19 @@ impl Servo {
                 }
                 self.beyond = 0;
                 self.offset_ns = o;
+                self.remember(o);
                 let limit = OUTLIER_FACTOR * self.noise_ns.max(500.0);
                 let used = o.clamp(-limit, limit);
                 self.noise_ns += 0.1 * (o.abs().min(limit) - self.noise_ns);
-                let (kp, ki) = self.gains.at(n);
                 let t = self.expected_interval_s();
+                let (kp, ki) = self.gains.at(n, t);
                 // ppb for one sample interval: offset positive = this clock ahead, run slower.
                 self.integral_ppb += ki * used / t;
                 let out_ppb = self.integral_ppb + kp * used / t;
                 self.phase = Phase::Running {
                     n: n.saturating_add(1),
                 };
+                self.kick_s = Some(t);
                 vec![self.set_frequency(-out_ppb * 1e-3)]
             }
         }
@@ -347,9 +397,27 @@ impl PiFilter {
         (t - origin).seconds()
     }
 
-    fn update_out(&self) -> FilterUpdate {
+    fn carry_out<C: statime::Clock>(clock: &mut C, actions: impl IntoIterator<Item = Action>) {
+        for a in actions {
+            // The clock's errors are its own to report (PortClock cannot fail; a kernel clock
+            // logs its failures); the servo goes on either way.
+            match a {
+                Action::Step(ns) => {
+                    let _ = clock.step_clock(Duration::from_nanos(ns));
+                }
+                Action::Frequency(ppm) => {
+                    let _ = clock.set_frequency(ppm);
+                }
+            }
+        }
+    }
+
+    fn update_out(&mut self) -> FilterUpdate {
         FilterUpdate {
-            next_update: None,
+            next_update: self
+                .servo
+                .take_kick()
+                .map(core::time::Duration::from_secs_f64),
             mean_delay: self
                 .servo
                 .delay_ns()
@@ -389,33 +457,29 @@ impl Filter for PiFilter {
             });
         }
         for s in samples {
-            for a in self.servo.sample(s) {
-                // The clock's errors are its own to report (PortClock cannot fail; a kernel clock
-                // logs its failures); the servo goes on either way.
-                match a {
-                    Action::Step(ns) => {
-                        let _ = clock.step_clock(Duration::from_nanos(ns));
-                    }
-                    Action::Frequency(ppm) => {
-                        let _ = clock.set_frequency(ppm);
-                    }
-                }
-            }
+            let actions = self.servo.sample(s);
+            tracing::trace!(?s, ?actions, offset_ns = self.servo.offset_ns(),
+                delay_ns = ?self.servo.delay_ns(), "servo sample");
+            Self::carry_out(clock, actions);
         }
         self.update_out()
     }
 
-    fn update<C: statime::Clock>(&mut self, _clock: &mut C) -> FilterUpdate {
+    fn update<C: statime::Clock>(&mut self, clock: &mut C) -> FilterUpdate {
+        // The proportional correction has run its course.
+        Self::carry_out(clock, self.servo.end_kick());
         self.update_out()
     }
 
-    fn demobilize<C: statime::Clock>(self, _clock: &mut C) {
-        // The master is gone: keep the frequency learned (the daemon moves it into the base).
+    fn demobilize<C: statime::Clock>(mut self, clock: &mut C) {
+        // The master is gone: keep the learned frequency without the last correction (the daemon
+        // moves it into the base).
+        Self::carry_out(clock, self.servo.end_kick());
     }
 
     fn current_estimates(&self) -> FilterEstimate {
         FilterEstimate {
-            offset_from_master: Duration::from_nanos(self.servo.offset_ns().round() as i64),
+            offset_from_master: Duration::from_nanos(self.servo.estimate_ns().round() as i64),
             mean_delay: Duration::from_nanos(self.servo.delay_ns().unwrap_or(0.0).round() as i64),
         }
     }
@@ -438,6 +502,7 @@ mod tests {
         delay_ns: f64,
         noise_ns: f64,
         rng: u64,
+        kick_end: Option<f64>,
     }
 
     impl Sim {
@@ -459,6 +524,22 @@ mod tests {
                 delay_ns: 30_000.0,
                 noise_ns,
                 rng: 0x9e37_79b9_7f4a_7c15,
+                kick_end: None,
+            }
+        }
+
+        /// A sample at true time `at` (ns): first the end of a correction that ran its course
+        /// (statime's filter update timer), then the sample and what it asks for.
+        fn feed(&mut self, at: f64, s: Sample) {
+            if let Some(end) = self.kick_end.filter(|e| *e <= at) {
+                self.kick_end = None;
+                let a: Vec<Action> = self.servo.end_kick().into_iter().collect();
+                self.apply(end, a);
+            }
+            let a = self.servo.sample(s);
+            self.apply(at, a);
+            if let Some(k) = self.servo.take_kick() {
+                self.kick_end = Some(at + k * 1e9);
             }
         }
 
@@ -504,8 +585,7 @@ mod tests {
                 at_s: t2 * 1e-9,
                 raw_ns: t2 - t,
             };
-            let a = self.servo.sample(s);
-            self.apply(arrive, a);
+            self.feed(arrive, s);
             let send = t + dr_after;
             let t3 = self.slave(send);
             let t4 = send + self.delay_ns + self.noise();
@@ -513,8 +593,7 @@ mod tests {
                 at_s: t3 * 1e-9,
                 raw_ns: t3 - t4,
             };
-            let a = self.servo.sample(s);
-            self.apply(send, a);
+            self.feed(send, s);
         }
 
         /// Runs `seconds` of exchanges from true time `from_s`; returns the true errors seen
@@ -563,6 +642,28 @@ mod tests {
     }
 
     #[test]
+    fn ten_microseconds_of_noise_at_8_hz_neither_rings_nor_hides_the_lock() {
+        // Timestamps through a busy bridge: +-10 us each. The clock must average, not follow,
+        // and the reported estimate must settle within the 1 us lock threshold.
+        let mut sim = Sim::new(300e6, 50.0, 10_000.0, 0.125);
+        sim.run(0.0, 15.0, 0.125);
+        let mut estimates = Vec::new();
+        let mut errs = Vec::new();
+        for i in 0..160 {
+            errs.extend(sim.run(15.0 + i as f64 * 0.125, 0.125, 0.125));
+            estimates.push(sim.servo.estimate_ns());
+        }
+        assert_eq!(sim.steps, 1);
+        assert!(rms(&errs) < 2_500.0, "true error rms {} ns", rms(&errs));
+        let within = estimates.iter().filter(|e| e.abs() <= 1_000.0).count();
+        assert!(
+            within * 2 > estimates.len(),
+            "{within}/{} estimates within 1 us",
+            estimates.len()
+        );
+    }
+
+    #[test]
     fn eight_hz_converges_as_well() {
         let mut sim = Sim::new(-300e6, -50.0, 500.0, 0.125);
         sim.run(0.0, 3.0, 0.125);
@@ -580,14 +681,39 @@ mod tests {
         let t = 20e9;
         let arrive = t + sim.delay_ns + 3e6;
         let t2 = sim.slave(arrive);
-        let a = sim.servo.sample(Sample::Sync {
-            at_s: t2 * 1e-9,
-            raw_ns: t2 - t,
-        });
-        sim.apply(arrive, a);
+        sim.feed(
+            arrive,
+            Sample::Sync {
+                at_s: t2 * 1e-9,
+                raw_ns: t2 - t,
+            },
+        );
         let errs = sim.run(21.0, 5.0, 1.0);
         assert_eq!(sim.steps, 0);
         assert!(errs.iter().all(|e| e.abs() < 5_000.0), "{errs:?}");
+    }
+
+    #[test]
+    fn holdover_runs_on_the_learned_frequency_not_the_last_correction() {
+        let mut sim = Sim::new(0.0, 20.0, 1_000.0, 0.125);
+        sim.run(0.0, 20.0, 0.125);
+        // the master goes silent right after a sample: the correction ends on its timer
+        let t = 20e9;
+        let arrive = t + sim.delay_ns + 1_500.0;
+        let t2 = sim.slave(arrive);
+        sim.feed(
+            arrive,
+            Sample::Sync {
+                at_s: t2 * 1e-9,
+                raw_ns: t2 - t,
+            },
+        );
+        let e0 = sim.error(t);
+        let end = sim.kick_end.expect("a correction with an end");
+        let a: Vec<Action> = sim.servo.end_kick().into_iter().collect();
+        sim.apply(end, a);
+        let drift = (sim.error(t + 10e9) - e0).abs();
+        assert!(drift < 2_000.0, "drifted {drift} ns in 10 s of holdover");
     }
 
     #[test]
