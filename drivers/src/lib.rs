@@ -11,6 +11,8 @@ mod frame;
 pub mod serial;
 mod source;
 pub mod synthetic;
+#[cfg(feature = "turbojpeg")]
+pub mod turbojpeg;
 pub mod v4l;
 
 pub use clock::{
