@@ -13,6 +13,9 @@ APT_PKGS+=(qemu-system-x86 busybox-static cpio kmod)
 # The vehicle-in-a-box test (tests/vm/vehicle.sh): debootstrap for the cached guest, mkfs.ext4 -d for
 # its disk image without loop mounts (e2fsprogs), qemu-img to inspect that image (qemu-utils).
 APT_PKGS+=(debootstrap qemu-utils e2fsprogs)
+# libturbojpeg's YUV-plane encoder for raw camera frames (opened at run time, not needed to build;
+# the camera tests and tests/bench/jpeg.sh compare it with the built-in encoder).
+APT_PKGS+=(libturbojpeg0)
 [ "${1:-}" = "--build-deps" ] && APT_PKGS=("${BUILD_PKGS[@]}")
 missing=()
 # Node.js runs the browser test's driver (playwright-core, tests/web); any node >= 20 will do.

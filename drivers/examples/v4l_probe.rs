@@ -12,10 +12,16 @@
 //!    JPEGs into the loopback device; every frame the source emits is byte-identical to one the
 //!    feeder wrote, in order; a buffer that is not a whole JPEG is rejected and counted.
 //!
+//! 5. With `--mplane DEVICE` (vivid loaded with `multiplanar=2`: a capture node with only the
+//!    multi-planar API), multi-planar capture: NV12M (two planes, joined), NV12 and YUYV in one
+//!    plane each; frames are JPEGs of the negotiated size with mapped stamps and every sequence
+//!    number accounted for, and the NV12M and NV12 pictures match the YUYV one (same test pattern;
+//!    a plane joined wrongly or a chroma plane misread would not).
+//!
 //! Prints `RIGD-VM-CAMERA PASS <check> ...` per check and `RIGD-VM-CAMERA DONE ok` at the end; any
 //! failed check prints `RIGD-VM-CAMERA FAIL <check>: <why>` and exits 1.
 //!
-//! `v4l_probe [DEVICE [LOOPBACK]]` (default /dev/video0, no loopback check).
+//! `v4l_probe [--mplane DEVICE] [DEVICE [LOOPBACK]]` (default /dev/video0, no loopback check).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,7 +53,13 @@ type Check = Result<String, String>;
 type CheckFn = fn(&str) -> Check;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    let mut all: Vec<String> = std::env::args().skip(1).collect();
+    let mplane = all.iter().position(|a| a == "--mplane").map(|i| {
+        let d = all.get(i + 1).cloned().unwrap_or_default();
+        all.drain(i..(i + 2).min(all.len()));
+        d
+    });
+    let mut args = all.into_iter();
     let path = args.next().unwrap_or_else(|| "/dev/video0".into());
     let loopback = args.next();
     let started = Instant::now();
@@ -60,6 +72,10 @@ fn main() {
     match loopback {
         Some(l) => checks.push(("mjpeg", l, mjpeg_passthrough)),
         None => println!("RIGD-VM-CAMERA SKIP mjpeg: no loopback device given"),
+    }
+    match mplane {
+        Some(m) => checks.push(("mplane", m, multi_planar_formats)),
+        None => println!("RIGD-VM-CAMERA SKIP mplane: no multi-planar device given"),
     }
     for (name, device, check) in checks {
         let t = Instant::now();
@@ -279,6 +295,125 @@ fn yuyv_by_card_name(path: &str) -> Check {
         c.encode_ns as f64 / 1e6 / c.frames.max(1) as f64,
         frames[0].0.payload.len()
     ))
+}
+
+/// What [`capture_mplane`] saw: a summary, the decoded RGB of the last frame, its size.
+struct Captured {
+    summary: String,
+    rgb: Vec<u8>,
+    size: (u32, u32),
+}
+
+/// Frames of one format from a multi-planar device, checked like the YUYV ones.
+fn capture_mplane(path: &str, format: PixelFormat) -> Result<Captured, String> {
+    let source = CameraSource::new("cam", settings(path, vec![format]), Arc::new(AheadClock));
+    let mut cap = start(source);
+    let mut frames = Vec::new();
+    for _ in 0..2 {
+        frames.extend(received(cap.frames(5, Duration::from_secs(20))));
+    }
+    let (source, errors, _health) = cap.finish();
+    let neg = source.negotiated().ok_or_else(|| {
+        format!(
+            "{}: nothing negotiated; errors: {errors:?}",
+            format.as_str()
+        )
+    })?;
+    let c = source.counts();
+    if neg.format != format {
+        return Err(format!("negotiated {neg}, expected {}", format.as_str()));
+    }
+    if frames.len() < 10 {
+        return Err(format!(
+            "{neg}: {} frames in 40 s; errors: {errors:?}",
+            frames.len()
+        ));
+    }
+    let period_ns = (1e9 / neg.fps.unwrap_or(1.0)) as i64;
+    check_frames(&frames, (neg.width, neg.height), period_ns).map_err(|e| format!("{neg}: {e}"))?;
+    let (first, last) = (c.first_sequence.unwrap_or(0), c.last_sequence.unwrap_or(0));
+    let span = (last - first) as u64 + 1;
+    if c.frames + c.drops() != span + c.repeated {
+        return Err(format!(
+            "{neg}: sequence {first}..={last} ({span}) != frames {} + drops {} - repeated {}",
+            c.frames,
+            c.drops(),
+            c.repeated
+        ));
+    }
+    if c.kernel_stamps < c.frames {
+        return Err(format!(
+            "{neg}: {} of {} frames kernel-stamped",
+            c.kernel_stamps, c.frames
+        ));
+    }
+    let jpeg = &frames.last().unwrap().0.payload;
+    let mut d = jpeg_decoder::Decoder::new(&jpeg[..]);
+    let rgb = d.decode().map_err(|e| format!("{neg}: {e}"))?;
+    Ok(Captured {
+        summary: format!(
+            "`{neg}` frames={} drops={} jpeg={}B",
+            c.frames,
+            c.drops(),
+            jpeg.len()
+        ),
+        rgb,
+        size: (neg.width, neg.height),
+    })
+}
+
+/// Mean absolute difference of two RGB pictures over their lower half (vivid's text overlay,
+/// which changes from frame to frame, is at the top).
+fn lower_half_difference(a: &[u8], b: &[u8], size: (u32, u32)) -> f64 {
+    let row = size.0 as usize * 3;
+    let from = (size.1 as usize / 2) * row;
+    let (a, b) = (&a[from.min(a.len())..], &b[from.min(b.len())..]);
+    let n = a.len().min(b.len()).max(1);
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.abs_diff(*y) as f64)
+        .sum::<f64>()
+        / n as f64
+}
+
+fn multi_planar_formats(path: &str) -> Check {
+    let dev = v4l::Device::with_path(path).map_err(|e| format!("open {path}: {e}"))?;
+    let caps = dev.query_caps().map_err(|e| format!("QUERYCAP: {e}"))?;
+    use v4l::capability::Flags as Caps;
+    if caps.capabilities.contains(Caps::VIDEO_CAPTURE)
+        || !caps.capabilities.contains(Caps::VIDEO_CAPTURE_MPLANE)
+    {
+        return Err(format!(
+            "{path} is not a multi-planar-only capture node: {:?}",
+            caps.capabilities
+        ));
+    }
+    drop(dev);
+    let yuyv = capture_mplane(path, PixelFormat::Yuyv)?;
+    let (yuyv_rgb, size) = (&yuyv.rgb, yuyv.size);
+    let mut out = vec![format!("YUYV {}", yuyv.summary)];
+    for format in [PixelFormat::Nv12m, PixelFormat::Nv12] {
+        let Captured {
+            summary,
+            rgb,
+            size: s,
+        } = capture_mplane(path, format)?;
+        if s != size {
+            return Err(format!(
+                "{} negotiated {s:?}, YUYV {size:?}",
+                format.as_str()
+            ));
+        }
+        let diff = lower_half_difference(&rgb, yuyv_rgb, size);
+        if diff > 12.0 {
+            return Err(format!(
+                "{} picture differs from YUYV's by {diff:.1} per channel on average",
+                format.as_str()
+            ));
+        }
+        out.push(format!("{} {summary} vs-YUYV={diff:.1}", format.as_str()));
+    }
+    Ok(out.join(" | "))
 }
 
 /// Sets the vivid control named `name` (an integer; `None` for a button).

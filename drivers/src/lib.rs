@@ -11,7 +11,11 @@ mod frame;
 pub mod serial;
 mod source;
 pub mod synthetic;
+#[cfg(feature = "turbojpeg")]
+pub mod turbojpeg;
 pub mod v4l;
+#[cfg(feature = "v4l")]
+mod v4l_mplane;
 
 pub use clock::{
     monotonic_ns_now, realtime_ns, ClockState, FrameClock, KernelClock, Stamp, SystemClock,

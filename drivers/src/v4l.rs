@@ -7,6 +7,9 @@
 //!   after `VIDIOC_S_FMT` wins (some drivers silently answer another fourcc); size and frame interval
 //!   are requested, and the driver's answer (it may snap both) is what frames carry and what is
 //!   logged and shown in [`crate::SourceHealth::detail`].
+//! - **Multi-planar devices** (`V4L2_CAP_VIDEO_CAPTURE_MPLANE` without single-planar capture, as
+//!   SoC cameras and ISPs expose them) are streamed through [`crate::v4l_mplane`]: YUYV and NV12 in
+//!   one plane, NV12M in two (joined into NV12 for the encoder).
 //! - **Payload**: MJPEG buffers pass through byte for byte when they hold a whole JPEG; a buffer that
 //!   does not (the first after stream-on often does not) is rejected and counted as a drop. YUYV and
 //!   NV12 are encoded with [`crate::camera`].
@@ -35,6 +38,9 @@ pub enum PixelFormat {
     /// Y plane then interleaved CbCr at half resolution (4:2:0), encoded to JPEG.
     #[serde(rename = "NV12")]
     Nv12,
+    /// NV12 with its two planes in separate buffers (multi-planar devices only), encoded to JPEG.
+    #[serde(rename = "NV12M")]
+    Nv12m,
 }
 
 impl PixelFormat {
@@ -43,6 +49,7 @@ impl PixelFormat {
             PixelFormat::Mjpg => *b"MJPG",
             PixelFormat::Yuyv => *b"YUYV",
             PixelFormat::Nv12 => *b"NV12",
+            PixelFormat::Nv12m => *b"NM12",
         }
     }
 
@@ -51,6 +58,7 @@ impl PixelFormat {
             b"MJPG" => Some(PixelFormat::Mjpg),
             b"YUYV" => Some(PixelFormat::Yuyv),
             b"NV12" => Some(PixelFormat::Nv12),
+            b"NM12" => Some(PixelFormat::Nv12m),
             _ => None,
         }
     }
@@ -60,6 +68,7 @@ impl PixelFormat {
             PixelFormat::Mjpg => "MJPG",
             PixelFormat::Yuyv => "YUYV",
             PixelFormat::Nv12 => "NV12",
+            PixelFormat::Nv12m => "NV12M",
         }
     }
 }
@@ -271,7 +280,8 @@ pub fn encode_raw(
             }
             yuyv_to_jpeg(w, h, packed, q, jpeg)
         }
-        PixelFormat::Nv12 => {
+        // NV12M arrives here with its planes joined (Y rows, then CbCr rows): NV12.
+        PixelFormat::Nv12 | PixelFormat::Nv12m => {
             let row = w as usize;
             if stride <= row {
                 return nv12_to_jpeg(w, h, data, q, jpeg);
@@ -384,7 +394,8 @@ mod device {
             }
         }
 
-        fn open(&mut self) -> Result<Device, SourceError> {
+        /// Opens the device; `true` with it when it captures through the multi-planar API only.
+        fn open(&mut self) -> Result<(Device, bool), SourceError> {
             let wanted = self.settings.device.clone();
             let dev = if wanted.starts_with('/') {
                 self.path = wanted.clone();
@@ -401,10 +412,10 @@ mod device {
             let caps = dev
                 .query_caps()
                 .map_err(|e| self.device_error(format!("VIDIOC_QUERYCAP: {e}"), true))?;
-            if !caps
-                .capabilities
-                .contains(Caps::VIDEO_CAPTURE | Caps::STREAMING)
-            {
+            let c = caps.capabilities;
+            let single = c.contains(Caps::VIDEO_CAPTURE | Caps::STREAMING);
+            let multi = c.contains(Caps::VIDEO_CAPTURE_MPLANE | Caps::STREAMING);
+            if !single && !multi {
                 return Err(self.device_error(
                     format!(
                         "`{}` ({}) is not a streaming video capture device",
@@ -413,7 +424,166 @@ mod device {
                     false,
                 ));
             }
-            Ok(dev)
+            Ok((dev, !single))
+        }
+
+        /// Format negotiation through the multi-planar API (same rules as [`Self::negotiate`]).
+        fn negotiate_mplane(&self, dev: &Device) -> Result<(Negotiated, usize), SourceError> {
+            let s = &self.settings;
+            let fd = dev.handle().fd();
+            let offered = crate::v4l_mplane::formats(fd).map_err(|e| {
+                self.device_error(format!("VIDIOC_ENUM_FMT (multi-planar): {e}"), true)
+            })?;
+            let mut answered = Vec::new();
+            for want in choose_formats(&s.formats, &offered) {
+                let got = crate::v4l_mplane::set_format(fd, s.width, s.height, want.fourcc())
+                    .map_err(|e| {
+                        self.device_error(format!("VIDIOC_S_FMT (multi-planar): {e}"), true)
+                    })?;
+                let planes_ok = match want {
+                    PixelFormat::Nv12m => got.num_planes == 2,
+                    _ => got.num_planes == 1,
+                };
+                if got.fourcc != want.fourcc() || !planes_ok {
+                    answered.push(format!(
+                        "{} in {} planes for {}",
+                        String::from_utf8_lossy(&got.fourcc),
+                        got.num_planes,
+                        want.as_str()
+                    ));
+                    continue;
+                }
+                let (num, den) = interval_for(s.fps);
+                let fps = crate::v4l_mplane::set_interval(fd, num, den);
+                let neg = Negotiated {
+                    format: want,
+                    width: got.width,
+                    height: got.height,
+                    stride: got.stride,
+                    fps,
+                    buffers: 0,
+                };
+                return Ok((neg, got.num_planes));
+            }
+            let offered: Vec<String> = offered
+                .iter()
+                .map(|f| String::from_utf8_lossy(f).into_owned())
+                .collect();
+            let wanted: Vec<&str> = s.formats.iter().map(|f| f.as_str()).collect();
+            Err(self.device_error(
+                format!(
+                    "none of the formats [{}] is offered for multi-planar capture (the device offers [{}]{})",
+                    wanted.join(", "),
+                    offered.join(", "),
+                    if answered.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; it answered {}", answered.join(", "))
+                    }
+                ),
+                false,
+            ))
+        }
+
+        fn announce(&mut self, neg: &Negotiated, sink: &mut FrameSink, api: &str) {
+            let s = &self.settings;
+            if (neg.width, neg.height) != (s.width, s.height)
+                || neg.fps.is_some_and(|f| (f - s.fps).abs() > 0.01)
+            {
+                tracing::info!(source = %self.id, asked_width = s.width, asked_height = s.height,
+                    asked_fps = s.fps, "camera: the driver adjusted the request");
+            }
+            tracing::info!(source = %self.id, device = %self.path, format = neg.format.as_str(),
+                width = neg.width, height = neg.height, fps = ?neg.fps, buffers = neg.buffers,
+                api, "camera: streaming");
+            sink.health().set_detail(&neg.to_string());
+            self.counts.streams += 1;
+        }
+
+        /// The streaming loop of a multi-planar device.
+        fn run_mplane(
+            &mut self,
+            dev: Device,
+            sink: &mut FrameSink,
+            stop: &StopFlag,
+        ) -> Result<(), SourceError> {
+            let (mut neg, num_planes) = self.negotiate_mplane(&dev)?;
+            let fd = dev.handle().fd();
+            let mut stream =
+                crate::v4l_mplane::MplaneStream::new(fd, self.settings.buffers, num_planes)
+                    .map_err(|e| self.device_error(format!("cannot map buffers: {e}"), true))?;
+            neg.buffers = stream.count();
+            self.negotiated = Some(neg);
+            self.announce(&neg, sink, "multi-planar");
+            // NV12M frames are joined into NV12 for the encoder.
+            let mut as_nv12 = neg;
+            if neg.format == PixelFormat::Nv12m {
+                as_nv12.format = PixelFormat::Nv12;
+            }
+            let mut joined = Vec::new();
+            let mut tracker = SequenceTracker::new();
+            let mut last_buffer = Instant::now();
+            let stall = match neg.fps {
+                Some(f) if f > 0.0 => STALL.max(Duration::from_secs_f64(5.0 / f)),
+                _ => STALL,
+            };
+            let result = loop {
+                if stop.is_raised() {
+                    break Ok(());
+                }
+                let mut pfd = [libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }];
+                // SAFETY: one pollfd that lives for the call.
+                #[allow(unsafe_code)]
+                let r = unsafe { libc::poll(pfd.as_mut_ptr(), 1, POLL.as_millis() as i32) };
+                if r < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    break Err(self.device_error(format!("poll failed: {e}"), true));
+                }
+                if r == 0 {
+                    if last_buffer.elapsed() >= stall {
+                        break Err(self.device_error(
+                            format!("no buffer for {:.1} s", stall.as_secs_f64()),
+                            true,
+                        ));
+                    }
+                    continue;
+                }
+                let (index, result) = match stream.dequeue() {
+                    Ok(d) => {
+                        last_buffer = Instant::now();
+                        let meta = d.meta;
+                        let r = if neg.format == PixelFormat::Nv12m {
+                            joined.clear();
+                            for p in &d.planes {
+                                joined.extend_from_slice(p);
+                            }
+                            self.frame(&as_nv12, &joined, &meta, &mut tracker, sink)
+                        } else {
+                            let data = d.planes.first().copied().unwrap_or(&[]);
+                            self.frame(&as_nv12, data, &meta, &mut tracker, sink)
+                        };
+                        (d.index, r)
+                    }
+                    // ENODEV/EIO (unplugged, vivid's disconnect), EPIPE: reopen with backoff.
+                    Err(e) => break Err(self.device_error(format!("capture failed: {e}"), true)),
+                };
+                if let Err(e) = result {
+                    break Err(e);
+                }
+                if let Err(e) = stream.queue(index) {
+                    break Err(self.device_error(format!("VIDIOC_QBUF: {e}"), true));
+                }
+            };
+            drop(stream);
+            drop(dev);
+            result
         }
 
         fn negotiate(&self, dev: &Device) -> Result<Negotiated, SourceError> {
@@ -514,7 +684,7 @@ mod device {
                             None
                         }
                     },
-                    PixelFormat::Yuyv | PixelFormat::Nv12 => {
+                    PixelFormat::Yuyv | PixelFormat::Nv12 | PixelFormat::Nv12m => {
                         let t = Instant::now();
                         let encoded = self.encode(neg, &data[..used]);
                         self.counts.encode_ns += t.elapsed().as_nanos() as u64;
@@ -608,8 +778,11 @@ mod device {
         paths.into_iter().find_map(|p| {
             let dev = Device::with_path(&p).ok()?;
             let caps = dev.query_caps().ok()?;
-            (caps.card == card && caps.capabilities.contains(Caps::VIDEO_CAPTURE))
-                .then(|| (p.to_string_lossy().into_owned(), dev))
+            (caps.card == card
+                && caps
+                    .capabilities
+                    .intersects(Caps::VIDEO_CAPTURE | Caps::VIDEO_CAPTURE_MPLANE))
+            .then(|| (p.to_string_lossy().into_owned(), dev))
         })
     }
 
@@ -619,25 +792,17 @@ mod device {
         }
 
         fn run(&mut self, sink: &mut FrameSink, stop: &StopFlag) -> Result<(), SourceError> {
-            let dev = self.open()?;
+            let (dev, multi_planar) = self.open()?;
+            if multi_planar {
+                return self.run_mplane(dev, sink, stop);
+            }
             let mut neg = self.negotiate(&dev)?;
             let mut stream =
                 MmapStream::with_buffers(&dev, Type::VideoCapture, self.settings.buffers)
                     .map_err(|e| self.device_error(format!("cannot map buffers: {e}"), true))?;
             neg.buffers = granted_buffers(&dev).unwrap_or(self.settings.buffers);
             self.negotiated = Some(neg);
-            let s = &self.settings;
-            if (neg.width, neg.height) != (s.width, s.height)
-                || neg.fps.is_some_and(|f| (f - s.fps).abs() > 0.01)
-            {
-                tracing::info!(source = %self.id, asked_width = s.width, asked_height = s.height,
-                    asked_fps = s.fps, "camera: the driver adjusted the request");
-            }
-            tracing::info!(source = %self.id, device = %self.path, format = neg.format.as_str(),
-                width = neg.width, height = neg.height, fps = ?neg.fps, buffers = neg.buffers,
-                "camera: streaming");
-            sink.health().set_detail(&neg.to_string());
-            self.counts.streams += 1;
+            self.announce(&neg, sink, "single-planar");
 
             let mut tracker = SequenceTracker::new();
             let mut last_buffer = Instant::now();

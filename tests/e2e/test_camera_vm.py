@@ -2,7 +2,8 @@
 kernel with vivid under QEMU TCG and runs drivers/examples/v4l_probe.rs inside. This asserts on the
 guest's marker lines: YUYV frames by card name (valid JPEGs of the negotiated size, mapped monotonic
 stamps, every sequence number a frame or a counted drop), vivid's dropped buffers counted, and a
-simulated unplug reopened; and, when v4l2loopback could be built (linux-headers of the guest kernel),
+simulated unplug reopened; multi-planar capture (vivid's second device, `multiplanar=2`) of NV12M,
+NV12 and YUYV with pictures that match; and, when v4l2loopback could be built (linux-headers of the guest kernel),
 MJPEG passthrough byte for byte with half-written JPEGs rejected and counted."""
 
 from __future__ import annotations
@@ -67,3 +68,18 @@ def test_v4l_capture_on_vivid_in_a_qemu_guest():
         assert mjpeg, text
         assert int(mjpeg.group(5)) >= int(mjpeg.group(3)) // 2
         assert int(mjpeg.group(6)) >= 1
+
+    # vivid's second device is loaded with multiplanar=2: the multi-planar API only. NV12M (two
+    # planes, joined for the encoder), NV12 and YUYV each streamed, and the two NV12 pictures match
+    # the YUYV one (the probe compares decoded pixels of the same test pattern).
+    assert "SKIP mplane" not in text, "camera.sh must give the probe its multi-planar device"
+    mplane = re.search(r"PASS mplane YUYV `YUYV (\d+)x(\d+) [^`]*` frames=(\d+) drops=(\d+) jpeg=(\d+)B"
+                       r" \| NV12M `NV12M (\d+)x(\d+) [^`]*` frames=(\d+) drops=(\d+) jpeg=(\d+)B vs-YUYV=([0-9.]+)"
+                       r" \| NV12 `NV12 (\d+)x(\d+) [^`]*` frames=(\d+) drops=(\d+) jpeg=(\d+)B vs-YUYV=([0-9.]+)",
+                       text)
+    assert mplane, text
+    g = mplane.groups()
+    assert g[0:2] == g[5:7] == g[11:13], "all three formats at the same size"
+    for frames in (g[2], g[7], g[13]):
+        assert int(frames) >= 10
+    assert float(g[10]) <= 12.0 and float(g[16]) <= 12.0

@@ -120,8 +120,12 @@ def test_300ms_off_and_50ppm_fast_steps_once_then_slews_and_never_goes_back(tmp_
         judge(samples, "after step and slew")
         c = rig.clock()
         assert c["steps"] == 1, f"expected exactly one step, got {c['steps']}"
-        # the correction compensates the simulated +50 ppm oscillator
-        assert abs(c["frequency_ppm"] + 50.0) < 2.0, c
+        # The correction compensates the simulated +50 ppm oscillator. Each reading also holds the
+        # servo's proportional term for the last offset (ppm for a microsecond at 8 Hz), so the
+        # learned frequency is the mean over the samples.
+        freq = sum(s["frequency_ppm"] for s in samples) / len(samples)
+        print(f"mean frequency_ppm over {len(samples)} samples: {freq:.3f}")
+        assert abs(freq + 50.0) < 1.0, (freq, c)
         assert rig.stop() == 0
         assert rig.log().count("clock stepped") == 1
     finally:

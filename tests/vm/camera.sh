@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The V4L2 camera driver on a real kernel driver: Debian's stock kernel with vivid, booted from a
 # busybox initramfs under QEMU TCG (never KVM), runs the static `v4l_probe` example
-# (drivers/examples/v4l_probe.rs) against /dev/video0.
+# (drivers/examples/v4l_probe.rs) against /dev/video0, and its multi-planar checks against
+# /dev/video1 (vivid's second device, loaded with multiplanar=2).
 #   tests/vm/camera.sh        exit 0 when every guest check passed; prints the guest's
 #                             `RIGD-VM-CAMERA ...` lines and `camera-vm: passed in N s`
 # Cache: $RIGD_VM_CACHE (default ~/.cache/rigd-vm)/kernel-<abi>: the kernel package, unpacked and
@@ -97,7 +98,8 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 for m in \$(cat /modules/order); do
   # One device, video capture node only: less to probe, faster boot.
   case \$m in
-    vivid.ko) args="n_devs=1 node_types=0x1";;
+    # Two devices, video capture nodes only: /dev/video0 single-planar, /dev/video1 multi-planar.
+    vivid.ko) args="n_devs=2 node_types=0x1,0x1 multiplanar=1,2";;
     v4l2loopback.ko) args="video_nr=10 card_label=rigd-loopback";;
     *) args="";;
   esac
@@ -105,7 +107,8 @@ for m in \$(cat /modules/order); do
 done
 i=0; while [ ! -e /dev/video0 ] && [ \$i -lt 50 ]; do sleep 0.1; i=\$((i+1)); done
 echo; echo "RIGD-VM-CAMERA BOOTED uptime \$(cut -d' ' -f1 /proc/uptime) s, kernel \$(uname -r)"
-/bin/v4l_probe /dev/video0 $LOOP_ARG
+i=0; while [ ! -e /dev/video1 ] && [ \$i -lt 50 ]; do sleep 0.1; i=\$((i+1)); done
+/bin/v4l_probe --mplane /dev/video1 /dev/video0 $LOOP_ARG
 echo "RIGD-VM-CAMERA EXIT \$?"
 poweroff -f
 INIT

@@ -4,6 +4,8 @@
 //! - [`mapping`]: the clock's arithmetic (offset, rate, steps, the floor that keeps frame time
 //!   monotonic). Pure.
 //! - [`lock`]: when the clock is unsynced, locking, locked or in holdover. Pure.
+//! - [`servo`]: PTP measurements to steps and frequency changes (a PI servo with a frequency
+//!   estimate before the loop closes). Pure but for statime's `Filter` glue.
 //! - [`disciplined`]: the shared clock: lock-free reads for capture, statime's `Clock` for the port.
 //! - `port`: the PTP port task (sockets, timers, BMCA) on its own thread.
 //!
@@ -14,6 +16,7 @@ pub mod disciplined;
 pub mod lock;
 pub mod mapping;
 mod port;
+pub mod servo;
 
 use std::sync::{Arc, Mutex};
 

@@ -16,7 +16,6 @@ use statime::config::{
     AcceptAnyMaster, ClockIdentity, DelayMechanism as PtpDelay, InstanceConfig, PortConfig,
     PtpMinorVersion, TimePropertiesDS, TimeSource,
 };
-use statime::filters::{KalmanConfiguration, KalmanFilter};
 use statime::observability::port::PortState;
 use statime::port::{NoForwardedTLVs, PortAction, PortActionIterator, TimestampContext};
 use statime::time::{Duration, Interval, Time};
@@ -31,6 +30,7 @@ use tokio::time::Instant;
 
 use super::disciplined::PortClock;
 use super::lock::{LockTracker, Transition};
+use super::servo::{PiFilter, ServoConfig};
 use super::{format_identity, Ptp};
 use crate::config::{ClockConfig, DelayMechanism, Transport};
 
@@ -373,7 +373,7 @@ async fn run_port(
     };
     let mut net = Net::open(&interface, cfg.transport)?;
     let identity = clock_identity(&interface);
-    let instance = PtpInstance::<KalmanFilter>::new(
+    let instance = PtpInstance::<PiFilter>::new(
         InstanceConfig {
             clock_identity: identity,
             priority_1: 255,
@@ -403,16 +403,10 @@ async fn run_port(
         delay_asymmetry: Duration::ZERO,
         minor_ptp_version: PtpMinorVersion::One,
     };
-    let filter = KalmanConfiguration {
-        step_threshold: Duration::from_nanos(cfg.step_threshold_ns as i64),
-        // The filter trusts its offsets only after pairing a few Sync and Delay_Resp samples taken
-        // closer together than this; statime's 200 ms default suits 8 Hz sync, but at ptp4l's
-        // default 1 Hz few pairs qualify, and from a 50 ppm error the clock stepped again and
-        // again instead of learning the frequency (docs/CLOCK.md, benchmark).
-        estimate_threshold: Duration::from_seconds(
-            (1.5 * 2f64.powi(cfg.log_sync_interval.into())).max(0.2),
-        ),
-        ..Default::default()
+    let filter = ServoConfig {
+        step_threshold_ns: cfg.step_threshold_ns as f64,
+        sync_interval_s: 2f64.powi(cfg.log_sync_interval.into()),
+        delay_interval_s: 2f64.powi(cfg.log_min_delay_req_interval.into()),
     };
     let rng = SmallRng::seed_from_u64(rigd_drivers::realtime_ns() as u64);
     let port = instance.add_port(port_config, filter, PortClock(ptp.clock.clone()), rng);
