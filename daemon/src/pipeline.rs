@@ -29,6 +29,8 @@ pub struct LaneStats {
     pub published: AtomicU64,
     pub already_persisted: AtomicU64,
     pub spool_dropped_logged: AtomicU64,
+    /// Frames spooled while the uplink was up: its window was full (the budget spent).
+    pub waiting_for_bandwidth: AtomicU64,
     /// Submission-to-receipt latency of published frames (web UI and `/metrics`).
     pub latency: crate::metrics::LatencyHistogram,
     /// Capture-to-receipt latency of frames published live (not from the spool), per source.
@@ -155,6 +157,13 @@ impl Lane {
             (Route::Live, Some(p)) => match p.try_submit(frame) {
                 Ok(()) => None,
                 Err(frame) => {
+                    if p.is_connected() {
+                        // The link is up and moving: the window is full (under a budget, the
+                        // budget is spent). The frame waits in the spool.
+                        self.stats
+                            .waiting_for_bandwidth
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                     st.spill(frame.seq);
                     Some(frame)
                 }

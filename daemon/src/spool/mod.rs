@@ -60,6 +60,7 @@ mod ledger;
 mod pages;
 pub mod record;
 pub mod snapshot;
+mod split;
 
 use bytes::Bytes;
 use rigd_drivers::Frame;
