@@ -16,7 +16,7 @@ use crate::events::EventMarker;
 use crate::pipeline::{self, Lane, LaneStats};
 use crate::runtime::{Runtime, SourceEntry};
 use crate::spool::Spool;
-use crate::uplink::{BatchPolicy, Budget, Producer, ProducerConfig, ProducerStats, Token};
+use crate::uplink::{BatchPolicy, Budget, ProducerConfig, ProducerStats, Token};
 use crate::wire::producer_name;
 
 /// Frames buffered between a capture thread and its lane.
@@ -126,6 +126,7 @@ impl LaneWiring<'_> {
         &self,
         id: &Arc<str>,
         priority: u8,
+        drain: crate::config::Drain,
         frames: mpsc::Receiver<rigd_drivers::Frame>,
     ) -> SpawnedLane {
         let config = self.config;
@@ -136,41 +137,39 @@ impl LaneWiring<'_> {
                 .min((b.rate() as usize * 2).max(MIN_BUDGET_WINDOW)),
             None => config.pulsar.max_in_flight_bytes.0 as usize,
         };
-        let producer = config.pulsar.url.as_ref().map(|url| {
-            let (ack_tx, ack_rx) = mpsc::unbounded_channel();
-            let p = Producer::spawn(
-                ProducerConfig {
-                    url: url.clone(),
-                    topic: config.pulsar.topic_for(&config.rig.id, id),
-                    producer_name: producer_name(&config.rig.id, id),
-                    rig: config.rig.id.clone(),
-                    bucket_ms: config.rig.bucket_ms,
-                    token: self.token.clone(),
-                    max_in_flight: config.pulsar.max_in_flight,
-                    max_in_flight_bytes,
-                    max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
-                    send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
-                    tls: self.tls.clone(),
-                    tls_ca_file: config.pulsar.tls_ca_file.clone(),
-                    compression: config.pulsar.compression,
-                    batch: BatchPolicy::from(&config.pulsar),
-                    budget: self.budget.clone(),
-                    rank: crate::uplink::budget::rank(priority, false),
-                    stats: None,
-                    fresh: false,
-                },
-                ack_tx,
-                self.shutdown.clone(),
-            );
-            (p, ack_rx)
+        let uplink_stats = Arc::new(ProducerStats::default());
+        let uplink = config.pulsar.url.as_ref().map(|url| pipeline::Uplink {
+            config: ProducerConfig {
+                url: url.clone(),
+                topic: config.pulsar.topic_for(&config.rig.id, id),
+                producer_name: producer_name(&config.rig.id, id),
+                rig: config.rig.id.clone(),
+                bucket_ms: config.rig.bucket_ms,
+                token: self.token.clone(),
+                max_in_flight: config.pulsar.max_in_flight,
+                max_in_flight_bytes,
+                max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
+                send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
+                tls: self.tls.clone(),
+                tls_ca_file: config.pulsar.tls_ca_file.clone(),
+                compression: config.pulsar.compression,
+                batch: BatchPolicy::from(&config.pulsar),
+                budget: self.budget.clone(),
+                rank: crate::uplink::budget::rank(priority, false),
+                stats: Some(uplink_stats.clone()),
+                fresh: false,
+            },
+            priority,
+            shutdown: self.shutdown.clone(),
         });
         let stats = Arc::new(LaneStats::default());
-        let uplink = producer.as_ref().map(|(p, _)| p.stats().clone());
+        let stats_of_uplink = uplink.as_ref().map(|_| uplink_stats);
         let lane = Lane {
             source: id.clone(),
             mode: config.spool.mode,
+            drain,
             frames,
-            producer,
+            uplink,
             spool: self.spool.clone(),
             stats: stats.clone(),
             paused: self.paused.clone(),
@@ -179,7 +178,7 @@ impl LaneWiring<'_> {
         SpawnedLane {
             task: tokio::spawn(lane.run()),
             stats,
-            uplink,
+            uplink: stats_of_uplink,
         }
     }
 }
@@ -262,7 +261,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let health = Arc::new(SourceHealth::default());
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let sink = FrameSink::new(id.clone(), first_seq, tx, health.clone());
-        let lane = wiring.spawn(&id, sc.priority(), rx);
+        let lane = wiring.spawn(&id, sc.priority(), sc.drain(), rx);
         liveness.lane(id.clone(), lane.stats.clone());
         liveness.capture(id.clone(), health.clone(), sc, config.rig.bucket_ms);
         entries.push(SourceEntry {
@@ -286,7 +285,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let sink = FrameSink::new(id.clone(), first_seq, tx, Arc::new(SourceHealth::default()));
         // Markers are rare and small: first.
-        let lane = wiring.spawn(&id, 0, rx);
+        let lane = wiring.spawn(&id, 0, crate::config::Drain::InOrder, rx);
         lanes.push(lane.task);
         let topic = config
             .pulsar

@@ -117,6 +117,9 @@ mod tests {
         let s = super::Spool::open(&cfg).unwrap();
         assert_eq!(s.epochs("cam").unwrap(), vec![100, 250]);
         std::fs::write(dir.path().join("spool/epochs/cam"), "100\nx\n").unwrap();
-        assert!(s.epochs("cam").is_err(), "a damaged list is an error, not a guess");
+        assert!(
+            s.epochs("cam").is_err(),
+            "a damaged list is an error, not a guess"
+        );
     }
 }
