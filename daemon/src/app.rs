@@ -271,6 +271,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             health,
             lane: lane.stats,
             uplink: lane.uplink,
+            priority: sc.priority(),
         });
         lanes.push(lane.task);
         let source = build_source(sc, config.rig.bucket_ms, clock.clone());

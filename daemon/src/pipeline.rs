@@ -200,9 +200,9 @@ impl Lane {
             acks,
             next_seq,
         };
-        // A backlog from an earlier run is an outage that ended with this start.
+        // A backlog from an earlier run is an outage that ended with this start (frames spooled
+        // while the producers first connect are not: they drain in order under the live name).
         s.live.outage = spooled_from.is_some();
-        s.live.seen_up = true;
         s
     }
 
