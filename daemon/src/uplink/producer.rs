@@ -29,6 +29,9 @@ const DEAD_IDLE: Duration = Duration::from_secs(90);
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Written ahead into the socket per turn (whole frames).
 const WRITE_AHEAD: usize = 1 << 20;
+/// ... under a bandwidth budget: little, so that a keepalive answer queued behind it goes out soon
+/// (it jumps the budget's queue, see `urgent`).
+const BUDGET_WRITE_AHEAD: usize = 64 << 10;
 /// A link with no progress for this long while frames are outstanding is reported stalled
 /// (status: not connected; new frames spool).
 const STALL_AFTER: Duration = Duration::from_secs(5);
@@ -244,6 +247,7 @@ impl Producer {
                 created: false,
                 budget: cfg.budget.clone(),
                 credit: 0,
+                urgent: 0,
                 fresh: cfg.fresh,
             }
             .run(),
@@ -327,6 +331,10 @@ struct Session {
     budget: Option<Arc<Budget>>,
     /// Bytes granted by the budget and not yet written (given back when a connection ends).
     credit: usize,
+    /// Bytes of `out` up to and including a queued PING or PONG: written at the budget's top
+    /// rank, so that a producer the budget starves still answers the broker's keepalive (the
+    /// broker closes a connection that does not) at the cost of a small priority inversion.
+    urgent: usize,
     fresh: bool,
 }
 
@@ -387,6 +395,7 @@ impl Session {
                     if let Some(b) = &self.budget {
                         b.refund(std::mem::take(&mut self.credit));
                     }
+                    self.urgent = 0;
                     shared.window().disconnected();
                     shared.set_connected(false);
                     shared.room.notify_one();
@@ -446,7 +455,11 @@ impl Session {
             let (batch_due, health, idle) = {
                 let mut w = shared.window();
                 w.close_batch_if_due(now);
-                while link.out.len() < WRITE_AHEAD && !abort_armed {
+                let ahead = match self.budget {
+                    Some(_) => BUDGET_WRITE_AHEAD,
+                    None => WRITE_AHEAD,
+                };
+                while link.out.len() < ahead && !abort_armed {
                     match w.encode_next(&mut link.out, now) {
                         Some(e) if e.chunks > 1 && abort_after_chunk() == Some(e.chunk) => {
                             abort_armed = true;
@@ -496,7 +509,11 @@ impl Session {
             let (writer, out) = (&mut link.writer, &link.out);
             let budget = self.budget.as_deref();
             let credit = &mut self.credit;
-            let rank = shared.rank.load(Ordering::Relaxed);
+            let urgent = &mut self.urgent;
+            let rank = match *urgent {
+                0 => shared.rank.load(Ordering::Relaxed),
+                _ => 0,
+            };
             let held = || shared.window().held_by_budget(Instant::now());
             let io = async move {
                 if out.is_empty() {
@@ -510,6 +527,7 @@ impl Session {
                 }
                 let n = writer.write(&out[..(*credit).min(out.len())]).await?;
                 *credit -= n.min(*credit);
+                *urgent = urgent.saturating_sub(n);
                 Ok(Some(n))
             };
             tokio::select! {
@@ -547,6 +565,7 @@ impl Session {
                     }
                     if quiet > PING_IDLE {
                         super::codec::encode_command(&connect::ping(), &mut link.out);
+                        self.urgent = link.out.len();
                     }
                 }
             }
@@ -582,6 +601,7 @@ impl Session {
             link.answer_challenge()?;
         } else if cmd.r#type == Type::Ping as i32 {
             super::codec::encode_command(&connect::pong(), &mut link.out);
+            self.urgent = link.out.len();
         }
         Ok(())
     }
