@@ -206,7 +206,10 @@ class ShapedBrokerPort:
 
     HANDLE = "7"
 
-    def __init__(self, rate_kbit: int, port: int = 6650, queue_ms: int = 300):
+    def __init__(self, rate_kbit: int, port: int | None = None, queue_ms: int = 300):
+        # The test broker's port (PULSAR_URL), never another broker's on this machine.
+        from urllib.parse import urlparse
+        port = port or urlparse(BROKER_URL).port or 6650
         self.rate_kbit, self.port, self.queue_ms = rate_kbit, port, queue_ms
 
     def _tc(self, *args, check=True):
@@ -269,3 +272,14 @@ def assert_once_each_in_order(seqs: list[int], source: str) -> None:
     assert dups == 0, f"{source}: {dups} frames arrived twice"
     assert not missing, f"{source}: {len(missing)} lost, first {missing[:10]}"
     assert seqs == sorted(seqs), f"{source}: out of order"
+
+
+def assert_once_each(seqs: list[int], source: str) -> None:
+    """Every seq from 0 once, in any order: with `drain = "live-first"` (the default) the frames
+    captured after an outage reach the topic before the backlog (docs/UPLINK.md "The thin link")."""
+    dups = len(seqs) - len(set(seqs))
+    missing = sorted(set(range(max(seqs, default=-1) + 1)) - set(seqs))
+    print(f"{source}: {len(seqs)} received, {dups} duplicates, {len(missing)} missing")
+    assert seqs, f"{source}: nothing received"
+    assert dups == 0, f"{source}: {dups} frames arrived twice"
+    assert not missing, f"{source}: {len(missing)} lost, first {missing[:10]}"

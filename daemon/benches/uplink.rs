@@ -45,6 +45,10 @@ async fn main() {
             send_timeout: Duration::from_secs(60),
             tls: None,
             tls_ca_file: None,
+            budget: None,
+            rank: 0,
+            stats: None,
+            fresh: false,
             compression: rigd::config::Compression::None,
             batch: if batching {
                 BatchPolicy::default()

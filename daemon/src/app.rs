@@ -16,7 +16,7 @@ use crate::events::EventMarker;
 use crate::pipeline::{self, Lane, LaneStats};
 use crate::runtime::{Runtime, SourceEntry};
 use crate::spool::Spool;
-use crate::uplink::{BatchPolicy, Producer, ProducerConfig, ProducerStats, Token};
+use crate::uplink::{BatchPolicy, Budget, ProducerConfig, ProducerStats, Token};
 use crate::wire::producer_name;
 
 /// Frames buffered between a capture thread and its lane.
@@ -26,6 +26,8 @@ const CAPTURE_QUEUE: usize = 256;
 const CAPTURE_STOP: Duration = Duration::from_secs(2);
 const LANE_SLACK: Duration = Duration::from_secs(3);
 const COMMIT_STOP: Duration = Duration::from_secs(2);
+/// The smallest window a budget leaves a source (one camera frame or a batch or two).
+const MIN_BUDGET_WINDOW: usize = 256 << 10;
 
 fn build_source(cfg: &SourceConfig, bucket_ms: u32, clock: Arc<dyn FrameClock>) -> Box<dyn Source> {
     match cfg {
@@ -106,6 +108,8 @@ struct LaneWiring<'a> {
     spool: Arc<Spool>,
     paused: Arc<AtomicBool>,
     shutdown: watch::Receiver<bool>,
+    /// `pulsar.max-bandwidth`, shared by every producer.
+    budget: Option<Arc<Budget>>,
 }
 
 /// A lane that runs: its task, its counters and its producer's.
@@ -116,40 +120,56 @@ struct SpawnedLane {
 }
 
 impl LaneWiring<'_> {
-    /// Starts the lane of source `id` (and its producer, with a broker) reading `frames`.
-    fn spawn(&self, id: &Arc<str>, frames: mpsc::Receiver<rigd_drivers::Frame>) -> SpawnedLane {
+    /// Starts the lane of source `id` (and its producer, with a broker) reading `frames`, with
+    /// uplink priority `priority`.
+    fn spawn(
+        &self,
+        id: &Arc<str>,
+        priority: u8,
+        drain: crate::config::Drain,
+        frames: mpsc::Receiver<rigd_drivers::Frame>,
+    ) -> SpawnedLane {
         let config = self.config;
-        let producer = config.pulsar.url.as_ref().map(|url| {
-            let (ack_tx, ack_rx) = mpsc::unbounded_channel();
-            let p = Producer::spawn(
-                ProducerConfig {
-                    url: url.clone(),
-                    topic: config.pulsar.topic_for(&config.rig.id, id),
-                    producer_name: producer_name(&config.rig.id, id),
-                    rig: config.rig.id.clone(),
-                    bucket_ms: config.rig.bucket_ms,
-                    token: self.token.clone(),
-                    max_in_flight: config.pulsar.max_in_flight,
-                    max_in_flight_bytes: config.pulsar.max_in_flight_bytes.0 as usize,
-                    max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
-                    send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
-                    tls: self.tls.clone(),
-                    tls_ca_file: config.pulsar.tls_ca_file.clone(),
-                    compression: config.pulsar.compression,
-                    batch: BatchPolicy::from(&config.pulsar),
-                },
-                ack_tx,
-                self.shutdown.clone(),
-            );
-            (p, ack_rx)
+        // Under a budget a source's window holds about two seconds of the whole budget: what
+        // the budget cannot send soon waits in the spool, not in memory.
+        let max_in_flight_bytes = match &self.budget {
+            Some(b) => (config.pulsar.max_in_flight_bytes.0 as usize)
+                .min((b.rate() as usize * 2).max(MIN_BUDGET_WINDOW)),
+            None => config.pulsar.max_in_flight_bytes.0 as usize,
+        };
+        let uplink_stats = Arc::new(ProducerStats::default());
+        let uplink = config.pulsar.url.as_ref().map(|url| pipeline::Uplink {
+            config: ProducerConfig {
+                url: url.clone(),
+                topic: config.pulsar.topic_for(&config.rig.id, id),
+                producer_name: producer_name(&config.rig.id, id),
+                rig: config.rig.id.clone(),
+                bucket_ms: config.rig.bucket_ms,
+                token: self.token.clone(),
+                max_in_flight: config.pulsar.max_in_flight,
+                max_in_flight_bytes,
+                max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
+                send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
+                tls: self.tls.clone(),
+                tls_ca_file: config.pulsar.tls_ca_file.clone(),
+                compression: config.pulsar.compression,
+                batch: BatchPolicy::from(&config.pulsar),
+                budget: self.budget.clone(),
+                rank: crate::uplink::budget::rank(priority, false),
+                stats: Some(uplink_stats.clone()),
+                fresh: false,
+            },
+            priority,
+            shutdown: self.shutdown.clone(),
         });
         let stats = Arc::new(LaneStats::default());
-        let uplink = producer.as_ref().map(|(p, _)| p.stats().clone());
+        let stats_of_uplink = uplink.as_ref().map(|_| uplink_stats);
         let lane = Lane {
             source: id.clone(),
             mode: config.spool.mode,
+            drain,
             frames,
-            producer,
+            uplink,
             spool: self.spool.clone(),
             stats: stats.clone(),
             paused: self.paused.clone(),
@@ -158,7 +178,7 @@ impl LaneWiring<'_> {
         SpawnedLane {
             task: tokio::spawn(lane.run()),
             stats,
-            uplink,
+            uplink: stats_of_uplink,
         }
     }
 }
@@ -216,6 +236,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let stop = StopFlag::new();
     let uplink_paused = Arc::new(AtomicBool::new(false));
+    let budget = config
+        .pulsar
+        .max_bandwidth
+        .filter(|_| config.pulsar.url.is_some())
+        .map(|b| Budget::new(b.bytes_per_second()));
     let wiring = LaneWiring {
         config: &config,
         token,
@@ -223,6 +248,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         spool: spool.clone(),
         paused: uplink_paused.clone(),
         shutdown: shutdown_rx.clone(),
+        budget,
     };
 
     // Every source: a capture thread feeding a lane (spool and uplink), watched by the watchdog.
@@ -236,7 +262,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let health = Arc::new(SourceHealth::default());
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let sink = FrameSink::new(id.clone(), first_seq, tx, health.clone());
-        let lane = wiring.spawn(&id, rx);
+        let lane = wiring.spawn(&id, sc.priority(), sc.drain(), rx);
         liveness.lane(id.clone(), lane.stats.clone());
         liveness.capture(id.clone(), health.clone(), sc, config.rig.bucket_ms);
         entries.push(SourceEntry {
@@ -246,6 +272,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             health,
             lane: lane.stats,
             uplink: lane.uplink,
+            priority: sc.priority(),
         });
         lanes.push(lane.task);
         let source = build_source(sc, config.rig.bucket_ms, clock.clone());
@@ -259,7 +286,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let (tx, rx) = mpsc::channel(16);
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let sink = FrameSink::new(id.clone(), first_seq, tx, Arc::new(SourceHealth::default()));
-        let lane = wiring.spawn(&id, rx);
+        // Markers are rare and small: first.
+        let lane = wiring.spawn(&id, 0, crate::config::Drain::InOrder, rx);
         lanes.push(lane.task);
         let topic = config
             .pulsar

@@ -312,6 +312,30 @@ impl SourceConfig {
         }
     }
 
+    /// The uplink priority (0 first): `priority`, or the modality's default.
+    pub fn priority(&self) -> u8 {
+        let written = match self {
+            SourceConfig::SyntheticCamera(c) => c.priority,
+            SourceConfig::SyntheticAudio(c) => c.priority,
+            SourceConfig::SyntheticSerial(c) => c.priority,
+            SourceConfig::Serial(c) => c.priority,
+            SourceConfig::Alsa(c) => c.priority,
+            SourceConfig::V4l(c) => c.priority,
+        };
+        written.unwrap_or_else(|| default_priority(self.modality()))
+    }
+
+    pub fn drain(&self) -> Drain {
+        match self {
+            SourceConfig::SyntheticCamera(c) => c.drain,
+            SourceConfig::SyntheticAudio(c) => c.drain,
+            SourceConfig::SyntheticSerial(c) => c.drain,
+            SourceConfig::Serial(c) => c.drain,
+            SourceConfig::Alsa(c) => c.drain,
+            SourceConfig::V4l(c) => c.drain,
+        }
+    }
+
     /// What the source's frames are (the `modality` property and the status page's card).
     pub fn modality(&self) -> Modality {
         match self {
@@ -341,6 +365,29 @@ impl SourceConfig {
 }
 
 pub use rigd_drivers::Modality;
+
+/// The lowest uplink priority (0 is the highest).
+pub const MAX_PRIORITY: u8 = 9;
+
+/// A source's uplink priority when its table says none: serial 0, audio 1, camera 2 (small and
+/// urgent first).
+pub fn default_priority(m: Modality) -> u8 {
+    match m {
+        Modality::Serial => 0,
+        Modality::Audio => 1,
+        Modality::Camera => 2,
+    }
+}
+
+/// `[[source]] drain`: after an outage, whether new frames go out live while the backlog drains
+/// with what the budget leaves (`live-first`), or wait behind it (`in-order`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Drain {
+    #[default]
+    LiveFirst,
+    InOrder,
+}
 
 /// The `kind`s a `[[source]]` may have.
 pub const SOURCE_KINDS: [&str; 6] = [
@@ -433,6 +480,11 @@ pub struct SyntheticCameraConfig {
     /// Read before the table is (it chose this struct).
     #[serde(default, rename = "kind")]
     _kind: IgnoredAny,
+    /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
+    pub priority: Option<u8>,
+    /// How a backlog drains after an outage.
+    #[serde(default)]
+    pub drain: Drain,
     #[serde(default = "default_width")]
     pub width: u32,
     #[serde(default = "default_height")]
@@ -460,6 +512,11 @@ pub struct SyntheticAudioConfig {
     /// Read before the table is (it chose this struct).
     #[serde(default, rename = "kind")]
     _kind: IgnoredAny,
+    /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
+    pub priority: Option<u8>,
+    /// How a backlog drains after an outage.
+    #[serde(default)]
+    pub drain: Drain,
     #[serde(default = "default_sample_rate")]
     pub sample_rate: u32,
     #[serde(default = "default_channels")]
@@ -485,6 +542,11 @@ pub struct SyntheticSerialConfig {
     /// Read before the table is (it chose this struct).
     #[serde(default, rename = "kind")]
     _kind: IgnoredAny,
+    /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
+    pub priority: Option<u8>,
+    /// How a backlog drains after an outage.
+    #[serde(default)]
+    pub drain: Drain,
     #[serde(default = "default_rate_hz")]
     pub rate_hz: f64,
 }
@@ -501,6 +563,11 @@ pub struct SerialSourceConfig {
     /// Read before the table is (it chose this struct).
     #[serde(default, rename = "kind")]
     _kind: IgnoredAny,
+    /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
+    pub priority: Option<u8>,
+    /// How a backlog drains after an outage.
+    #[serde(default)]
+    pub drain: Drain,
     /// Device path, e.g. `/dev/ttyUSB0` or a udev symlink; required.
     pub device: String,
     #[serde(default = "default_baud")]
@@ -601,6 +668,11 @@ pub struct AlsaSourceConfig {
     /// Read before the table is (it chose this struct).
     #[serde(default, rename = "kind")]
     _kind: IgnoredAny,
+    /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
+    pub priority: Option<u8>,
+    /// How a backlog drains after an outage.
+    #[serde(default)]
+    pub drain: Drain,
     /// ALSA PCM name (`default`, `hw:CARD=USB,DEV=0`, `plughw:1,0`, a pcm from asoundrc) or the
     /// card's description as `arecord -L` shows it.
     #[serde(default = "default_alsa_device")]
@@ -676,6 +748,11 @@ pub struct V4lSourceConfig {
     /// Read before the table is (it chose this struct).
     #[serde(default, rename = "kind")]
     _kind: IgnoredAny,
+    /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
+    pub priority: Option<u8>,
+    /// How a backlog drains after an outage.
+    #[serde(default)]
+    pub drain: Drain,
     /// A device path (`/dev/video0`, a udev symlink) or the card name as `v4l2-ctl --list-devices`
     /// shows it (looked up among /dev/video* at every open).
     #[serde(default = "default_v4l_device")]
@@ -823,6 +900,9 @@ pub struct PulsarConfig {
     /// ... held at most this long waiting for more frames of the same key.
     #[serde(default = "default_batch_delay_ms")]
     pub batch_delay_ms: u64,
+    /// One budget for all that rigd sends to the broker (every source, framing included);
+    /// absent: unlimited.
+    pub max_bandwidth: Option<Bandwidth>,
 }
 
 /// Batching defaults (the Java client's): 1000 messages, 128 KiB, 1 ms.
@@ -867,6 +947,7 @@ impl Default for PulsarConfig {
             batch_max_messages: default_batch_max_messages(),
             batch_max_bytes: default_batch_max_bytes(),
             batch_delay_ms: default_batch_delay_ms(),
+            max_bandwidth: None,
         }
     }
 }
@@ -965,6 +1046,53 @@ impl Default for WebConfig {
             tls_cert_file: None,
             tls_key_file: None,
         }
+    }
+}
+
+/// A bit rate written as tc writes one: "1800kbit", "2mbit", "64000bit" (SI: k = 1000). Held in
+/// bits per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Bandwidth(pub u64);
+
+impl Bandwidth {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: f64 = num
+            .parse()
+            .ok()
+            .filter(|n: &f64| n.is_finite())
+            .ok_or_else(|| format!("`{s}` is not a rate like 1800kbit"))?;
+        let mult = match unit.trim().to_ascii_lowercase().as_str() {
+            "bit" => 1.0,
+            "kbit" => 1e3,
+            "mbit" => 1e6,
+            "gbit" => 1e9,
+            other => {
+                return Err(format!(
+                    "unknown rate unit `{other}` in `{s}` (use bit, kbit, mbit, gbit)"
+                ))
+            }
+        };
+        let bits = n * mult;
+        if bits >= u64::MAX as f64 {
+            return Err(format!("`{s}` is too large"));
+        }
+        Ok(Bandwidth(bits.round() as u64))
+    }
+
+    pub fn bytes_per_second(self) -> u64 {
+        self.0 / 8
+    }
+}
+
+impl<'de> Deserialize<'de> for Bandwidth {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Bandwidth::parse(&s).map_err(serde::de::Error::custom)
     }
 }
 
@@ -1173,6 +1301,12 @@ impl Config {
                     s.id().len()
                 ));
             }
+            if s.priority() > MAX_PRIORITY {
+                p.push(format!(
+                    "{key}.priority: {} must be between 0 (first) and {MAX_PRIORITY}",
+                    s.priority()
+                ));
+            }
             if let Some(block) = self.audio_block_bytes(s) {
                 let limit = MAX_AUDIO_BLOCK.min(self.pulsar.max_frame_bytes.0);
                 if block > limit {
@@ -1320,6 +1454,19 @@ impl Config {
         if self.pulsar.batch_delay_ms > 1000 {
             p.push("pulsar.batch-delay-ms: must be at most 1000".to_string());
         }
+        if let Some(b) = self.pulsar.max_bandwidth {
+            if !(MIN_BANDWIDTH..=MAX_BANDWIDTH).contains(&b.0) {
+                p.push(format!(
+                    "pulsar.max-bandwidth: {} bit/s must be between 8kbit and 100gbit",
+                    b.0
+                ));
+            }
+            if self.pulsar.url.is_none() {
+                p.push(
+                    "pulsar.max-bandwidth: set without pulsar.url (nothing is sent)".to_string(),
+                );
+            }
+        }
         if self.pulsar.max_frame_bytes.0 == 0 || self.pulsar.max_frame_bytes.0 > 1 << 30 {
             p.push("pulsar.max-frame-bytes: must be between 1 and 1GiB".to_string());
         }
@@ -1390,6 +1537,8 @@ pub const MAX_BUCKET_MS: u32 = 60_000;
 const MAX_AUDIO_BLOCK: u64 = 4 << 20;
 const MIN_IN_FLIGHT_BYTES: u64 = 64 << 10;
 const MIN_FREE_RESERVE: u64 = 1 << 20;
+const MIN_BANDWIDTH: u64 = 8_000;
+const MAX_BANDWIDTH: u64 = 100_000_000_000;
 
 /// A path or device name goes to the kernel as a C string: a NUL byte cuts it.
 fn no_nul(p: &mut Vec<String>, key: &str, v: &str) {
@@ -1845,5 +1994,65 @@ mod tests {
         );
         let p = problems(&format!("{base}target = \"system\"\nsimulate-ppm = 50.0\n"));
         assert!(p.len() == 1 && p[0].contains("simulate-ppm"), "{p:?}");
+    }
+
+    #[test]
+    fn bandwidth_priority_and_drain_have_defaults_and_are_validated() {
+        let base = "[rig]\nid = \"a\"\n[pulsar]\nurl = \"pulsar://h:6650\"\n";
+        let c = Config::parse(
+            &format!(
+                "{base}max-bandwidth = \"1800kbit\"\n[[source]]\nid = \"g\"\nkind = \"synthetic-serial\"\n\
+                 [[source]]\nid = \"m\"\nkind = \"synthetic-audio\"\n[[source]]\nid = \"c\"\n\
+                 kind = \"synthetic-camera\"\npriority = 0\ndrain = \"in-order\"\n"
+            ),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.pulsar.max_bandwidth, Some(Bandwidth(1_800_000)));
+        assert_eq!(c.pulsar.max_bandwidth.unwrap().bytes_per_second(), 225_000);
+        let prio: Vec<_> = c
+            .sources
+            .iter()
+            .map(|s| (s.priority(), s.drain()))
+            .collect();
+        assert_eq!(
+            prio,
+            [
+                (0, Drain::LiveFirst),
+                (1, Drain::LiveFirst),
+                (0, Drain::InOrder)
+            ]
+        );
+        assert_eq!(Bandwidth::parse("2mbit"), Ok(Bandwidth(2_000_000)));
+        assert_eq!(Bandwidth::parse("1.5mbit"), Ok(Bandwidth(1_500_000)));
+        assert!(Bandwidth::parse("2MB").is_err());
+        let p = problems(&format!("{base}max-bandwidth = \"1800kb\"\n"));
+        assert!(
+            p.len() == 1 && p[0].starts_with("t.toml:5: pulsar.max-bandwidth: unknown rate unit"),
+            "{p:?}"
+        );
+        let p = problems(&format!("{base}max-bandwidth = \"10bit\"\n"));
+        assert_eq!(
+            p,
+            ["t.toml:5: pulsar.max-bandwidth: 10 bit/s must be between 8kbit and 100gbit"]
+        );
+        let src = "[[source]]\nid = \"g\"\nkind = \"synthetic-serial\"\n";
+        let p = problems(&format!("{base}{src}priority = 10\n"));
+        assert_eq!(
+            p,
+            ["t.toml:8: source[0].priority: 10 must be between 0 (first) and 9"]
+        );
+        let p = problems(&format!("{base}{src}priority = -1\n"));
+        assert!(
+            p.len() == 1 && p[0].starts_with("t.toml:8: source[0].priority"),
+            "{p:?}"
+        );
+        let p = problems(&format!("{base}{src}drain = \"newest\"\n"));
+        assert!(
+            p.len() == 1
+                && p[0].starts_with("t.toml:8: source[0].drain")
+                && p[0].contains("live-first"),
+            "{p:?}"
+        );
     }
 }

@@ -19,6 +19,8 @@ pub struct SourceEntry {
     pub health: Arc<SourceHealth>,
     pub lane: Arc<LaneStats>,
     pub uplink: Option<Arc<ProducerStats>>,
+    /// Uplink priority (0 first).
+    pub priority: u8,
 }
 
 /// Everything the status API reads.

@@ -45,7 +45,9 @@ impl rigd_web::StatusSource for Runtime {
             let sp = self.spool.stats(&e.id);
             // Counted once, where the refusal is logged (the producer).
             let mut refused = 0;
+            let mut wire = 0;
             if let Some(u) = &e.uplink {
+                wire = u.wire_bytes.load(Ordering::Relaxed);
                 all_connected &= u.connected.load(Ordering::Relaxed);
                 uplink.in_flight += u.in_flight.load(Ordering::Relaxed) as u64;
                 uplink.published += u.published.load(Ordering::Relaxed);
@@ -99,6 +101,30 @@ impl rigd_web::StatusSource for Runtime {
                 byte_rate: observed.rate(&e.id, "bytes", t, bytes),
                 drop_rate: observed.rate(&e.id, "drops", t, drops),
                 published: e.lane.published.load(Ordering::Relaxed),
+                priority: e.priority,
+                uplink_rate: e
+                    .uplink
+                    .as_ref()
+                    .and_then(|_| observed.rate(&e.id, "wire", t, wire)),
+                uplink_bytes: wire,
+                waiting_for_bandwidth: e.lane.waiting_for_bandwidth.load(Ordering::Relaxed),
+                bandwidth_waiting: records > 0
+                    && e.uplink
+                        .as_ref()
+                        .is_some_and(|u| u.connected.load(Ordering::Relaxed))
+                    && !self.uplink_paused.load(Ordering::Relaxed),
+                backlog_eta_s: {
+                    let pushed = sp.pushed.load(Ordering::Relaxed);
+                    let popped = sp.popped.load(Ordering::Relaxed);
+                    let i = observed.rate(&e.id, "spool-pushed", t, pushed);
+                    let o = observed.rate(&e.id, "spool-popped", t, popped);
+                    match (i, o) {
+                        (Some(i), Some(o)) if records > 0 && o - i > 0.01 => {
+                            Some(records as f64 / (o - i))
+                        }
+                        _ => None,
+                    }
+                },
                 spooled_records: records,
                 spool_bytes: sp.bytes.load(Ordering::Relaxed),
                 spool_pushed: sp.pushed.load(Ordering::Relaxed),
@@ -126,6 +152,22 @@ impl rigd_web::StatusSource for Runtime {
         }
         uplink.connected = uplink.configured && all_connected;
         uplink.publish_rate = observed.rate("", "published", t, uplink.published);
+        uplink.budget_bytes_per_second = self
+            .config
+            .pulsar
+            .max_bandwidth
+            .filter(|_| uplink.configured)
+            .map(|b| b.bytes_per_second());
+        let wire_total: u64 = self
+            .sources
+            .iter()
+            .filter_map(|e| e.uplink.as_ref())
+            .map(|u| u.wire_bytes.load(Ordering::Relaxed))
+            .sum();
+        uplink.wire_rate = uplink
+            .configured
+            .then(|| observed.rate("", "wire", t, wire_total))
+            .flatten();
         let window = observed.latency.window(t, &latency);
         uplink.latency_samples = window.count();
         uplink.latency_p50_ms = window.quantile(0.5).map(|d| d.as_secs_f64() * 1e3);

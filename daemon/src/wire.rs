@@ -23,6 +23,16 @@ pub fn producer_name(rig: &str, source: &str) -> String {
     format!("rigd-{rig}-{source}")
 }
 
+/// The producer name of a source's epoch starting at capture sequence `start` (see
+/// `spool::split`): the stable name for the first epoch, `rigd-{rig}-{source}-e{start}` after a
+/// live-first split. Names need only be unique within the source's topic.
+pub fn epoch_producer_name(rig: &str, source: &str, start: u64) -> String {
+    match start {
+        0 => producer_name(rig, source),
+        s => format!("rigd-{rig}-{source}-e{s}"),
+    }
+}
+
 /// The default topic template (`pulsar.topic`, and `--topic` of the offline tools).
 pub const DEFAULT_TOPIC: &str = "persistent://public/default/{rig}-{source}";
 

@@ -81,6 +81,15 @@ secs=60; outage=30; [ $QUICK = 1 ] && secs=8 && outage=5
 python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs "$outage" --url "$URL"
 echo
 
+echo "## Thin link: a bandwidth budget through a shaped 2 Mbit/s link, an outage, live-first drain"
+echo
+if [ "$(id -u)" = 0 ]; then
+  python3 tests/bench/thin_link.py $([ $QUICK = 1 ] && echo --quick)
+else
+  echo "(skipped: tc needs root)"
+fi
+echo
+
 echo "## Startup to READY (sd_notify), empty spool and a large one"
 echo
 spool_bytes=$((10 << 30)); [ $QUICK = 1 ] && spool_bytes=$((256 << 20))

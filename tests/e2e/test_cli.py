@@ -112,6 +112,17 @@ MALFORMED = {
     "reserved events id": (BASE + '[[source]]\nid = "events"\nkind = "synthetic-serial"\n', [("source[0].id", 4)]),
     "web bind not an address": (BASE + '[web]\nbind = "nowhere"\n', [("web.bind", 4)]),
     "duplicate key": (BASE + "[spool]\nfsync-ms = 5\nfsync-ms = 6\n", [("spool.fsync-ms", 5)]),
+    # The thin link (issue 18): the budget and each source's priority and drain order.
+    "max-bandwidth unit": (BASE + '[pulsar]\nurl = "pulsar://127.0.0.1:1"\nmax-bandwidth = "1800kb"\n', [("pulsar.max-bandwidth", 5)]),
+    "max-bandwidth too small": (BASE + '[pulsar]\nurl = "pulsar://127.0.0.1:1"\nmax-bandwidth = "800bit"\n', [("pulsar.max-bandwidth", 5)]),
+    "max-bandwidth without a broker": (BASE + '[pulsar]\nmax-bandwidth = "2mbit"\n', [("pulsar.max-bandwidth", 4)]),
+    "priority above 9": (BASE + CAM.format(id="c") + "priority = 10\n", [("source[0].priority", 6)]),
+    "priority negative": (BASE + CAM.format(id="c") + "priority = -1\n", [("source[0].priority", 6)]),
+    "priority not a number": (BASE + CAM.format(id="c") + 'priority = "high"\n', [("source[0].priority", 6)]),
+    "drain order": (BASE + CAM.format(id="c") + 'drain = "newest-first"\n', [("source[0].drain", 6)]),
+    "two thin-link mistakes": (BASE + '[[source]]\nid = "g"\nkind = "synthetic-serial"\npriority = 12\n'
+                               + CAM.format(id="c") + "priority = 11\n",
+                               [("source[0].priority", 6), ("source[1].priority", 10)]),
 }
 
 

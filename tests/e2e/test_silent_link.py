@@ -6,7 +6,7 @@ exactly once (broker dedup on). Issue 14's headline scenario; docs/UPLINK.md "Sh
 import socket
 import time
 
-from harness import (BROKER_URL, FrozenBroker, Rigd, assert_once_each_in_order, namespace_with_dedup,
+from harness import (BROKER_URL, FrozenBroker, Rigd, assert_once_each, namespace_with_dedup,
                      received_seqs, unique)
 
 # The bound docs/UPLINK.md states (systemd's TimeoutStopSec is 30 s).
@@ -88,4 +88,6 @@ def test_frozen_broker_then_sigterm_stops_in_bound_and_loses_nothing(broker, tmp
     for source in ["cam", "mic", "gps"]:
         seqs = received_seqs(f"persistent://{ns}/{rig}-{source}", idle=8)
         assert seqs, source
-        assert_once_each_in_order(seqs, source)
+        # Live-first (the default): frames captured after the restart reach the topic before
+        # the backlog, so the order on the topic is not capture order (test_thin_link).
+        assert_once_each(seqs, source)

@@ -10,7 +10,7 @@ import time
 import pulsar
 import pytest
 
-from harness import (BROKER_URL, Rigd, ShapedBrokerPort, assert_once_each_in_order, check_synthetic_jpeg, consume,
+from harness import (BROKER_URL, Rigd, ShapedBrokerPort, assert_once_each, check_synthetic_jpeg, consume,
                      namespace_with_dedup, received_seqs, unique)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tc needs root")
@@ -113,4 +113,5 @@ rate-hz = 20
     finally:
         d.close()
     for source in ["cam", "gps"]:
-        assert_once_each_in_order(received_seqs(f"persistent://{ns}/{rig}-{source}", idle=8), source)
+        # Live-first (the default): not in topic order after the restart (test_thin_link).
+        assert_once_each(received_seqs(f"persistent://{ns}/{rig}-{source}", idle=8), source)

@@ -19,7 +19,7 @@ def broker_ctl(cmd):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def config(rig, url, ns="public/default", mode="on-outage", extra_spool="", sources=None):
+def config(rig, url, ns="public/default", mode="on-outage", extra_spool="", sources=None, drain=None):
     sources = sources or """
 [[source]]
 id = "cam"
@@ -38,6 +38,8 @@ id = "gps"
 kind = "synthetic-serial"
 rate-hz = 50
 """
+    if drain:
+        sources = sources.replace('kind = "', f'drain = "{drain}"\nkind = "')
     pulsar = f'[pulsar]\nurl = "{url}"\ntopic = "persistent://{ns}/{{rig}}-{{source}}"\n' if url else ""
     return f"""
 [rig]
@@ -64,7 +66,8 @@ def received_seqs(ns, rig, source, idle=8):
 def test_broker_outage_of_30s_spools_and_drains_everything_once_in_order(broker, tmp_path):
     ns = namespace_with_dedup(unique("outage"))
     rig = unique("out")
-    d = Rigd(tmp_path, config(rig, broker, ns)).start()
+    # In order on the topic is `drain = "in-order"`'s promise (live-first: test_thin_link).
+    d = Rigd(tmp_path, config(rig, broker, ns, drain="in-order")).start()
     try:
         d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
         time.sleep(3)

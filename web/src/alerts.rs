@@ -128,6 +128,24 @@ fn uplink_alerts(s: &Status, out: &mut Vec<Alert>) {
             format!("Broker unreachable: spooling, {waiting} waiting{why}"),
         ));
     }
+    if u.configured && u.connected && !u.paused {
+        let waiting: Vec<String> = s
+            .sources
+            .iter()
+            .filter(|x| x.bandwidth_waiting)
+            .map(|x| match x.backlog_eta_s {
+                Some(eta) => format!("{} ({}, ETA {:.0} s)", x.id, bytes(x.spool_bytes), eta),
+                None => format!("{} ({})", x.id, bytes(x.spool_bytes)),
+            })
+            .collect();
+        if !waiting.is_empty() {
+            out.push(alert(
+                "info",
+                "uplink",
+                format!("Waiting for bandwidth: {}", waiting.join(", ")),
+            ));
+        }
+    }
     if !u.terminated.is_empty() {
         out.push(alert(
             "error",

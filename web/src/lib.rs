@@ -131,6 +131,20 @@ pub struct SourceStatus {
     /// Records appended to / removed from the spool since start (depth = pushed - popped).
     pub spool_pushed: u64,
     pub spool_popped: u64,
+    /// Uplink priority, 0 first (`[[source]] priority`).
+    pub priority: u8,
+    /// Bytes per second this source's producers wrote to the broker over the last few seconds:
+    /// its share of the budget.
+    pub uplink_rate: Option<f64>,
+    /// Bytes this source's producers wrote to the broker since start (framing included).
+    pub uplink_bytes: u64,
+    /// Frames spooled while the uplink was up because the budget was spent (or the window full).
+    pub waiting_for_bandwidth: u64,
+    /// The source has frames in the spool while the uplink is up: they wait for bandwidth, this
+    /// is not an outage.
+    pub bandwidth_waiting: bool,
+    /// Seconds until this source's backlog is drained at the rate it drains now.
+    pub backlog_eta_s: Option<f64>,
     /// Sequence number of the frame at `/api/sources/{id}/preview.jpg` (cameras).
     pub preview_seq: Option<u64>,
     /// Level of the latest audio block (audio sources).
@@ -176,6 +190,10 @@ pub struct UplinkStatus {
     /// Sources whose topic the broker terminated: nothing more can be published there; their
     /// frames stay in the spool.
     pub terminated: Vec<String>,
+    /// `pulsar.max-bandwidth` in bytes per second; None: unlimited.
+    pub budget_bytes_per_second: Option<u64>,
+    /// Bytes per second written to the broker by every source over the last few seconds.
+    pub wire_rate: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]

@@ -177,7 +177,44 @@ pub fn render(s: &Status) -> String {
         |x| x.last_frame_age_ms.map(|ms| ms as f64 / 1e3),
     );
 
+    e.per_source(
+        s,
+        "rigd_source_priority",
+        "gauge",
+        "The source's uplink priority (0 first).",
+        |x| Some(x.priority as f64),
+    );
+    e.per_source(
+        s,
+        "rigd_source_uplink_bytes_total",
+        "counter",
+        "Bytes the source's producers wrote to the broker (its share of the budget; framing included).",
+        |x| Some(x.uplink_bytes as f64),
+    );
+    e.per_source(
+        s,
+        "rigd_source_waiting_for_bandwidth_total",
+        "counter",
+        "Frames spooled while the uplink was up because the budget was spent.",
+        |x| Some(x.waiting_for_bandwidth as f64),
+    );
+    e.per_source(
+        s,
+        "rigd_source_backlog_eta_seconds",
+        "gauge",
+        "Seconds until the source's backlog is drained at the rate it drains now.",
+        |x| x.backlog_eta_s,
+    );
+
     // Uplink.
+    e.family(
+        "rigd_uplink_budget_bytes_per_second",
+        "gauge",
+        "pulsar.max-bandwidth in bytes per second (absent: unlimited).",
+    );
+    if let Some(b) = s.uplink.budget_bytes_per_second {
+        e.sample("rigd_uplink_budget_bytes_per_second", &[], b as f64);
+    }
     e.family(
         "rigd_uplink_configured",
         "gauge",

@@ -60,6 +60,11 @@ impl Backlog {
         self.active
     }
 
+    /// Every frame handed over from the spool has its ack.
+    pub fn settled(&self) -> bool {
+        self.handed.is_empty()
+    }
+
     /// Where a new frame goes: live only in `on-outage` mode, with no backlog, and an uplink that
     /// may take it (`uplink_open`: configured and not paused by a technician).
     pub fn route(&self, uplink_open: bool) -> Route {

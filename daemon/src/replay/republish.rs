@@ -106,6 +106,10 @@ async fn republish(
                 send_timeout: Duration::from_secs(30),
                 tls: tls.clone(),
                 tls_ca_file: target.tls_ca.clone(),
+                budget: None,
+                rank: 0,
+                stats: None,
+                fresh: false,
                 compression: crate::config::Compression::None,
                 batch: crate::uplink::BatchPolicy::default(),
             };

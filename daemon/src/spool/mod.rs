@@ -72,6 +72,7 @@ pub mod record;
 mod recovery;
 mod segments;
 pub mod snapshot;
+mod split;
 
 use bytes::Bytes;
 use rigd_drivers::Frame;

@@ -3,6 +3,7 @@
 //! and sequence ids that make broker-side deduplication exact across restarts.
 
 mod batch;
+pub mod budget;
 mod codec;
 mod compress;
 mod connect;
@@ -12,6 +13,7 @@ mod producer;
 pub mod window;
 
 pub use batch::BatchPolicy;
+pub use budget::Budget;
 pub use connect::Token;
 pub use producer::{Producer, ProducerConfig, ProducerStats, SHUTDOWN_GRACE};
 pub use window::{Ack, Outcome};

@@ -18,9 +18,12 @@ use super::connect::Token;
 
 /// The highest sequence id of the topic's last message (a batch's highest), or None for a topic
 /// without messages. Errors name what failed; the caller then trusts the broker's answer alone.
+/// A last message from another producer name (a source's epochs share the topic, see
+/// `spool::split`) says nothing about this producer's frames: an error.
 pub async fn last_sequence_id(
     url: &str,
     topic: &str,
+    producer_name: &str,
     token: &Token,
     tls_ca: Option<&Path>,
 ) -> Result<Option<u64>, String> {
@@ -61,6 +64,12 @@ pub async fn last_sequence_id(
         .ok_or("the reader closed")?
         .map_err(|e| e.to_string())?;
     let m = msg.metadata();
+    if m.producer_name != producer_name {
+        return Err(format!(
+            "the topic's last message is from producer {}, not {producer_name}",
+            m.producer_name
+        ));
+    }
     Ok(Some(m.highest_sequence_id.unwrap_or(m.sequence_id)))
 }
 

@@ -17,6 +17,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::batch::BatchPolicy;
+use super::budget::Budget;
 use super::connect::{self, Link, LinkError, Setup, Token};
 use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
 use crate::backoff::Backoff;
@@ -28,6 +29,9 @@ const DEAD_IDLE: Duration = Duration::from_secs(90);
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Written ahead into the socket per turn (whole frames).
 const WRITE_AHEAD: usize = 1 << 20;
+/// ... under a bandwidth budget: little, so that a keepalive answer queued behind it goes out soon
+/// (it jumps the budget's queue, see `urgent`).
+const BUDGET_WRITE_AHEAD: usize = 64 << 10;
 /// A link with no progress for this long while frames are outstanding is reported stalled
 /// (status: not connected; new frames spool).
 const STALL_AFTER: Duration = Duration::from_secs(5);
@@ -62,6 +66,16 @@ pub struct ProducerConfig {
     pub compression: crate::config::Compression,
     /// Batching of small frames (`BatchPolicy::default()`: the Java client's defaults).
     pub batch: BatchPolicy,
+    /// `pulsar.max-bandwidth`, shared by every producer: each socket write waits for it.
+    pub budget: Option<Arc<Budget>>,
+    /// This producer's rank in the budget ([`super::budget::rank`]); an even rank is a source's
+    /// live producer (see [`Producer::to_backlog`]).
+    pub rank: usize,
+    /// Shared by a source's producers (one per epoch); None: its own.
+    pub stats: Option<Arc<ProducerStats>>,
+    /// No frame was ever sent under this producer name (an epoch this process opened): the
+    /// topic is not probed at its creation (its last message is another producer's).
+    pub fresh: bool,
 }
 
 /// State shared with status and metrics.
@@ -75,6 +89,8 @@ pub struct ProducerStats {
     pub reconnects: AtomicU64,
     pub refused: AtomicU64,
     pub max_message_size: AtomicUsize,
+    /// Bytes written to the socket (every command and message: what the budget is charged).
+    pub wire_bytes: AtomicU64,
     /// The broker terminated the topic: nothing more can be published to it.
     pub terminated: AtomicBool,
     pub last_error: Mutex<String>,
@@ -102,9 +118,27 @@ struct Shared {
     closing: AtomicBool,
     source: String,
     last_refused_log: Mutex<Option<Instant>>,
+    /// The budget rank, changed when a live producer becomes a backlog's.
+    rank: AtomicUsize,
+    /// This producer's own link state (`stats.connected` follows it while `live`).
+    connected: AtomicBool,
+    /// Frames in this producer's window.
+    held: AtomicUsize,
+    /// The producer of a source's live frames: the one whose connection and window the shared
+    /// stats report (a source's producers share one [`ProducerStats`]).
+    live: AtomicBool,
 }
 
 impl Shared {
+    /// Sets this producer's link state; returns the previous one.
+    fn set_connected(&self, up: bool) -> bool {
+        let was = self.connected.swap(up, Ordering::AcqRel);
+        if self.live.load(Ordering::Relaxed) {
+            self.stats.connected.store(up, Ordering::Release);
+        }
+        was
+    }
+
     fn window(&self) -> MutexGuard<'_, Window> {
         self.window.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -137,7 +171,10 @@ impl Shared {
             }
             let _ = self.acks.send(ack);
         }
-        self.stats.in_flight.store(w.frames(), Ordering::Relaxed);
+        self.held.store(w.frames(), Ordering::Relaxed);
+        if self.live.load(Ordering::Relaxed) {
+            self.stats.in_flight.store(w.frames(), Ordering::Relaxed);
+        }
         if any {
             self.room.notify_one();
         }
@@ -177,7 +214,10 @@ impl Producer {
         );
         let shared = Arc::new(Shared {
             window: Mutex::new(window),
-            stats: Arc::new(ProducerStats::default()),
+            stats: cfg.stats.clone().unwrap_or_default(),
+            connected: AtomicBool::new(false),
+            held: AtomicUsize::new(0),
+            live: AtomicBool::new(cfg.rank % 2 == 0),
             acks,
             work: Notify::new(),
             room: Notify::new(),
@@ -189,6 +229,7 @@ impl Producer {
                 .unwrap_or(&cfg.topic)
                 .to_string(),
             last_refused_log: Mutex::new(None),
+            rank: AtomicUsize::new(cfg.rank),
         });
         let setup = Setup::new(
             cfg.url.clone(),
@@ -204,6 +245,10 @@ impl Producer {
                 shutdown,
                 tls_ca_file: cfg.tls_ca_file.clone(),
                 created: false,
+                budget: cfg.budget.clone(),
+                credit: 0,
+                urgent: 0,
+                fresh: cfg.fresh,
             }
             .run(),
         );
@@ -228,8 +273,20 @@ impl Producer {
         self.shared.room.notified().await
     }
 
+    /// Makes this producer a backlog's (`uplink::budget::rank` with backlog): a later epoch's
+    /// producer now takes the live frames and reports the source's link state.
+    pub fn to_backlog(&self, rank: usize) {
+        self.shared.rank.store(rank, Ordering::Relaxed);
+        self.shared.live.store(false, Ordering::Relaxed);
+    }
+
+    /// Frames in this producer's window (not yet acked).
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::Relaxed)
+    }
+
     pub fn is_connected(&self) -> bool {
-        self.shared.stats.connected.load(Ordering::Acquire)
+        self.shared.connected.load(Ordering::Acquire)
     }
 
     pub fn stats(&self) -> &Arc<ProducerStats> {
@@ -253,8 +310,11 @@ impl Producer {
         let mut w = self.shared.window();
         self.shared.settle(&mut w);
         let left = w.take_all();
-        self.shared.stats.in_flight.store(0, Ordering::Relaxed);
-        self.shared.stats.connected.store(false, Ordering::Release);
+        self.shared.held.store(0, Ordering::Relaxed);
+        if self.shared.live.load(Ordering::Relaxed) {
+            self.shared.stats.in_flight.store(0, Ordering::Relaxed);
+        }
+        self.shared.set_connected(false);
         left
     }
 }
@@ -268,6 +328,14 @@ struct Session {
     /// A producer was created once in this process (the window judges earlier runs' frames
     /// against the first creation only).
     created: bool,
+    budget: Option<Arc<Budget>>,
+    /// Bytes granted by the budget and not yet written (given back when a connection ends).
+    credit: usize,
+    /// Bytes of `out` up to and including a queued PING or PONG: written at the budget's top
+    /// rank, so that a producer the budget starves still answers the broker's keepalive (the
+    /// broker closes a connection that does not) at the cost of a small priority inversion.
+    urgent: usize,
+    fresh: bool,
 }
 
 impl Session {
@@ -295,7 +363,7 @@ impl Session {
             };
             let result = match established {
                 Ok((mut link, mut broker_last)) => {
-                    if !self.created && broker_last.is_none() {
+                    if !self.created && broker_last.is_none() && !self.fresh {
                         broker_last = tokio::select! {
                             r = probe(&self.setup, self.tls_ca_file.as_deref()) => r,
                             _ = stopped(&mut self.shutdown, &shared) => break,
@@ -321,11 +389,15 @@ impl Session {
                         broker_last,
                         Instant::now(),
                     );
-                    stats.connected.store(true, Ordering::Release);
+                    shared.set_connected(true);
                     shared.room.notify_one();
                     let r = self.serve(&mut link).await;
+                    if let Some(b) = &self.budget {
+                        b.refund(std::mem::take(&mut self.credit));
+                    }
+                    self.urgent = 0;
                     shared.window().disconnected();
-                    stats.connected.store(false, Ordering::Release);
+                    shared.set_connected(false);
                     shared.room.notify_one();
                     r
                 }
@@ -362,7 +434,7 @@ impl Session {
                 _ = stopped(&mut self.shutdown, &shared) => break,
             }
         }
-        stats.connected.store(false, Ordering::Release);
+        shared.set_connected(false);
     }
 
     /// Writes what the window gives and feeds back what the broker says, until the link fails,
@@ -383,7 +455,11 @@ impl Session {
             let (batch_due, health, idle) = {
                 let mut w = shared.window();
                 w.close_batch_if_due(now);
-                while link.out.len() < WRITE_AHEAD && !abort_armed {
+                let ahead = match self.budget {
+                    Some(_) => BUDGET_WRITE_AHEAD,
+                    None => WRITE_AHEAD,
+                };
+                while link.out.len() < ahead && !abort_armed {
                     match w.encode_next(&mut link.out, now) {
                         Some(e) if e.chunks > 1 && abort_after_chunk() == Some(e.chunk) => {
                             abort_armed = true;
@@ -396,7 +472,7 @@ impl Session {
                 (w.batch_due(), w.health(now), w.idle())
             };
             let moving = health == Health::Moving;
-            if shared.stats.connected.swap(moving, Ordering::AcqRel) != moving {
+            if shared.set_connected(moving) != moving {
                 shared.room.notify_one();
                 if !moving {
                     let why = format!(
@@ -427,14 +503,32 @@ impl Session {
                 tokio::time::Instant::from_std(t.unwrap_or(now + Duration::from_secs(3600)))
             };
             // One write (or, once everything is written, a flush for TLS) per turn; cancel-safe:
-            // bytes leave `out` only when the socket took them.
+            // bytes leave `out` only when the socket took them, and budget granted for a write
+            // that did not happen stays in `credit`. Bytes held back by the budget are not a
+            // stalled link (the window is told).
             let (writer, out) = (&mut link.writer, &link.out);
+            let budget = self.budget.as_deref();
+            let credit = &mut self.credit;
+            let urgent = &mut self.urgent;
+            let rank = match *urgent {
+                0 => shared.rank.load(Ordering::Relaxed),
+                _ => 0,
+            };
+            let held = || shared.window().held_by_budget(Instant::now());
             let io = async move {
                 if out.is_empty() {
-                    writer.flush().await.map(|()| None)
-                } else {
-                    writer.write(out).await.map(Some)
+                    return writer.flush().await.map(|()| None);
                 }
+                let Some(b) = budget else {
+                    return writer.write(out).await.map(Some);
+                };
+                if *credit == 0 {
+                    *credit = b.acquire(rank, out.len(), held).await;
+                }
+                let n = writer.write(&out[..(*credit).min(out.len())]).await?;
+                *credit -= n.min(*credit);
+                *urgent = urgent.saturating_sub(n);
+                Ok(Some(n))
             };
             tokio::select! {
                 biased;
@@ -454,6 +548,7 @@ impl Session {
                         Some(0) => return Err(LinkError::Closed),
                         Some(n) => {
                             link.out.advance(n);
+                            shared.stats.wire_bytes.fetch_add(n as u64, Ordering::Relaxed);
                             need_flush = true;
                             shared.window().progressed(Instant::now());
                         }
@@ -470,6 +565,7 @@ impl Session {
                     }
                     if quiet > PING_IDLE {
                         super::codec::encode_command(&connect::ping(), &mut link.out);
+                        self.urgent = link.out.len();
                     }
                 }
             }
@@ -505,6 +601,7 @@ impl Session {
             link.answer_challenge()?;
         } else if cmd.r#type == Type::Ping as i32 {
             super::codec::encode_command(&connect::pong(), &mut link.out);
+            self.urgent = link.out.len();
         }
         Ok(())
     }
@@ -516,7 +613,13 @@ impl Session {
 async fn probe(setup: &Setup, tls_ca: Option<&std::path::Path>) -> Option<u64> {
     let r = tokio::time::timeout(
         PROBE_TIMEOUT,
-        super::probe::last_sequence_id(&setup.url, &setup.topic, &setup.token, tls_ca),
+        super::probe::last_sequence_id(
+            &setup.url,
+            &setup.topic,
+            &setup.producer_name,
+            &setup.token,
+            tls_ca,
+        ),
     )
     .await
     .unwrap_or_else(|_| Err("timed out".into()));

@@ -573,6 +573,13 @@ impl Window {
         self.last_progress = now;
     }
 
+    /// Bytes are ready but the bandwidth budget holds them back (other sources go first): the
+    /// link is not to blame, so the stall and dead clocks start again. A link that dies while
+    /// the budget holds a source back is found once it writes again.
+    pub fn held_by_budget(&mut self, now: Instant) {
+        self.last_progress = now;
+    }
+
     /// A receipt. Receipts for chunks that already have one (a resend the broker deduplicated)
     /// are ignored; a receipt for a chunk not yet due is a protocol violation (reconnect).
     pub fn on_receipt(&mut self, sequence_id: u64, now: Instant) -> Result<(), String> {

@@ -1,0 +1,125 @@
+//! Sending epochs: where a source's capture sequence was split between a backlog and live frames
+//! (`drain = "live-first"`), so that every frame is published under one producer name forever.
+//!
+//! Broker deduplication is per producer name and takes only increasing sequence ids, so frames
+//! older than ones already sent cannot follow under the same name. When live frames overtake a
+//! backlog, the live frames move to a new producer name instead (the backlog keeps the name it
+//! was captured under and drains in order behind what that producer already sent). An epoch is
+//! the range of capture sequences from one split to the next; its producer name is derived from
+//! its first sequence (`uplink`: `rigd-{rig}-{source}` for the first, `rigd-{rig}-{source}-e{start}` after).
+//!
+//! On-disk format: `epochs/{source}` under the spool directory, one decimal start sequence per
+//! line, ascending, the epoch starting at 0 implied. Written whole to a temporary file, fsynced,
+//! renamed over the old one, then the directory fsynced: a crash leaves the old list or the new
+//! one, never a torn one. Kept outside the sled index on purpose: an index rebuild must never
+//! forget a split, or frames of a later epoch would go out under an earlier name and be dropped
+//! as duplicates.
+//!
+//! Invariant: a split is durable before any frame is sent under its new name ([`Spool::add_epoch`]
+//! returns only then), and its start is above every sequence already captured, so no frame of
+//! the new epoch was ever sent under an earlier epoch's name.
+
+use std::io::Write;
+
+use super::{Spool, SpoolError};
+
+impl Spool {
+    fn epochs_path(&self, source: &str) -> std::path::PathBuf {
+        self.path.join("epochs").join(source)
+    }
+
+    /// The start sequences of `source`'s epochs after the first (which starts at 0), ascending.
+    /// A list that cannot be read is an error: publishing without it could lose frames.
+    pub fn epochs(&self, source: &str) -> Result<Vec<u64>, SpoolError> {
+        let path = self.epochs_path(source);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(SpoolError::Io {
+                    path,
+                    op: "read epochs",
+                    source,
+                })
+            }
+        };
+        let mut starts = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let bad = |what: &str| SpoolError::Io {
+                path: path.clone(),
+                op: "read epochs",
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string()),
+            };
+            let n: u64 = line.trim().parse().map_err(|_| bad("not a number"))?;
+            if starts.last().is_some_and(|&l| l >= n) {
+                return Err(bad("starts not ascending"));
+            }
+            starts.push(n);
+        }
+        Ok(starts)
+    }
+
+    /// Records that `source`'s frames from `start` on go out under a new epoch's producer name.
+    /// Durable when it returns. `start` must be above every earlier start.
+    pub fn add_epoch(&self, source: &str, start: u64) -> Result<(), SpoolError> {
+        let mut starts = self.epochs(source)?;
+        let path = self.epochs_path(source);
+        let io = |op: &'static str| {
+            let path = path.clone();
+            move |source| SpoolError::Io { path, op, source }
+        };
+        if starts.last().is_some_and(|&l| l >= start) {
+            return Err(io("add epoch")(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("epoch start {start} is not above the last one"),
+            )));
+        }
+        starts.push(start);
+        let dir = self.path.join("epochs");
+        std::fs::create_dir_all(&dir).map_err(io("create epochs directory"))?;
+        let tmp = dir.join(format!(".{source}.tmp"));
+        let mut text = String::new();
+        for s in &starts {
+            text.push_str(&s.to_string());
+            text.push('\n');
+        }
+        let mut f = std::fs::File::create(&tmp).map_err(io("write epochs"))?;
+        f.write_all(text.as_bytes()).map_err(io("write epochs"))?;
+        f.sync_all().map_err(io("sync epochs"))?;
+        std::fs::rename(&tmp, &path).map_err(io("rename epochs"))?;
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("sync epochs directory"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::SpoolConfig;
+
+    #[test]
+    fn epochs_survive_a_reopen_and_only_ascend() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = SpoolConfig {
+            path: dir.path().join("spool"),
+            ..SpoolConfig::default()
+        };
+        {
+            let s = super::Spool::open(&cfg).unwrap();
+            assert_eq!(s.epochs("cam").unwrap(), Vec::<u64>::new());
+            s.add_epoch("cam", 100).unwrap();
+            s.add_epoch("cam", 250).unwrap();
+            assert!(s.add_epoch("cam", 250).is_err());
+            assert!(s.add_epoch("cam", 7).is_err());
+            assert_eq!(s.epochs("gps").unwrap(), Vec::<u64>::new());
+        }
+        let s = super::Spool::open(&cfg).unwrap();
+        assert_eq!(s.epochs("cam").unwrap(), vec![100, 250]);
+        std::fs::write(dir.path().join("spool/epochs/cam"), "100\nx\n").unwrap();
+        assert!(
+            s.epochs("cam").is_err(),
+            "a damaged list is an error, not a guess"
+        );
+    }
+}

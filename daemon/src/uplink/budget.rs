@@ -1,0 +1,326 @@
+//! The bandwidth budget (`pulsar.max-bandwidth`): one token bucket for every byte rigd writes to
+//! the broker (all sources, every producer, chunk and batch framing, pings), shared by strict
+//! priority.
+//!
+//! [`Arbiter`] is pure (time is an input) and holds the rules; [`Budget`] is the shared handle the
+//! producer sessions await before each socket write.
+//!
+//! Rules:
+//! - The bucket fills at `rate` bytes per second up to `burst` bytes. A grant may take the bucket
+//!   below zero (a debt, at most [`MAX_GRANT`]): writes stay whole-ish while the average holds, and
+//!   a grant is refunded for bytes the socket did not take, so what is charged is what was written.
+//! - A writer waits while the bucket is empty, or while a writer of a better rank waits: within the
+//!   budget a better rank always goes first (rank = priority * 2, +1 for a backlog, so a source's
+//!   live frames go before its backlog and a backlog before the next priority's live frames).
+//! - Nothing here knows frames: ranks and byte counts only.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The most one grant gives (and so the deepest debt): at 1.8 Mbit/s, 73 ms of the link, the
+/// longest a better rank waits behind a write already granted.
+pub const MAX_GRANT: usize = 16 << 10;
+/// Ranks: priorities 0..=9, each live and backlog.
+pub const RANKS: usize = 20;
+
+/// The rank of a source's traffic: live before backlog, priority 0 first.
+pub fn rank(priority: u8, backlog: bool) -> usize {
+    (priority as usize * 2 + backlog as usize).min(RANKS - 1)
+}
+
+/// What a writer may do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// Write up to this many bytes (already charged; refund what the socket does not take).
+    Bytes(usize),
+    /// Ask again at this time (or when a writer of a better rank is done).
+    WaitUntil(Instant),
+}
+
+/// The bucket and who waits on it. Pure.
+#[derive(Debug)]
+pub struct Arbiter {
+    /// Bytes per second.
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+    /// Writers waiting, per rank.
+    waiting: [u32; RANKS],
+}
+
+impl Arbiter {
+    /// A budget of `rate` bytes per second, starting full.
+    pub fn new(rate: u64, now: Instant) -> Self {
+        let rate = rate.max(1) as f64;
+        // A tenth of a second of the link, at least one grant.
+        let burst = (rate / 10.0).max(MAX_GRANT as f64);
+        Arbiter {
+            rate,
+            burst,
+            tokens: burst,
+            last: now,
+            waiting: [0; RANKS],
+        }
+    }
+
+    pub fn rate(&self) -> u64 {
+        self.rate as u64
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = self.last.max(now);
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+    }
+
+    /// A writer of `rank` with `want` bytes ready. Call [`Arbiter::wait`] when told to wait and
+    /// [`Arbiter::done_waiting`] once it stops waiting (granted or gone).
+    pub fn ask(&mut self, rank: usize, want: usize, now: Instant) -> Grant {
+        self.refill(now);
+        let better_waits = self.waiting[..rank.min(RANKS)].iter().any(|&n| n > 0);
+        if self.tokens > 0.0 && !better_waits {
+            let n = want.clamp(1, MAX_GRANT);
+            self.tokens -= n as f64;
+            return Grant::Bytes(n);
+        }
+        let short = if self.tokens > 0.0 {
+            // A better rank goes first: look again soon, it will have taken its share.
+            1.0 / self.rate
+        } else {
+            (-self.tokens + 1.0) / self.rate
+        };
+        Grant::WaitUntil(now + Duration::from_secs_f64(short.clamp(0.001, 1.0)))
+    }
+
+    pub fn wait(&mut self, rank: usize) {
+        self.waiting[rank.min(RANKS - 1)] += 1;
+    }
+
+    pub fn done_waiting(&mut self, rank: usize) {
+        let w = &mut self.waiting[rank.min(RANKS - 1)];
+        *w = w.saturating_sub(1);
+    }
+
+    /// Bytes granted but not written.
+    pub fn refund(&mut self, n: usize) {
+        self.tokens = (self.tokens + n as f64).min(self.burst);
+    }
+}
+
+/// The shared budget: an [`Arbiter`] behind a lock.
+#[derive(Debug)]
+pub struct Budget {
+    arbiter: Mutex<Arbiter>,
+    rate: u64,
+}
+
+impl Budget {
+    pub fn new(rate_bytes_per_second: u64) -> Arc<Self> {
+        Arc::new(Budget {
+            arbiter: Mutex::new(Arbiter::new(rate_bytes_per_second, Instant::now())),
+            rate: rate_bytes_per_second,
+        })
+    }
+
+    /// Bytes per second.
+    pub fn rate(&self) -> u64 {
+        self.rate
+    }
+
+    fn arbiter(&self) -> MutexGuard<'_, Arbiter> {
+        self.arbiter.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until a writer of `rank` may write, and returns how many bytes (at most `want`,
+    /// charged). Cancel-safe: a cancelled wait leaves nothing charged and no waiter registered.
+    /// `waiting` is called every time the writer is held (the session tells its window that the
+    /// budget, not the link, holds the bytes back).
+    pub async fn acquire(&self, rank: usize, want: usize, mut waiting: impl FnMut()) -> usize {
+        let mut registered: Option<Registered<'_>> = None;
+        loop {
+            let g = self.arbiter().ask(rank, want, Instant::now());
+            match g {
+                Grant::Bytes(n) => {
+                    drop(registered);
+                    return n;
+                }
+                Grant::WaitUntil(t) => {
+                    if registered.is_none() {
+                        self.arbiter().wait(rank);
+                        registered = Some(Registered { budget: self, rank });
+                    }
+                    waiting();
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await;
+                }
+            }
+        }
+    }
+
+    pub fn refund(&self, n: usize) {
+        if n > 0 {
+            self.arbiter().refund(n);
+        }
+    }
+}
+
+/// A waiter's registration, undone when the wait ends or is cancelled.
+struct Registered<'a> {
+    budget: &'a Budget,
+    rank: usize,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.budget.arbiter().done_waiting(self.rank);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn granted(g: Grant) -> usize {
+        match g {
+            Grant::Bytes(n) => n,
+            Grant::WaitUntil(_) => 0,
+        }
+    }
+
+    /// Writers of the given ranks, each always with `MAX_GRANT` bytes ready, served for `secs`
+    /// seconds in 1 ms steps: the bytes each got.
+    fn run(rate: u64, ranks: &[usize], demand: &[Option<u64>], secs: u64) -> Vec<u64> {
+        let t0 = Instant::now();
+        let mut a = Arbiter::new(rate, t0);
+        let mut got = vec![0u64; ranks.len()];
+        let mut waiting = vec![false; ranks.len()];
+        for ms in 0..secs * 1000 {
+            let now = t0 + Duration::from_millis(ms);
+            for (i, &r) in ranks.iter().enumerate() {
+                // A writer with a rate of its own has only what it captured so far.
+                let ready = match demand[i] {
+                    Some(bps) => (bps * ms / 1000).saturating_sub(got[i]) as usize,
+                    None => MAX_GRANT,
+                };
+                if ready == 0 {
+                    if waiting[i] {
+                        a.done_waiting(r);
+                        waiting[i] = false;
+                    }
+                    continue;
+                }
+                match a.ask(r, ready, now) {
+                    Grant::Bytes(n) => {
+                        got[i] += n as u64;
+                        if waiting[i] {
+                            a.done_waiting(r);
+                            waiting[i] = false;
+                        }
+                    }
+                    Grant::WaitUntil(t) => {
+                        assert!(t > now && t <= now + Duration::from_secs(1));
+                        if !waiting[i] {
+                            a.wait(r);
+                            waiting[i] = true;
+                        }
+                    }
+                }
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn the_rate_holds_over_time_whatever_the_writers() {
+        let rate = 225_000; // 1800 kbit/s
+        for ranks in [vec![4], vec![0, 1, 4, 5], vec![4, 4, 4]] {
+            let demand = vec![None; ranks.len()];
+            let total: u64 = run(rate, &ranks, &demand, 60).iter().sum();
+            let expect = rate * 60;
+            // At most the starting burst and one grant of debt above the rate.
+            assert!(
+                total <= expect + (rate / 10).max(MAX_GRANT as u64) + MAX_GRANT as u64,
+                "{ranks:?}: {total} > {expect}"
+            );
+            assert!(total as f64 >= expect as f64 * 0.99, "{ranks:?}: {total}");
+        }
+    }
+
+    #[test]
+    fn a_better_rank_goes_first_and_the_rest_gets_what_it_leaves() {
+        let rate = 225_000;
+        // Serial (rank 0) 2 kB/s, audio (rank 2) 32 kB/s, camera live (4) and backlog (5) unbounded.
+        let got = run(
+            rate,
+            &[0, 2, 4, 5],
+            &[Some(2_000), Some(32_000), None, None],
+            60,
+        );
+        assert!(got[0] >= 2_000 * 59, "serial got {}", got[0]);
+        assert!(got[1] >= 32_000 * 59, "audio got {}", got[1]);
+        let leftover = rate * 60 - got[0] - got[1];
+        assert!(
+            got[2] as f64 >= leftover as f64 * 0.98,
+            "camera live {got:?}"
+        );
+        assert!(
+            got[3] < (MAX_GRANT * 2) as u64,
+            "the backlog waits: {got:?}"
+        );
+        // With a camera live rate below what is left, its backlog drains with the rest.
+        let got = run(
+            rate,
+            &[0, 2, 4, 5],
+            &[Some(2_000), Some(32_000), Some(100_000), None],
+            60,
+        );
+        assert!(got[2] >= 100_000 * 59, "{got:?}");
+        let leftover = rate * 60 - got[0] - got[1] - got[2];
+        assert!(got[3] as f64 >= leftover as f64 * 0.95, "{got:?}");
+    }
+
+    #[test]
+    fn a_grant_is_at_most_max_grant_and_a_refund_returns_tokens() {
+        let t0 = Instant::now();
+        let mut a = Arbiter::new(10_000, t0);
+        assert_eq!(granted(a.ask(0, 1 << 20, t0)), MAX_GRANT);
+        // In debt: wait about as long as the debt takes to pay at the rate.
+        let Grant::WaitUntil(t) = a.ask(0, 100, t0) else {
+            panic!("no debt")
+        };
+        assert!(t > t0);
+        a.refund(MAX_GRANT);
+        assert_eq!(granted(a.ask(0, 100, t0)), 100);
+        // A lower rank waits while a better one is registered, even with tokens in the bucket.
+        a.wait(1);
+        assert!(matches!(a.ask(3, 100, t0), Grant::WaitUntil(_)));
+        assert_eq!(granted(a.ask(1, 100, t0)), 100);
+        a.done_waiting(1);
+        assert_eq!(granted(a.ask(3, 100, t0)), 100);
+        assert_eq!(rank(0, false), 0);
+        assert_eq!(rank(2, true), 5);
+        assert_eq!(rank(9, true), RANKS - 1);
+    }
+
+    #[tokio::test]
+    async fn acquire_waits_for_tokens_and_a_cancelled_wait_leaves_no_waiter() {
+        let b = Budget::new(16_384);
+        let mut held = 0;
+        assert_eq!(b.acquire(2, MAX_GRANT * 2, || held += 1).await, MAX_GRANT);
+        let t = Instant::now();
+        let mut total = 0;
+        while total < 24_000 {
+            total += b.acquire(2, 1000, || held += 1).await;
+        }
+        // The first burst is spent: 24 kB at 16 kB/s take about 1.5 s.
+        assert!(
+            t.elapsed() >= Duration::from_millis(1300),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!(held > 0);
+        // Cancelled while waiting: no waiter left behind to block the lower ranks.
+        let _ = tokio::time::timeout(Duration::from_millis(1), b.acquire(0, 1000, || {})).await;
+        assert_eq!(b.arbiter().waiting.iter().sum::<u32>(), 0);
+    }
+}
