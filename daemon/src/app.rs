@@ -37,6 +37,7 @@ fn build_source(cfg: &SourceConfig, bucket_ms: u32, clock: Arc<dyn FrameClock>) 
             c.height,
             c.fps,
             c.frame_bytes.map(|b| b.0 as usize),
+            c.format,
             clock,
         )),
         SourceConfig::SyntheticAudio(c) => Box::new(SyntheticAudio::new(

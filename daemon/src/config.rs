@@ -493,6 +493,9 @@ pub struct SyntheticCameraConfig {
     pub fps: f64,
     /// Pads each JPEG to this many bytes (large-frame tests).
     pub frame_bytes: Option<ByteSize>,
+    /// `mjpeg`: JPEGs handed over; `yuyv`: raw frames encoded as a raw V4L2 camera's are.
+    #[serde(default)]
+    pub format: rigd_drivers::synthetic::CameraFormat,
 }
 
 fn default_width() -> u32 {
@@ -1330,6 +1333,13 @@ impl Config {
                             p.push(format!("{key}.{name}: {v} must be between 1 and 16384"));
                         }
                     }
+                    if c.format == rigd_drivers::synthetic::CameraFormat::Yuyv && c.width % 2 != 0 {
+                        // YUYV packs two pixels' chroma together.
+                        p.push(format!(
+                            "{key}.width: {} must be even with format = \"yuyv\"",
+                            c.width
+                        ));
+                    }
                     if let Some(b) = c.frame_bytes {
                         if b.0 > self.pulsar.max_frame_bytes.0 {
                             p.push(format!(
@@ -1912,6 +1922,8 @@ mod tests {
             (format!("{rig}{cam}{cam}[[source]]\nkind = \"serial\"\n"), vec!["t.toml:9: source[2]: missing field `id`"]),
             (format!("{rig}[[source]]\nid = \"g\"\nkind = \"serial\"\ndevice = \"/dev/ttyS0\"\nparity = \"weird\"\n"), vec!["t.toml:7: source[0].parity:"]),
             (format!("{rig}{cam}fsp = 3\n"), vec!["t.toml:6: source[0].fsp: unknown field"]),
+            (format!("{rig}{cam}format = \"h264\"\n"), vec!["t.toml:6: source[0].format: unknown variant `h264`, expected `mjpeg` or `yuyv`"]),
+            (format!("{rig}{cam}format = \"yuyv\"\nwidth = 641\n"), vec!["t.toml:7: source[0].width: 641 must be even with format = \"yuyv\""]),
             // Problems in two sources are both reported.
             (format!("{rig}{cam}fps = \"fast\"\n{cam}height = -1\n"), vec!["t.toml:6: source[0].fps:", "t.toml:10: source[1].height:"]),
             (format!("{rig}[[source]]\nid = \"m\"\nkind = \"alsa\"\nchannels = 2.5\n"), vec!["t.toml:6: source[0].channels:"]),

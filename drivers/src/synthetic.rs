@@ -5,6 +5,11 @@
 //! Camera frames carry a JPEG comment `rigd-synthetic v1 crc32=<8 hex>` whose CRC-32 (zlib's)
 //! covers every byte after that comment segment, so a consumer can check a frame arrived
 //! byte-identical.
+//!
+//! The camera has two formats ([`CameraFormat`]): `mjpeg` hands over JPEGs (large ones rendered
+//! once and cycled, as an MJPEG camera hands over encoded bytes), `yuyv` draws a raw YUYV 4:2:2
+//! frame each time and encodes it with `camera::yuyv_to_jpeg`, the encoder a raw V4L2 camera's
+//! frames go through, so that a benchmark measures the real encoder cost.
 
 use bytes::Bytes;
 use std::f64::consts::PI;
@@ -13,10 +18,15 @@ use std::time::{Duration, Instant};
 
 use crate::{FrameClock, FrameSink, Media, Source, SourceError, StopFlag};
 
+/// JPEG quality of encoded `yuyv` frames (the `v4l` source's default `jpeg-quality`).
+const YUYV_JPEG_QUALITY: u8 = 80;
+
 /// Paces a loop at a fixed period against a monotonic clock; skips periods it fell behind on.
 struct Pacer {
     period: Duration,
     next: Instant,
+    /// Periods skipped since the last [`Pacer::take_skipped`].
+    skipped: u64,
 }
 
 impl Pacer {
@@ -24,7 +34,11 @@ impl Pacer {
         Self {
             period,
             next: Instant::now() + period,
+            skipped: 0,
         }
+    }
+    fn take_skipped(&mut self) -> u64 {
+        std::mem::take(&mut self.skipped)
     }
     /// Waits for the next tick; false when stopped.
     fn wait(&mut self, stop: &StopFlag) -> bool {
@@ -37,6 +51,7 @@ impl Pacer {
         if now > self.next + self.period {
             let behind = (now - self.next).as_nanos() / self.period.as_nanos();
             self.next += self.period * behind as u32;
+            self.skipped += behind as u64;
         }
         !stop.is_raised()
     }
@@ -48,6 +63,26 @@ fn closed(id: &str) -> SourceError {
     }
 }
 
+/// What a synthetic camera's frames start as (config `format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CameraFormat {
+    /// JPEGs, as an MJPEG camera hands them over.
+    #[default]
+    Mjpeg,
+    /// Raw YUYV 4:2:2, encoded to JPEG by rigd as a raw V4L2 camera's frames are (even width).
+    Yuyv,
+}
+
+impl CameraFormat {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CameraFormat::Mjpeg => "mjpeg",
+            CameraFormat::Yuyv => "yuyv",
+        }
+    }
+}
+
 /// A camera producing JPEG frames with a moving pattern and the frame number drawn in.
 pub struct SyntheticCamera {
     id: String,
@@ -55,11 +90,96 @@ pub struct SyntheticCamera {
     height: u32,
     fps: f64,
     frame_bytes: Option<usize>,
+    format: CameraFormat,
     clock: Arc<dyn FrameClock>,
     rgb: Vec<u8>,
-    /// Pre-rendered frames cycled through for large images, so that the source itself costs
+    /// Pre-rendered frames cycled through for large MJPEG images, so that the source itself costs
     /// next to nothing (a real MJPEG camera hands over encoded bytes) and benchmarks measure rigd.
     cache: Vec<Bytes>,
+    /// The raw frame of format `yuyv`, drawn on anew for every frame.
+    yuyv: Option<YuyvCanvas>,
+    /// Encoder output, reused frame after frame.
+    jpeg: Vec<u8>,
+    encode_failures: u64,
+}
+
+/// A raw YUYV frame over a textured background rendered once. Each frame redraws only what moves
+/// (a bar and the frame number) after restoring what the previous frame drew over, so rendering
+/// costs a small fraction of the encode, as a camera's DMA into the buffer costs the CPU nothing.
+struct YuyvCanvas {
+    width: usize,
+    height: usize,
+    background: Vec<u8>,
+    frame: Vec<u8>,
+    /// What the previous frame drew over: the bar's first column and width, the number's rows.
+    bar: (usize, usize),
+    number_rows: usize,
+}
+
+/// Width of the moving bar in pixels and its step per frame.
+const BAR_WIDTH: usize = 32;
+const BAR_STEP: usize = 16;
+
+impl YuyvCanvas {
+    fn new(width: usize, height: usize) -> Self {
+        // Camera-like content for the entropy coder: gradients plus noise (as tests/bench/jpeg.sh).
+        let mut background = Vec::with_capacity(width * height * 2);
+        let mut state = 1u32;
+        for y in 0..height {
+            for x in (0..width).step_by(2) {
+                let mut luma = |x: usize| {
+                    state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    ((x * 160 / width.max(1) + y * 60 / height.max(1)) as u8 + 16)
+                        .wrapping_add((state >> 28) as u8)
+                };
+                let (y0, y1) = (luma(x), luma(x + 1));
+                let cb = (96 + x * 64 / width.max(1)) as u8;
+                let cr = (160 - y * 64 / height.max(1)) as u8;
+                background.extend_from_slice(&[y0, cb, y1, cr]);
+            }
+        }
+        Self {
+            width,
+            height,
+            frame: background.clone(),
+            background,
+            bar: (0, 0),
+            number_rows: 0,
+        }
+    }
+
+    /// Draws frame `n` and returns the packed YUYV bytes.
+    fn draw(&mut self, n: u64) -> &[u8] {
+        let (w, h) = (self.width, self.height);
+        let row = w * 2;
+        // Restore what the previous frame drew over.
+        let (x0, bw) = self.bar;
+        for y in 0..h {
+            let span = y * row + x0 * 2..y * row + (x0 + bw) * 2;
+            self.frame[span.clone()].copy_from_slice(&self.background[span]);
+        }
+        let top = self.number_rows * row;
+        self.frame[..top].copy_from_slice(&self.background[..top]);
+        // A bright bar sweeping left to right, on even pixel pairs.
+        let x0 = ((n % w as u64) as usize * BAR_STEP % w) & !1;
+        let bw = BAR_WIDTH.min(w - x0) & !1;
+        for y in 0..h {
+            for p in self.frame[y * row + x0 * 2..y * row + (x0 + bw) * 2].chunks_exact_mut(2) {
+                p[0] = p[0] / 4 + 180;
+            }
+        }
+        self.bar = (x0, bw);
+        let scale = (h / 60).max(2);
+        let frame = &mut self.frame;
+        draw_number(w, h, n, scale, |x, y| {
+            let p = (y * w + (x & !1)) * 2;
+            frame[p + (x & 1) * 2] = 235;
+            frame[p + 1] = 128;
+            frame[p + 3] = 128;
+        });
+        self.number_rows = (scale * 6).min(h);
+        &self.frame
+    }
 }
 
 /// Frames of at least this many pixels or bytes are rendered once and cycled through.
@@ -69,12 +189,14 @@ const CACHE_BYTES: usize = 1 << 20;
 const CACHE_BUDGET: usize = 64 << 20;
 
 impl SyntheticCamera {
+    /// `format` `yuyv` needs an even `width` (the config checks it; an odd one fails every encode).
     pub fn new(
         id: &str,
         width: u32,
         height: u32,
         fps: f64,
         frame_bytes: Option<usize>,
+        format: CameraFormat,
         clock: Arc<dyn FrameClock>,
     ) -> Self {
         Self {
@@ -83,13 +205,44 @@ impl SyntheticCamera {
             height,
             fps,
             frame_bytes,
+            format,
             clock,
             rgb: Vec::new(),
             cache: Vec::new(),
+            yuyv: None,
+            jpeg: Vec::new(),
+            encode_failures: 0,
         }
     }
 
-    /// Renders and encodes frame `n`.
+    /// Frame `n` as the camera emits it: a tagged JPEG (padded to `frame-bytes`), or the encoder's
+    /// error for a `yuyv` frame.
+    pub fn frame(&mut self, n: u64) -> Result<Vec<u8>, crate::camera::EncodeError> {
+        match self.format {
+            CameraFormat::Mjpeg => Ok(self.render(n)),
+            CameraFormat::Yuyv => {
+                let (w, h) = (self.width as usize, self.height as usize);
+                if w == 0 || h == 0 || w % 2 != 0 {
+                    return Err(crate::camera::EncodeError::BadSize {
+                        width: self.width,
+                        height: self.height,
+                    });
+                }
+                let canvas = self.yuyv.get_or_insert_with(|| YuyvCanvas::new(w, h));
+                let raw = canvas.draw(n);
+                crate::camera::yuyv_to_jpeg(
+                    self.width,
+                    self.height,
+                    raw,
+                    YUYV_JPEG_QUALITY,
+                    &mut self.jpeg,
+                )?;
+                Ok(tag_and_pad(&self.jpeg, n, self.frame_bytes))
+            }
+        }
+    }
+
+    /// Renders frame `n` in RGB and encodes it (format `mjpeg`).
     pub fn render(&mut self, n: u64) -> Vec<u8> {
         let (w, h) = (self.width as usize, self.height as usize);
         self.rgb.resize(w * h * 3, 0);
@@ -104,7 +257,11 @@ impl SyntheticCamera {
             }
         }
         let scale = (h / 60).max(2);
-        draw_number(&mut self.rgb, w, h, n, scale);
+        let rgb = &mut self.rgb;
+        draw_number(w, h, n, scale, |x, y| {
+            let p = (y * w + x) * 3;
+            rgb[p..p + 3].copy_from_slice(&[255, 255, 255]);
+        });
         let mut jpeg = Vec::with_capacity(w * h / 4);
         let encoder = jpeg_encoder::Encoder::new(&mut jpeg, 80);
         // Encoding an in-memory RGB buffer of the right length only fails on sizes above 65535.
@@ -112,38 +269,41 @@ impl SyntheticCamera {
         {
             tracing::warn!(source = %self.id, error = %e, "synthetic camera: encode failed");
         }
-        tag_and_pad(jpeg, n, self.frame_bytes)
+        tag_and_pad(&jpeg, n, self.frame_bytes)
     }
 }
 
 /// Inserts the checksum comment after SOI and pads with comment segments up to `target` bytes.
-fn tag_and_pad(jpeg: Vec<u8>, n: u64, target: Option<usize>) -> Vec<u8> {
+fn tag_and_pad(jpeg: &[u8], n: u64, target: Option<usize>) -> Vec<u8> {
     const TAG_LEN: usize = 4 + 24 + 8; // FF FE len16 + "rigd-synthetic v1 crc32=" + 8 hex
     let body = &jpeg[2..];
-    let mut rest = Vec::with_capacity(target.unwrap_or(0).max(jpeg.len()));
+    let mut pad_segments = Vec::new();
     if let Some(target) = target {
         let mut pad = target.saturating_sub(jpeg.len() + TAG_LEN);
         let mut state = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         while pad >= 5 {
             let data = (pad - 4).min(65533);
-            rest.extend_from_slice(&[0xFF, 0xFE]);
-            rest.extend_from_slice(&((data + 2) as u16).to_be_bytes());
+            pad_segments.extend_from_slice(&[0xFF, 0xFE]);
+            pad_segments.extend_from_slice(&((data + 2) as u16).to_be_bytes());
             for _ in 0..data {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
-                rest.push(state as u8);
+                pad_segments.push(state as u8);
             }
             pad -= data + 4;
         }
     }
-    rest.extend_from_slice(body);
-    let tag = format!("rigd-synthetic v1 crc32={:08x}", crc32fast::hash(&rest));
-    let mut out = Vec::with_capacity(2 + 4 + tag.len() + rest.len());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&pad_segments);
+    crc.update(body);
+    let tag = format!("rigd-synthetic v1 crc32={:08x}", crc.finalize());
+    let mut out = Vec::with_capacity(2 + 4 + tag.len() + pad_segments.len() + body.len());
     out.extend_from_slice(&[0xFF, 0xD8, 0xFF, 0xFE]);
     out.extend_from_slice(&((tag.len() + 2) as u16).to_be_bytes());
     out.extend_from_slice(tag.as_bytes());
-    out.extend_from_slice(&rest);
+    out.extend_from_slice(&pad_segments);
+    out.extend_from_slice(body);
     out
 }
 
@@ -160,8 +320,8 @@ const DIGITS: [[u8; 5]; 10] = [
     [0b111, 0b101, 0b111, 0b001, 0b111],
 ];
 
-/// Draws `n` in white block digits at the top left.
-fn draw_number(rgb: &mut [u8], w: usize, h: usize, n: u64, scale: usize) {
+/// Draws `n` in block digits at the top left (`scale` * 6 rows), one `put(x, y)` per lit pixel.
+fn draw_number(w: usize, h: usize, n: u64, scale: usize, mut put: impl FnMut(usize, usize)) {
     let text = n.to_string();
     for (i, ch) in text.bytes().enumerate() {
         let glyph = DIGITS[(ch - b'0') as usize];
@@ -175,8 +335,7 @@ fn draw_number(rgb: &mut [u8], w: usize, h: usize, n: u64, scale: usize) {
                     for dx in 0..scale {
                         let (x, y) = (x0 + gx * scale + dx, scale + gy * scale + dy);
                         if x < w && y < h {
-                            let p = (y * w + x) * 3;
-                            rgb[p..p + 3].copy_from_slice(&[255, 255, 255]);
+                            put(x, y);
                         }
                     }
                 }
@@ -197,7 +356,9 @@ impl Source for SyntheticCamera {
             height: self.height,
         };
         let frame_bytes = self.frame_bytes.unwrap_or(0);
-        let cycle = if self.width as u64 * self.height as u64 >= CACHE_PIXELS
+        let cycle = if self.format == CameraFormat::Yuyv {
+            0 // every raw frame is drawn and encoded: that cost is what the format is for
+        } else if self.width as u64 * self.height as u64 >= CACHE_PIXELS
             || frame_bytes >= CACHE_BYTES
         {
             (CACHE_BUDGET / frame_bytes.max(512 << 10)).clamp(1, 8) as u64
@@ -205,10 +366,27 @@ impl Source for SyntheticCamera {
             0
         };
         while pacer.wait(stop) {
+            // Periods the loop fell behind on (an encode slower than the frame period, a
+            // starved process) are frames a camera would have lost.
+            let skipped = pacer.take_skipped();
+            if skipped > 0 {
+                sink.health().add_drops(skipped);
+            }
             let stamp = self.clock.now();
             let seq = sink.next_seq();
             let jpeg = if cycle == 0 {
-                Bytes::from(self.render(seq))
+                match self.frame(seq) {
+                    Ok(jpeg) => Bytes::from(jpeg),
+                    Err(e) => {
+                        self.encode_failures += 1;
+                        sink.health().add_drops(1);
+                        if self.encode_failures.is_power_of_two() {
+                            tracing::warn!(source = %self.id, error = %e,
+                                failures = self.encode_failures, "synthetic camera: encode failed");
+                        }
+                        continue;
+                    }
+                }
             } else {
                 let i = (seq % cycle) as usize;
                 while self.cache.len() <= i {
@@ -403,7 +581,15 @@ mod tests {
 
     #[test]
     fn camera_frame_is_a_tagged_jpeg_of_the_requested_size() {
-        let mut cam = SyntheticCamera::new("c", 64, 48, 10.0, Some(100_000), Arc::new(SystemClock));
+        let mut cam = SyntheticCamera::new(
+            "c",
+            64,
+            48,
+            10.0,
+            Some(100_000),
+            CameraFormat::Mjpeg,
+            Arc::new(SystemClock),
+        );
         let jpeg = cam.render(7);
         assert_eq!(&jpeg[..2], &[0xFF, 0xD8]);
         assert_eq!(&jpeg[jpeg.len() - 2..], &[0xFF, 0xD9]);
@@ -423,8 +609,95 @@ mod tests {
 
     #[test]
     fn camera_frames_differ_per_number() {
-        let mut cam = SyntheticCamera::new("c", 64, 48, 10.0, None, Arc::new(SystemClock));
+        let mut cam = SyntheticCamera::new(
+            "c",
+            64,
+            48,
+            10.0,
+            None,
+            CameraFormat::Mjpeg,
+            Arc::new(SystemClock),
+        );
         assert_ne!(cam.render(1), cam.render(2));
+    }
+
+    /// The tag's CRC covers everything after the tag segment.
+    fn assert_tagged(jpeg: &[u8]) {
+        assert_eq!(&jpeg[..4], &[0xFF, 0xD8, 0xFF, 0xFE]);
+        let tag_len = u16::from_be_bytes([jpeg[4], jpeg[5]]) as usize;
+        let tag = std::str::from_utf8(&jpeg[6..4 + tag_len]).unwrap();
+        let hex = tag.strip_prefix("rigd-synthetic v1 crc32=").unwrap();
+        assert_eq!(
+            u32::from_str_radix(hex, 16).unwrap(),
+            crc32fast::hash(&jpeg[4 + tag_len..])
+        );
+    }
+
+    #[test]
+    fn yuyv_camera_frames_decode_as_jpegs_of_the_configured_size() {
+        for (w, h) in [(64u32, 48u32), (1920, 1080)] {
+            let mut cam = SyntheticCamera::new(
+                "c",
+                w,
+                h,
+                30.0,
+                None,
+                CameraFormat::Yuyv,
+                Arc::new(SystemClock),
+            );
+            let (a, b) = (cam.frame(7).unwrap(), cam.frame(8).unwrap());
+            assert_ne!(a, b, "{w}x{h}: the bar and the number move");
+            for jpeg in [&a, &b] {
+                assert_tagged(jpeg);
+                assert!(crate::camera::mjpeg_frame(jpeg).is_some());
+                let mut d = jpeg_decoder::Decoder::new(&jpeg[..]);
+                let rgb = d.decode().expect("decodes");
+                let info = d.info().unwrap();
+                assert_eq!((info.width as u32, info.height as u32), (w, h));
+                assert_eq!(rgb.len(), (w * h * 3) as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn yuyv_camera_restores_what_the_previous_frame_drew_over() {
+        // Drawing frame 5 after frames 1..5 gives the same picture as drawing it first.
+        let mut c = YuyvCanvas::new(320, 240);
+        for n in 1..5 {
+            c.draw(n);
+        }
+        let after = c.draw(5).to_vec();
+        assert_eq!(after, YuyvCanvas::new(320, 240).draw(5));
+    }
+
+    #[test]
+    fn yuyv_camera_pads_to_frame_bytes_and_refuses_an_odd_width() {
+        let mut cam = SyntheticCamera::new(
+            "c",
+            64,
+            48,
+            30.0,
+            Some(200_000),
+            CameraFormat::Yuyv,
+            Arc::new(SystemClock),
+        );
+        let jpeg = cam.frame(1).unwrap();
+        assert!(
+            (200_000..200_005).contains(&jpeg.len()),
+            "len {}",
+            jpeg.len()
+        );
+        assert_tagged(&jpeg);
+        let mut odd = SyntheticCamera::new(
+            "c",
+            63,
+            48,
+            30.0,
+            None,
+            CameraFormat::Yuyv,
+            Arc::new(SystemClock),
+        );
+        assert!(odd.frame(1).is_err());
     }
 
     #[test]

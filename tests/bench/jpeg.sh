@@ -2,7 +2,8 @@
 # Raw camera frames to JPEG, every encoder side by side on this machine (docs/PERFORMANCE.md,
 # "YUYV to JPEG"): the built-in jpeg-encoder (scalar, then with `jpeg-simd`), and libturbojpeg from
 # Y'CbCr planes (accurate and fast DCT) when libturbojpeg.so.0 opens. 720p and 1080p, quality 80.
-#   tests/bench/jpeg.sh
+#   tests/bench/jpeg.sh           every encoder (two builds of the drivers' tests)
+#   tests/bench/jpeg.sh --quick   without the `jpeg-simd` build and its rows (tests/bench/run.sh --quick)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 echo "$(nproc) cores, $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -12,5 +13,6 @@ run() {
     --ignored --nocapture --test-threads 1 bench_raw_to_jpeg 2>/dev/null | grep '^|'
 }
 run turbojpeg
+[ "${1:-}" = "--quick" ] && exit 0
 # jpeg-simd changes the built-in rows only; keep those.
 run turbojpeg,jpeg-simd | grep 'jpeg-simd'

@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""The full rig profile of tests/bench/run.sh: rigd with a synthetic 1080p MJPEG camera at 30 fps,
-48 kHz stereo audio and a 100 Hz serial source publishing live to the broker; measures rigd's CPU
-(% of one core), peak RSS, publish rates, then the same during a broker outage and the drain after."""
+"""The full rig profile of tests/bench/run.sh: rigd with a synthetic 1080p camera at 30 fps, 48 kHz
+stereo audio and a 100 Hz serial source publishing live to the broker; measures rigd's CPU (% of one
+core), peak RSS, publish rates, then (first profile only) the same during a broker outage and the
+drain after. One profile per camera format side by side: `mjpeg` (pre-encoded JPEGs, as an MJPEG
+camera hands over) and `yuyv` (raw frames rigd encodes to JPEG, as a raw V4L2 camera's), and with
+--rigd-without-turbojpeg the yuyv profile again on the pure-Rust encoder.
+
+    python3 tests/bench/rig_profile.py --secs 60 --outage-secs 30 \
+        [--formats mjpeg,yuyv] [--rigd-without-turbojpeg target/bench/rigd-without-turbojpeg]"""
 
 import argparse
 import json
@@ -48,14 +54,7 @@ def quantile_from_metrics(text, name, source, q):
     return None
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--secs", type=float, default=60)
-    ap.add_argument("--url", default="pulsar://127.0.0.1:6650")
-    ap.add_argument("--outage-secs", type=float, default=30, help="then stop the broker this long (0: skip)")
-    a = ap.parse_args()
-    rig = unique("profile")
-    cfg = f"""
+CONFIG = """
 [rig]
 id = "{rig}"
 [[source]]
@@ -64,6 +63,7 @@ kind = "synthetic-camera"
 width = 1920
 height = 1080
 fps = 30
+format = "{format}"
 [[source]]
 id = "mic"
 kind = "synthetic-audio"
@@ -74,12 +74,50 @@ id = "gps"
 kind = "synthetic-serial"
 rate-hz = 100
 [pulsar]
-url = "{a.url}"
+url = "{url}"
 [spool]
 path = "spool"
 [web]
 bind = "127.0.0.1:{{WEB_PORT}}"
 """
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--secs", type=float, default=60)
+    ap.add_argument("--url", default="pulsar://127.0.0.1:6650")
+    ap.add_argument("--outage-secs", type=float, default=30,
+                    help="then stop the broker this long, in the first profile only (0: skip)")
+    ap.add_argument("--formats", default="mjpeg,yuyv",
+                    help="the camera's `format` per profile, side by side (yuyv: raw frames rigd encodes)")
+    ap.add_argument("--rigd-without-turbojpeg", type=Path,
+                    help="a rigd built without the `turbojpeg` feature: one more yuyv profile, pure-Rust encoder")
+    a = ap.parse_args()
+    runs = [(f, None) for f in a.formats.split(",")]
+    if a.rigd_without_turbojpeg:
+        runs.append(("yuyv", a.rigd_without_turbojpeg.resolve()))
+    columns = []
+    for i, (fmt, binary) in enumerate(runs):
+        columns.append(profile(a, fmt, binary, outage_secs=a.outage_secs if i == 0 else 0))
+    metrics = []
+    for col in columns:
+        metrics += [m for m in col if m not in metrics]
+    print("| metric | " + " | ".join(col["profile"] for col in columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for m in metrics:
+        if m != "profile":
+            print(f"| {m} | " + " | ".join(col.get(m, "—") for col in columns) + " |")
+
+
+def profile(a, fmt, binary, outage_secs):
+    """One rig profile with the camera in `fmt`; returns {metric: value} (key "profile": its name)."""
+    rig = unique("profile")
+    cfg = CONFIG.format(rig=rig, format=fmt, url=a.url)
+    default_bin = os.environ.get("RIGD_BIN")
+    if binary:
+        os.environ["RIGD_BIN"] = str(binary)  # what the harness's Rigd starts
+    rows = {}
+    stopped = False
     with tempfile.TemporaryDirectory() as tmp:
         d = Rigd(Path(tmp), cfg).start()
         try:
@@ -95,37 +133,53 @@ bind = "127.0.0.1:{{WEB_PORT}}"
                 metrics = d.get("/metrics").decode()
             except OSError:
                 metrics = ""
-            print("| metric | value |")
-            print("|---|---|")
-            print(f"| window | {t1 - t0:.0f} s |")
-            print(f"| rigd CPU (% of one core) | {cpu:.1f} % |")
-            print(f"| rigd peak RSS (VmHWM) | {rss:.1f} MiB |")
+            log = d.log_path.read_text(errors="replace")
+            if fmt == "mjpeg":
+                name = "1080p MJPEG camera"
+            elif binary:
+                name = "1080p YUYV camera, jpeg-encoder (built without `turbojpeg`)"
+            elif "libturbojpeg not available" in log:
+                name = "1080p YUYV camera, jpeg-encoder (libturbojpeg absent)"
+            else:
+                name = "1080p YUYV camera, libturbojpeg"
+            rows["profile"] = name
+            rows["window"] = f"{t1 - t0:.0f} s"
+            rows["rigd CPU (% of one core)"] = f"{cpu:.1f} %"
+            rows["rigd peak RSS (VmHWM)"] = f"{rss:.1f} MiB"
             for a0, a1 in zip(s0["sources"], s1["sources"]):
                 rate = (a1["frames"] - a0["frames"]) / (t1 - t0)
                 mbps = (a1["bytes"] - a0["bytes"]) / (t1 - t0) / 1e6
                 p99 = quantile_from_metrics(metrics, "rigd_capture_to_receipt_seconds", a1["id"], 0.99)
                 lat = f", capture-to-receipt p99 <= {p99 * 1e3:.1f} ms" if p99 else ""
-                print(f"| {a1['id']} ({a1['kind']}) | {rate:.1f} frames/s, {mbps:.2f} MB/s, drops {a1['drops']}{lat} |")
-            print(f"| published (all sources) | {s1['uplink']['published'] - s0['uplink']['published']} |")
-            if a.outage_secs > 0:
-                outage(d, a)
+                rows[f"{a1['id']} ({a1['kind']})"] = (f"{rate:.1f} frames/s, {mbps:.2f} MB/s, "
+                                                      f"drops {a1['drops'] - a0['drops']}{lat}")
+            rows["published (all sources)"] = str(s1["uplink"]["published"] - s0["uplink"]["published"])
+            if outage_secs > 0:
+                stopped = True
+                rows.update(outage(d, outage_secs))
             assert d.stop() == 0
         finally:
             d.close()
-            broker_ctl("start")  # leave the broker running whatever happened
+            if default_bin is None:
+                os.environ.pop("RIGD_BIN", None)
+            else:
+                os.environ["RIGD_BIN"] = default_bin
+            if stopped:
+                broker_ctl("start")  # leave the broker running whatever happened
+    return rows
 
 
 def broker_ctl(cmd):
     subprocess.run([str(ROOT / "tests/pulsar/broker.sh"), cmd], check=True, capture_output=True)
 
 
-def outage(d, a):
+def outage(d, secs):
     """The same profile while the broker is away (everything spools), then the drain after it."""
     pid = d.proc.pid
     broker_ctl("stop")
     d.wait_for(lambda s: not s["uplink"]["connected"], timeout=30, what="uplink down")
     s0, c0, t0 = d.status(), cpu_seconds(pid), time.time()
-    time.sleep(a.outage_secs)
+    time.sleep(secs)
     s1, c1, t1 = d.status(), cpu_seconds(pid), time.time()
     spooled = s1["spool"]
     tb = time.time()
@@ -137,15 +191,18 @@ def outage(d, a):
     live_rate = sum(x["bytes"] for x in s1["sources"]) - sum(x["bytes"] for x in s0["sources"])
     live_rate /= (t1 - t0)
     drain_rate = spooled["bytes"] / max(t3 - t2, 1e-3)
-    print(f"| outage window (broker stopped) | {t1 - t0:.0f} s |")
-    print(f"| rigd CPU during the outage (spooling everything) | {100 * (c1 - c0) / (t1 - t0):.1f} % |")
-    print(f"| spooled at the end of the outage | {spooled['records']} records, {spooled['bytes'] / 1e6:.0f} MB |")
-    print(f"| broker start command to uplink connected | {t2 - tb:.1f} s |")
-    print(f"| drain after reconnect (capture going on) | {t3 - t2:.2f} s, {drain_rate / 1e6:.0f} MB/s "
-          f"= {drain_rate / max(live_rate, 1):.1f}x the capture rate |")
-    print(f"| rigd CPU during the drain | {100 * (c3 - c2) / max(t3 - t2, 1e-3):.1f} % |")
-    print(f"| rigd peak RSS after outage and drain (VmHWM; the drain fills the 64 MiB in-flight window) | {status_kb(pid, 'VmHWM') / 1024:.1f} MiB |")
-    print(f"| frames dropped by the spool | {s3['spool']['dropped']} |")
+    rows = {}
+    rows["outage window (broker stopped)"] = f"{t1 - t0:.0f} s"
+    rows["rigd CPU during the outage (spooling everything)"] = f"{100 * (c1 - c0) / (t1 - t0):.1f} %"
+    rows["spooled at the end of the outage"] = f"{spooled['records']} records, {spooled['bytes'] / 1e6:.0f} MB"
+    rows["broker start command to uplink connected"] = f"{t2 - tb:.1f} s"
+    rows["drain after reconnect (capture going on)"] = (f"{t3 - t2:.2f} s, {drain_rate / 1e6:.0f} MB/s "
+                                                        f"= {drain_rate / max(live_rate, 1):.1f}x the capture rate")
+    rows["rigd CPU during the drain"] = f"{100 * (c3 - c2) / max(t3 - t2, 1e-3):.1f} %"
+    rows["rigd peak RSS after outage and drain (VmHWM; the drain fills the 64 MiB in-flight window)"] = \
+        f"{status_kb(pid, 'VmHWM') / 1024:.1f} MiB"
+    rows["frames dropped by the spool"] = str(s3["spool"]["dropped"])
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for rigd's performance figures, side by side with the anchors on the same machine:
-#   tests/bench/run.sh           full run (about 10 minutes)
+#   tests/bench/run.sh           full run (about 12 minutes)
 #   tests/bench/run.sh --quick   smoke run for CI (small counts; no figure is meaningful)
 # Prints one markdown table per section; docs/PERFORMANCE.md holds a full run's output.
 set -euo pipefail
@@ -10,6 +10,15 @@ QUICK=0
 [ "${1:-}" = "--quick" ] && QUICK=1
 
 tests/setup.sh
+# The raw-camera rig profile also runs on the pure-Rust JPEG fallback: rigd built without the
+# `turbojpeg` feature, first, so that the default build after it leaves target/release/rigd as shipped.
+# Not in the smoke run (two more builds of rigd for no meaningful figure).
+fallback=()
+if [ $QUICK = 0 ]; then
+  cargo build --release --locked -p rigd --no-default-features --features serial,audio,v4l >&2
+  mkdir -p target/bench && cp target/release/rigd target/bench/rigd-without-turbojpeg
+  fallback=(--rigd-without-turbojpeg target/bench/rigd-without-turbojpeg)
+fi
 cargo build --release --locked -p rigd >&2
 cargo bench --locked -p rigd --no-run >&2 2>/dev/null || cargo bench --locked -p rigd --no-run
 export PULSAR_DATA=${PULSAR_DATA:-$ROOT/target/pulsar-data}
@@ -75,10 +84,16 @@ PY
 done
 echo
 
-echo "## Full rig profile: 1080p MJPEG 30 fps + 48 kHz stereo + 100 Hz serial, publishing live, then a broker outage and the drain"
+echo "## Full rig profile: 1080p camera 30 fps (MJPEG, then raw YUYV encoded by rigd) + 48 kHz stereo + 100 Hz serial, publishing live; with MJPEG then a broker outage and the drain"
 echo
 secs=60; outage=30; [ $QUICK = 1 ] && secs=8 && outage=5
-python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs "$outage" --url "$URL"
+python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs "$outage" --url "$URL" \
+  --formats mjpeg,yuyv "${fallback[@]}"
+echo
+
+echo "## YUYV and NV12 to JPEG, every encoder side by side (ms per frame, one core)"
+echo
+if [ $QUICK = 1 ]; then tests/bench/jpeg.sh --quick; else tests/bench/jpeg.sh; fi
 echo
 
 echo "## Thin link: a bandwidth budget through a shaped 2 Mbit/s link, an outage, live-first drain"

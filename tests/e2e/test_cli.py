@@ -106,6 +106,8 @@ MALFORMED = {
     "url scheme": (BASE + '[pulsar]\nurl = "http://broker:6650"\n', [("pulsar.url", 4)]),
     "topic without source": (BASE + '[pulsar]\ntopic = "persistent://a/b/{rig}"\n', [("pulsar.topic", 4)]),
     "frame-bytes above max-frame-bytes": (BASE + CAM.format(id="c") + 'frame-bytes = "60MiB"\n', [("source[0].frame-bytes", 6)]),
+    "synthetic camera format": (BASE + CAM.format(id="c") + 'format = "h264"\n', [("source[0].format: unknown variant `h264`", 6)]),
+    "synthetic yuyv camera odd width": (BASE + CAM.format(id="c") + 'format = "yuyv"\nwidth = 641\n', [("source[0].width", 7)]),
     "unknown table": (BASE + '[sppol]\npath = "x"\n', [("sppol", 3)]),
     "rig id with a space": ('[rig]\nid = "Van 7"\n', [("rig.id", 2)]),
     "duplicate source id": (BASE + CAM.format(id="a") + CAM.format(id="a"), [("source[1].id", 7)]),
