@@ -138,6 +138,34 @@ def test_export_to_files_round_trips_every_record(spooled, tmp_path):
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
+def test_republish_follows_the_sending_epochs_of_a_live_first_split(broker, spooled, tmp_path):
+    """A spool whose gps sequence was split by live-first draining (`epochs/gps`): frames from the
+    split on went out under the epoch's producer name, the older ones under the source's. The later
+    half is republished first, then the earlier half: under one producer name the second run
+    would be below its high-water mark and the broker would drop every frame as a duplicate."""
+    copy = tmp_path / "spool"
+    shutil.copytree(spooled, copy)
+    out = tmp_path / "gps"
+    assert rigd("replay", "--spool", copy, "--source", "gps", "--out", out).returncode == 0
+    lines = [json.loads(x) for x in (out / "gps.ndjson").read_text().splitlines()]
+    split = lines[len(lines) // 2]
+    (copy / "epochs").mkdir(exist_ok=True)
+    (copy / "epochs" / "gps").write_text(f"{split['seq']}\n")
+    ns = namespace_with_dedup(unique("epochs"))
+    rig = unique("ep")
+    base = ["replay", "--spool", copy, "--source", "gps", "--pulsar", broker, "--rig", rig,
+            "--topic", f"persistent://{ns}/{{rig}}-{{source}}", "--json"]
+    later = rigd(*base, "--from", split["capture_ns"], timeout=300)
+    assert later.returncode == 0, later.stderr
+    earlier = rigd(*base, "--to", split["capture_ns"], timeout=300)
+    assert earlier.returncode == 0, earlier.stderr
+    p = json.loads(earlier.stdout)["published"]
+    assert p["persisted"] == len(lines) // 2 and p["already_persisted"] == 0, p
+    msgs = consume(broker, [f"persistent://{ns}/{rig}-gps"], idle_timeout_s=6)
+    seqs = sorted(int(m["properties"]["seq"]) for m in msgs)
+    assert seqs == [x["seq"] for x in lines], (len(seqs), len(lines))
+
+
 def test_export_filters_by_source_and_capture_time(spooled, tmp_path):
     s = {x["id"]: x for x in stat_json(spooled)["sources"]}
     full = tmp_path / "full"

@@ -86,14 +86,33 @@ async fn republish(
         None
     };
     let (shutdown_tx, shutdown) = watch::channel(false);
-    let mut lanes: Vec<Lane> = plan
+    // One producer per sending epoch of each source, under the name the daemon used for it
+    // (`spool::split`): deduplication is per producer name, so a frame republished under another
+    // epoch's name would be dropped, or would make that name drop the frames still to come.
+    let mut epochs = Vec::with_capacity(plan.len());
+    let mut first_lane = Vec::with_capacity(plan.len());
+    let mut wanted: Vec<(usize, u64)> = Vec::new();
+    for (i, p) in plan.iter().enumerate() {
+        let persisted = crate::spool::split::read_epochs(snap.path(), &p.source).map_err(|e| {
+            ReplayError::Pulsar {
+                url: target.url.clone(),
+                why: format!("{}: sending epochs: {e}", p.source),
+            }
+        })?;
+        let e = crate::pipeline::epochs::Epochs::new(&persisted);
+        first_lane.push(wanted.len());
+        wanted.extend(e.starts().iter().map(|s| (i, *s)));
+        epochs.push(e);
+    }
+    let mut lanes: Vec<Lane> = wanted
         .iter()
-        .map(|p| {
+        .map(|&(i, start)| {
+            let p = &plan[i];
             let (tx, acks) = mpsc::unbounded_channel();
             let cfg = ProducerConfig {
                 url: target.url.clone(),
                 topic: target.topic_of(&p.source),
-                producer_name: wire::producer_name(&target.rig, &p.source),
+                producer_name: wire::epoch_producer_name(&target.rig, &p.source, start),
                 rig: target.rig.clone(),
                 bucket_ms: target.bucket_ms,
                 token: target
@@ -130,6 +149,7 @@ async fn republish(
 
     'records: for (i, e) in capture_order(plan) {
         let p = &plan[i];
+        let lane = first_lane[i] + epochs[i].of(e.seq);
         let mut frame: Frame = match snap.read(&p.source, &e) {
             Ok(f) => f,
             Err(c) => {
@@ -147,9 +167,9 @@ async fn republish(
                 interrupted = true;
                 break 'records;
             }
-            match lanes[i].producer.try_submit(frame) {
+            match lanes[lane].producer.try_submit(frame) {
                 Ok(()) => {
-                    lanes[i].submitted += 1;
+                    lanes[lane].submitted += 1;
                     tally.done(i, &e);
                     progress.inc(e.len as u64);
                     moved = Instant::now();
@@ -157,7 +177,7 @@ async fn republish(
                 }
                 Err(f) => {
                     frame = f;
-                    let lane = &lanes[i];
+                    let lane = &lanes[lane];
                     if !lane.producer.is_connected() {
                         progress.set_message(format!("waiting for {}", target.url));
                         if moved.elapsed() > target.stall_timeout {

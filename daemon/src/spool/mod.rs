@@ -72,7 +72,7 @@ pub mod record;
 mod recovery;
 mod segments;
 pub mod snapshot;
-mod split;
+pub mod split;
 
 use bytes::Bytes;
 use rigd_drivers::Frame;

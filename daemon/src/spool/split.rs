@@ -23,40 +23,46 @@ use std::io::Write;
 
 use super::{Spool, SpoolError};
 
+/// The start sequences of `source`'s epochs after the first (which starts at 0), ascending, as
+/// the spool directory `dir` holds them (the offline tools read them through this too). A list
+/// that cannot be read is an error: publishing without it could lose frames.
+pub fn read_epochs(dir: &std::path::Path, source: &str) -> Result<Vec<u64>, SpoolError> {
+    let path = dir.join("epochs").join(source);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(SpoolError::Io {
+                path,
+                op: "read epochs",
+                source,
+            })
+        }
+    };
+    let mut starts = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let bad = |what: &str| SpoolError::Io {
+            path: path.clone(),
+            op: "read epochs",
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string()),
+        };
+        let n: u64 = line.trim().parse().map_err(|_| bad("not a number"))?;
+        if starts.last().is_some_and(|&l| l >= n) {
+            return Err(bad("starts not ascending"));
+        }
+        starts.push(n);
+    }
+    Ok(starts)
+}
+
 impl Spool {
     fn epochs_path(&self, source: &str) -> std::path::PathBuf {
         self.path.join("epochs").join(source)
     }
 
-    /// The start sequences of `source`'s epochs after the first (which starts at 0), ascending.
-    /// A list that cannot be read is an error: publishing without it could lose frames.
+    /// [`read_epochs`] of this spool.
     pub fn epochs(&self, source: &str) -> Result<Vec<u64>, SpoolError> {
-        let path = self.epochs_path(source);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => {
-                return Err(SpoolError::Io {
-                    path,
-                    op: "read epochs",
-                    source,
-                })
-            }
-        };
-        let mut starts = Vec::new();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let bad = |what: &str| SpoolError::Io {
-                path: path.clone(),
-                op: "read epochs",
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string()),
-            };
-            let n: u64 = line.trim().parse().map_err(|_| bad("not a number"))?;
-            if starts.last().is_some_and(|&l| l >= n) {
-                return Err(bad("starts not ascending"));
-            }
-            starts.push(n);
-        }
-        Ok(starts)
+        read_epochs(&self.path, source)
     }
 
     /// Records that `source`'s frames from `start` on go out under a new epoch's producer name.
