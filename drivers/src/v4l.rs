@@ -465,24 +465,29 @@ mod device {
                 };
                 return Ok((neg, got.num_planes));
             }
+            Err(self.no_format(&offered, &answered, " for multi-planar capture"))
+        }
+
+        /// None of the configured formats is offered: what was wanted, offered and answered.
+        fn no_format(&self, offered: &[[u8; 4]], answered: &[String], api: &str) -> SourceError {
             let offered: Vec<String> = offered
                 .iter()
                 .map(|f| String::from_utf8_lossy(f).into_owned())
                 .collect();
-            let wanted: Vec<&str> = s.formats.iter().map(|f| f.as_str()).collect();
-            Err(self.device_error(
+            let wanted: Vec<&str> = self.settings.formats.iter().map(|f| f.as_str()).collect();
+            let answered = if answered.is_empty() {
+                String::new()
+            } else {
+                format!("; it answered {}", answered.join(", "))
+            };
+            self.device_error(
                 format!(
-                    "none of the formats [{}] is offered for multi-planar capture (the device offers [{}]{})",
+                    "none of the formats [{}] is offered{api} (the device offers [{}]{answered})",
                     wanted.join(", "),
                     offered.join(", "),
-                    if answered.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; it answered {}", answered.join(", "))
-                    }
                 ),
                 false,
-            ))
+            )
         }
 
         fn announce(&mut self, neg: &Negotiated, sink: &mut FrameSink, api: &str) {
@@ -622,24 +627,7 @@ mod device {
                     buffers: 0,
                 });
             }
-            let offered: Vec<String> = offered
-                .iter()
-                .map(|f| String::from_utf8_lossy(f).into_owned())
-                .collect();
-            let wanted: Vec<&str> = s.formats.iter().map(|f| f.as_str()).collect();
-            Err(self.device_error(
-                format!(
-                    "none of the formats [{}] is offered (the device offers [{}]{})",
-                    wanted.join(", "),
-                    offered.join(", "),
-                    if answered.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; it answered {}", answered.join(", "))
-                    }
-                ),
-                false,
-            ))
+            Err(self.no_format(&offered, &answered, ""))
         }
 
         /// One dequeued buffer: checks, stamps, encodes or passes it through, emits it.
