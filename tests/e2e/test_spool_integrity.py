@@ -187,9 +187,11 @@ def test_a_removed_index_drains_to_the_broker_exactly_once(live_broker, tmp_path
                        consumer_type=pulsar.ConsumerType.Exclusive)
         seqs = [int(m["properties"]["seq"]) for m in msgs]
         assert len(seqs) == len(set(seqs)), f"{src}: duplicates"
-        # Every spooled record arrived (0..n-1), then the new run's frames above the jump.
-        assert seqs[:n] == list(range(n)), f"{src}: spooled records missing or out of order"
-        assert all(s >= n for s in seqs[n:]), f"{src}: a sequence number was reused"
+        # Every spooled record arrived (0..n-1), in order among themselves; the new run's frames,
+        # numbered above the jump, go out live first (drain = "live-first") under their own epoch.
+        backlog = [s for s in seqs if s < n]
+        assert backlog == list(range(n)), f"{src}: spooled records missing or out of order"
+        assert len(seqs) > n, f"{src}: the new run's frames are missing"
 
 
 def test_a_drained_spool_whose_index_is_lost_publishes_the_next_frames(live_broker, tmp_path):
