@@ -598,13 +598,7 @@ mod tests {
             "len {}",
             jpeg.len()
         );
-        let tag_len = u16::from_be_bytes([jpeg[4], jpeg[5]]) as usize;
-        let tag = std::str::from_utf8(&jpeg[6..4 + tag_len]).unwrap();
-        let hex = tag.strip_prefix("rigd-synthetic v1 crc32=").unwrap();
-        assert_eq!(
-            u32::from_str_radix(hex, 16).unwrap(),
-            crc32fast::hash(&jpeg[4 + tag_len..])
-        );
+        assert_tagged(&jpeg);
     }
 
     #[test]
