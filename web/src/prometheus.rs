@@ -281,7 +281,7 @@ pub fn render(s: &Status) -> String {
         s,
         "rigd_spool_popped_total",
         "counter",
-        "Records removed from the spool (published, dropped or cleared).",
+        "Records removed from the spool (published, dropped, cleared or quarantined).",
         |x| Some(x.spool_popped as f64),
     );
     e.per_source(
