@@ -60,6 +60,7 @@ fn fill(dir: &Path, total: u64) {
                         clock: ClockState::Unsynced,
                         media: Media::Serial { text: false },
                         payload: payload.clone(),
+                        sealed: false,
                     })
                     .expect("append");
                 spool.note_seq(source, seqs[i] + 1).expect("note");
@@ -204,6 +205,7 @@ fn spool_write(dir: &Path, payload: &Bytes, n: u64, every: Duration) -> (f64, u6
             clock: ClockState::Unsynced,
             media: Media::Serial { text: false },
             payload: payload.clone(),
+            sealed: false,
         };
         spool.append(&frame).expect("append");
         if last.elapsed() >= every {

@@ -50,6 +50,7 @@ async fn main() {
             stats: None,
             fresh: false,
             compression: rigd::config::Compression::None,
+            encryption: None,
             batch: if batching {
                 BatchPolicy::default()
             } else {
@@ -81,6 +82,7 @@ async fn main() {
                 clock: ClockState::Unsynced,
                 media: Media::Serial { text: false },
                 payload: payload.clone(),
+                sealed: false,
             };
             if producer.try_submit(frame).is_err() {
                 break;

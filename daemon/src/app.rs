@@ -106,6 +106,8 @@ struct LaneWiring<'a> {
     config: &'a Config,
     token: Token,
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// End-to-end encryption for the fleet key, shared by every lane and producer.
+    encryption: Option<Arc<crate::seal::Encryptor>>,
     spool: Arc<Spool>,
     paused: Arc<AtomicBool>,
     shutdown: watch::Receiver<bool>,
@@ -154,6 +156,7 @@ impl LaneWiring<'_> {
                 tls: self.tls.clone(),
                 tls_ca_file: config.pulsar.tls_ca_file.clone(),
                 compression: config.pulsar.compression,
+                encryption: self.encryption.clone(),
                 batch: BatchPolicy::from(&config.pulsar),
                 budget: self.budget.clone(),
                 rank: crate::uplink::budget::rank(priority, false),
@@ -172,6 +175,10 @@ impl LaneWiring<'_> {
             frames,
             uplink,
             spool: self.spool.clone(),
+            seal: self
+                .encryption
+                .clone()
+                .map(|e| (e, config.pulsar.compression)),
             stats: stats.clone(),
             paused: self.paused.clone(),
             shutdown: self.shutdown.clone(),
@@ -221,8 +228,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let web_tls = web_tls(&config)?;
     let tls = match &config.pulsar.url {
         Some(url) if url.starts_with("pulsar+ssl://") => Some(
-            crate::uplink::tls_config(config.pulsar.tls_ca_file.as_deref())
-                .map_err(|e| anyhow::anyhow!("pulsar.tls-ca-file: {e}"))?,
+            crate::uplink::tls_config(config.pulsar.tls_ca_file.as_deref(), client_cert(&config))
+                .map_err(|e| anyhow::anyhow!("pulsar TLS: {e}"))?,
         ),
         _ => None,
     };
@@ -242,10 +249,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .max_bandwidth
         .filter(|_| config.pulsar.url.is_some())
         .map(|b| Budget::new(b.bytes_per_second()));
+    let encryption = encryption(&config)?;
     let wiring = LaneWiring {
         config: &config,
         token,
         tls,
+        encryption,
         spool: spool.clone(),
         paused: uplink_paused.clone(),
         shutdown: shutdown_rx.clone(),
@@ -465,6 +474,29 @@ pub fn web_tls(config: &Config) -> anyhow::Result<Option<Arc<rustls::ServerConfi
         (Some(cert), Some(key)) => rigd_web::tls_server_config(cert, key)
             .map(Some)
             .map_err(|e| anyhow::anyhow!("web.tls-cert-file / web.tls-key-file: {e}")),
+        _ => Ok(None),
+    }
+}
+
+/// `[pulsar] tls-cert-file` and `tls-key-file`: the rig's client certificate for mutual TLS.
+pub fn client_cert(config: &Config) -> Option<(&std::path::Path, &std::path::Path)> {
+    match (&config.pulsar.tls_cert_file, &config.pulsar.tls_key_file) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        _ => None,
+    }
+}
+
+/// `[pulsar] encryption-key-file` and `encryption-key-name`: the fleet key, read once at start.
+pub fn encryption(config: &Config) -> anyhow::Result<Option<Arc<crate::seal::Encryptor>>> {
+    let p = &config.pulsar;
+    match (&p.encryption_key_file, &p.encryption_key_name) {
+        (Some(file), Some(name)) => crate::seal::Encryptor::load(
+            file,
+            name,
+            Duration::from_secs(p.encryption_key_rotation_s),
+        )
+        .map(|e| Some(Arc::new(e)))
+        .map_err(|e| anyhow::anyhow!("pulsar.encryption-key-file: {e}")),
         _ => Ok(None),
     }
 }

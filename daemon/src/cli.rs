@@ -159,6 +159,10 @@ struct ReplayArgs {
     /// CA certificates (PEM) for a pulsar+ssl:// URL (default: the Mozilla roots).
     #[arg(long, value_name = "FILE")]
     tls_ca: Option<PathBuf>,
+    /// The fleet's RSA private key (PEM): exports of an encrypted spool need it. Without it stat,
+    /// verify and --pulsar still work (the sealed frames are republished as they are).
+    #[arg(long, value_name = "FILE")]
+    decrypt_key: Option<PathBuf>,
     /// With --pulsar: give up after this many seconds without progress (no connection, no receipt).
     #[arg(long, value_name = "S", default_value_t = 60)]
     timeout: u64,
@@ -358,10 +362,22 @@ fn replay(args: ReplayArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(&e),
     };
+    let key = match args
+        .decrypt_key
+        .as_deref()
+        .map(crate::seal::Decryptor::load)
+    {
+        None => None,
+        Some(Ok(k)) => Some(k),
+        Some(Err(e)) => {
+            eprintln!("rigd: --decrypt-key {e}");
+            return ExitCode::from(2);
+        }
+    };
     let result = if let Some(dir) = &args.out {
-        files::export(&snap, &plan, dir, rig.bucket_ms, &interrupt)
+        files::export(&snap, &plan, dir, rig.bucket_ms, key.as_ref(), &interrupt)
     } else if let Some(file) = &args.mcap {
-        mcap::export(&snap, &plan, file, rig.bucket_ms, &interrupt)
+        mcap::export(&snap, &plan, file, rig.bucket_ms, key.as_ref(), &interrupt)
     } else if let Some(url) = &args.pulsar {
         let token = match read_token(args.token_file.as_ref()) {
             Ok(t) => t,

@@ -879,6 +879,18 @@ pub struct PulsarConfig {
     /// CA certificates (PEM) that sign the broker's certificate for `pulsar+ssl://`; absent: the
     /// Mozilla root set.
     pub tls_ca_file: Option<PathBuf>,
+    /// Device identity for mutual TLS: the rig's client certificate chain (PEM) and its private
+    /// key (PEM, PKCS#8, PKCS#1 or SEC1); the broker's TLS authentication provider maps it to a role.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// End-to-end encryption: the fleet's RSA public key (PEM). Every payload is encrypted in
+    /// Pulsar's format for it, and the spool holds only ciphertext.
+    pub encryption_key_file: Option<PathBuf>,
+    /// The name consumers' CryptoKeyReader looks the private key up by.
+    pub encryption_key_name: Option<String>,
+    /// A new data key this often (the official clients: every 4 hours).
+    #[serde(default = "default_encryption_key_rotation_s")]
+    pub encryption_key_rotation_s: u64,
     #[serde(default)]
     pub compression: Compression,
     /// Messages awaiting a receipt, per source.
@@ -919,6 +931,10 @@ fn default_batch_delay_ms() -> u64 {
     1
 }
 
+fn default_encryption_key_rotation_s() -> u64 {
+    4 * 3600
+}
+
 fn default_topic() -> String {
     crate::wire::DEFAULT_TOPIC.to_string()
 }
@@ -942,6 +958,11 @@ impl Default for PulsarConfig {
             topic: default_topic(),
             token_file: None,
             tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            encryption_key_file: None,
+            encryption_key_name: None,
+            encryption_key_rotation_s: default_encryption_key_rotation_s(),
             compression: Compression::None,
             max_in_flight: default_max_in_flight(),
             max_in_flight_bytes: default_max_in_flight_bytes(),
@@ -1424,6 +1445,12 @@ impl Config {
         for (key, file) in [
             ("pulsar.token-file", &self.pulsar.token_file),
             ("pulsar.tls-ca-file", &self.pulsar.tls_ca_file),
+            ("pulsar.tls-cert-file", &self.pulsar.tls_cert_file),
+            ("pulsar.tls-key-file", &self.pulsar.tls_key_file),
+            (
+                "pulsar.encryption-key-file",
+                &self.pulsar.encryption_key_file,
+            ),
             ("web.token-file", &self.web.token_file),
             ("web.tls-cert-file", &self.web.tls_cert_file),
             ("web.tls-key-file", &self.web.tls_key_file),
@@ -1435,14 +1462,42 @@ impl Config {
                 }
             }
         }
-        match (&self.web.tls_cert_file, &self.web.tls_key_file) {
-            (Some(_), None) => p.push(
-                "web.tls-cert-file: set without web.tls-key-file (HTTPS needs both)".to_string(),
+        both(
+            &mut p,
+            ("web.tls-cert-file", self.web.tls_cert_file.is_some()),
+            ("web.tls-key-file", self.web.tls_key_file.is_some()),
+            "HTTPS needs both",
+        );
+        both(
+            &mut p,
+            ("pulsar.tls-cert-file", self.pulsar.tls_cert_file.is_some()),
+            ("pulsar.tls-key-file", self.pulsar.tls_key_file.is_some()),
+            "a client certificate needs its key",
+        );
+        both(
+            &mut p,
+            (
+                "pulsar.encryption-key-file",
+                self.pulsar.encryption_key_file.is_some(),
             ),
-            (None, Some(_)) => p.push(
-                "web.tls-key-file: set without web.tls-cert-file (HTTPS needs both)".to_string(),
+            (
+                "pulsar.encryption-key-name",
+                self.pulsar.encryption_key_name.is_some(),
             ),
-            _ => {}
+            "consumers find the private key by the name",
+        );
+        if let Some(name) = &self.pulsar.encryption_key_name {
+            if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+                p.push(
+                    "pulsar.encryption-key-name: 1 to 255 bytes, no control characters".to_string(),
+                );
+            }
+        }
+        if !(60..=30 * 86_400).contains(&self.pulsar.encryption_key_rotation_s) {
+            p.push(format!(
+                "pulsar.encryption-key-rotation-s: {} must be between 60 (a minute) and 2592000 (30 days)",
+                self.pulsar.encryption_key_rotation_s
+            ));
         }
         if self.pulsar.batch_max_messages == 0 {
             p.push(
@@ -1551,6 +1606,15 @@ const MIN_BANDWIDTH: u64 = 8_000;
 const MAX_BANDWIDTH: u64 = 100_000_000_000;
 
 /// A path or device name goes to the kernel as a C string: a NUL byte cuts it.
+/// Two settings that only make sense together: naming one without the other is a mistake.
+fn both(p: &mut Vec<String>, a: (&str, bool), b: (&str, bool), why: &str) {
+    match (a.1, b.1) {
+        (true, false) => p.push(format!("{}: set without {} ({why})", a.0, b.0)),
+        (false, true) => p.push(format!("{}: set without {} ({why})", b.0, a.0)),
+        _ => {}
+    }
+}
+
 fn no_nul(p: &mut Vec<String>, key: &str, v: &str) {
     if v.contains('\0') {
         p.push(format!("{key}: contains a NUL byte"));

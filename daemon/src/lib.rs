@@ -27,6 +27,7 @@ pub mod pipeline;
 pub mod preflight;
 pub mod replay;
 pub mod runtime;
+pub mod seal;
 pub mod spool;
 pub mod status;
 pub mod tail;

@@ -469,6 +469,7 @@ mod tests {
             clock: ClockState::Unsynced,
             media,
             payload: Bytes::copy_from_slice(payload),
+            sealed: false,
         }
     }
 

@@ -111,6 +111,9 @@ pub struct Lane {
     pub frames: mpsc::Receiver<Frame>,
     pub uplink: Option<Uplink>,
     pub spool: Arc<Spool>,
+    /// With end-to-end encryption every frame is sealed before it is spooled (compressed with
+    /// `compression`, encrypted for the fleet key): the spool holds only ciphertext.
+    pub seal: Option<(Arc<crate::seal::Encryptor>, crate::config::Compression)>,
     pub stats: Arc<LaneStats>,
     /// Raised by a technician (web UI): submit nothing new, spool as during an outage.
     pub paused: Arc<AtomicBool>,
@@ -391,6 +394,14 @@ impl Lane {
 
     /// Appends to the spool; false when the frame was dropped by the capacity policy.
     fn append(&self, frame: &Frame, last_drop_log: &mut Option<Instant>) -> bool {
+        let sealed;
+        let frame = match &self.seal {
+            Some((encryptor, compression)) if !frame.sealed => {
+                sealed = encryptor.seal_frame(*compression, frame.clone());
+                &sealed
+            }
+            _ => frame,
+        };
         match disk(|| self.spool.append(frame)) {
             Ok(Appended::Stored) => true,
             Ok(Appended::StoredDroppingOldest(n)) => {

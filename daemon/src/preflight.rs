@@ -18,12 +18,28 @@ pub fn problems(config: &Config) -> Vec<String> {
             p.push(format!("pulsar.token-file: {e}"));
         }
     }
-    if let Some(path) = &config.pulsar.tls_ca_file {
+    let client = crate::app::client_cert(config);
+    if config.pulsar.tls_ca_file.is_some() || client.is_some() {
         // The certificates are read at start, whatever the URL says, so a file that is not
         // there fails here rather than when the URL is changed to pulsar+ssl:// later.
-        if let Err(e) = crate::uplink::tls_config(Some(path)) {
-            p.push(format!("pulsar.tls-ca-file: {e}"));
+        let ca = config.pulsar.tls_ca_file.as_deref();
+        if let Err(e) = crate::uplink::tls_config(ca, client) {
+            // The message starts with the file it is about.
+            let named = |f: Option<&Path>| f.is_some_and(|f| e.starts_with(&*f.to_string_lossy()));
+            let key = if named(ca) {
+                "pulsar.tls-ca-file"
+            } else if named(client.map(|c| c.1)) {
+                "pulsar.tls-key-file"
+            } else {
+                "pulsar.tls-cert-file"
+            };
+            p.push(format!("{key}: {e}"));
         }
+        // An expired certificate is not a reason to stop capturing: the status page and the
+        // alerts say it (`identity::problem`) while frames go to the spool.
+    }
+    if let Err(e) = crate::app::encryption(config) {
+        p.push(e.to_string());
     }
     if let Err(e) = crate::app::web_tls(config) {
         p.push(e.to_string());

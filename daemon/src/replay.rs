@@ -45,6 +45,27 @@ pub enum ReplayError {
     Pulsar { url: String, why: String },
     #[error("{path}: the spool does not record its rig ({why}); say it with --rig")]
     NoRig { path: PathBuf, why: String },
+    #[error(
+        "{name}/{seq} is encrypted for the fleet key: exporting needs --decrypt-key FILE (the \
+         fleet's private key); stat, verify and --pulsar work without it"
+    )]
+    Encrypted { name: String, seq: u64 },
+}
+
+/// A spooled frame as it was captured: a sealed frame is opened with the fleet's private key
+/// (`Ok(Err(why))`: it does not decrypt, skip it), and without a key exporting stops.
+pub fn readable(
+    frame: rigd_drivers::Frame,
+    key: Option<&crate::seal::Decryptor>,
+) -> Result<Result<rigd_drivers::Frame, String>, ReplayError> {
+    match (frame.sealed, key) {
+        (false, _) => Ok(Ok(frame)),
+        (true, Some(k)) => Ok(k.open_frame(&frame)),
+        (true, None) => Err(ReplayError::Encrypted {
+            name: frame.source.to_string(),
+            seq: frame.seq,
+        }),
+    }
 }
 
 impl ReplayError {
@@ -56,6 +77,7 @@ impl ReplayError {
                 | ReplayError::EmptyRange { .. }
                 | ReplayError::Spool(SpoolError::NotSpool { .. })
                 | ReplayError::NoRig { .. }
+                | ReplayError::Encrypted { .. }
         )
     }
 

@@ -287,6 +287,7 @@ impl FrameSink {
             clock: stamp.state,
             media,
             payload,
+            sealed: false,
         };
         self.tx.blocking_send(frame).map_err(|_| SinkClosed)?;
         self.next_seq += 1;

@@ -44,6 +44,10 @@ START_TIMEOUT=${PULSAR_START_TIMEOUT:-240}
 STOP_TIMEOUT=${PULSAR_STOP_TIMEOUT:-30}
 MAX_MESSAGE_SIZE=${PULSAR_MAX_MESSAGE_SIZE:-5242880}
 TLS_DIR=${PULSAR_TLS_DIR:-}
+# 1: the TLS ports require a client certificate signed by the CA, and the TLS authentication
+# provider maps it to a role (its CN); needs PULSAR_TLS_DIR and PULSAR_TOKEN_SECRET_KEY (the
+# broker's own client and the health checks keep using the token).
+TLS_CLIENT_AUTH=${PULSAR_TLS_CLIENT_AUTH:-0}
 TOKEN_KEY=${PULSAR_TOKEN_SECRET_KEY:-}
 TOKEN_SUPERUSER=${PULSAR_TOKEN_SUPERUSER:-admin}
 AUTHZ=${PULSAR_AUTHORIZATION:-0}
@@ -185,7 +189,7 @@ tlsCertificateFilePath=$tls/broker.pem
 tlsKeyFilePath=$tls/broker.key.pem
 tlsTrustCertsFilePath=$tls/ca.pem
 tlsAllowInsecureConnection=false
-tlsRequireTrustedClientCertOnConnect=false
+tlsRequireTrustedClientCertOnConnect=$(is_true "$TLS_CLIENT_AUTH" && echo true || echo false)
 EOF
     fi
     if [[ -n $TOKEN_KEY ]]; then
@@ -197,7 +201,7 @@ EOF
 
 ### Token authentication (PULSAR_TOKEN_SECRET_KEY=$key)
 authenticationEnabled=true
-authenticationProviders=org.apache.pulsar.broker.authentication.AuthenticationProviderToken
+authenticationProviders=org.apache.pulsar.broker.authentication.AuthenticationProviderToken$(is_true "$TLS_CLIENT_AUTH" && echo ,org.apache.pulsar.broker.authentication.AuthenticationProviderTls)
 tokenSecretKey=file://$key
 superUserRoles=$TOKEN_SUPERUSER
 authenticationRefreshCheckSeconds=${PULSAR_AUTH_REFRESH_S:-60}

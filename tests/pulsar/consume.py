@@ -119,6 +119,8 @@ def consume(
     receiver_queue_size: int = 1000,
     max_pending_chunked_message: int = 100,
     consumer_type: Optional["pulsar.ConsumerType"] = None,
+    crypto_key_reader: Optional["pulsar.CryptoKeyReader"] = None,
+    crypto_failure_action: Optional["pulsar.ConsumerCryptoFailureAction"] = None,
     **client_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Subscribe (Key_Shared unless ``consumer_type`` says otherwise, Earliest) to ``topics`` and
@@ -156,6 +158,8 @@ def consume(
             initial_position=pulsar.InitialPosition.Earliest,
             receiver_queue_size=receiver_queue_size,
             max_pending_chunked_message=max_pending_chunked_message,
+            **({"crypto_key_reader": crypto_key_reader} if crypto_key_reader else {}),
+            **({"crypto_failure_action": crypto_failure_action} if crypto_failure_action is not None else {}),
         )
         try:
             deadline = None if total_timeout_s is None else time.monotonic() + total_timeout_s

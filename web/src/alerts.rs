@@ -146,6 +146,15 @@ fn uplink_alerts(s: &Status, out: &mut Vec<Alert>) {
             ));
         }
     }
+    if let Some(why) = u.credentials.as_deref().filter(|_| u.configured) {
+        out.push(alert(
+            "error",
+            "uplink",
+            format!(
+                "Broker refuses the rig's credentials: {why}. Frames stay in the spool ({waiting}) until the certificate or token is renewed"
+            ),
+        ));
+    }
     if !u.terminated.is_empty() {
         out.push(alert(
             "error",

@@ -187,6 +187,9 @@ pub struct UplinkStatus {
     /// Receipts those quantiles are computed from.
     pub latency_samples: u64,
     pub last_error: Option<String>,
+    /// What is wrong with the rig's credentials: its client certificate expired (or not yet
+    /// valid), or the broker refused the certificate or the token. Absent: nothing known wrong.
+    pub credentials: Option<String>,
     /// Sources whose topic the broker terminated: nothing more can be published there; their
     /// frames stay in the spool.
     pub terminated: Vec<String>,

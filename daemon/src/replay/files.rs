@@ -30,6 +30,7 @@ pub fn export(
     plan: &[SourcePlan],
     dir: &Path,
     bucket_ms: u32,
+    key: Option<&crate::seal::Decryptor>,
     interrupt: &Interrupt,
 ) -> Result<Summary, ReplayError> {
     std::fs::create_dir_all(dir).map_err(ReplayError::output(dir, "create directory"))?;
@@ -52,6 +53,13 @@ pub fn export(
                 Err(c) => {
                     progress.println(&format!("skipped corrupt {}", super::inspect::describe(&c)));
                     tally.corrupt(c);
+                    continue;
+                }
+            };
+            let frame = match super::readable(frame, key)? {
+                Ok(f) => f,
+                Err(why) => {
+                    tally.skipped(format!("{}/{}: {why}", p.source, e.seq));
                     continue;
                 }
             };
@@ -442,6 +450,7 @@ mod tests {
             clock: rigd_drivers::ClockState::Locked,
             media: Media::Serial { text: true },
             payload: bytes::Bytes::from_static(b"$GPRMC*00\r\n"),
+            sealed: false,
         };
         let l = serial_line(&f, true, 33);
         assert_eq!(

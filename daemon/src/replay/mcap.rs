@@ -122,6 +122,7 @@ pub fn export(
     plan: &[SourcePlan],
     path: &Path,
     bucket_ms: u32,
+    key: Option<&crate::seal::Decryptor>,
     interrupt: &Interrupt,
 ) -> Result<Summary, ReplayError> {
     let mcap_err = |source| ReplayError::Mcap {
@@ -154,6 +155,13 @@ pub fn export(
             Err(c) => {
                 progress.println(&format!("skipped corrupt {}", super::inspect::describe(&c)));
                 tally.corrupt(c);
+                continue;
+            }
+        };
+        let frame = match super::readable(frame, key)? {
+            Ok(f) => f,
+            Err(why) => {
+                tally.skipped(format!("{}/{}: {why}", p.source, e.seq));
                 continue;
             }
         };
@@ -225,6 +233,7 @@ mod tests {
             clock: ClockState::Locked,
             media,
             payload: Bytes::from_static(payload),
+            sealed: false,
         }
     }
 

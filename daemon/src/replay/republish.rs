@@ -75,7 +75,7 @@ async fn republish(
 ) -> Result<Summary, ReplayError> {
     let tls = if target.url.starts_with("pulsar+ssl://") {
         Some(
-            crate::uplink::tls_config(target.tls_ca.as_deref()).map_err(|why| {
+            crate::uplink::tls_config(target.tls_ca.as_deref(), None).map_err(|why| {
                 ReplayError::Pulsar {
                     url: target.url.clone(),
                     why: format!("TLS: {why}"),
@@ -131,6 +131,7 @@ async fn republish(
                 fresh: false,
                 compression: crate::config::Compression::None,
                 batch: crate::uplink::BatchPolicy::default(),
+                encryption: None,
             };
             Lane {
                 producer: Producer::spawn(cfg, tx, shutdown.clone()),

@@ -7,6 +7,8 @@
 //! media fields (camera: width u32, height u32; audio: rate u32, channels u16, frames u32;
 //! serial: text u8) | payload
 //! ```
+//! The media tag's high bit marks a sealed payload (encrypted for the fleet key, see
+//! [`crate::seal`]): the record's fields stay readable, its payload does not.
 //! A record names its source and sequence, so segments are self-describing: the index can be
 //! rebuilt from them alone.
 
@@ -14,6 +16,8 @@ use bytes::Bytes;
 use rigd_drivers::{ClockState, Frame, Media};
 
 pub const MAGIC: &[u8; 4] = b"RGR1";
+/// Media tag bit: the payload is sealed.
+const SEALED: u8 = 0x80;
 /// Bytes before the checksummed part: magic, len, crc.
 pub const PREFIX: usize = 12;
 /// Largest record accepted when reading (a frame is at most 1 GiB by config validation).
@@ -53,9 +57,10 @@ pub fn header(frame: &Frame) -> Vec<u8> {
     out.extend_from_slice(&src[..src_len]);
     out.extend_from_slice(&frame.capture_ns.to_le_bytes());
     out.push(frame.clock.as_u8());
+    let sealed = if frame.sealed { SEALED } else { 0 };
     match &frame.media {
         Media::Camera { width, height } => {
-            out.push(1);
+            out.push(1 | sealed);
             out.extend_from_slice(&width.to_le_bytes());
             out.extend_from_slice(&height.to_le_bytes());
         }
@@ -64,13 +69,13 @@ pub fn header(frame: &Frame) -> Vec<u8> {
             channels,
             frames,
         } => {
-            out.push(2);
+            out.push(2 | sealed);
             out.extend_from_slice(&sample_rate.to_le_bytes());
             out.extend_from_slice(&channels.to_le_bytes());
             out.extend_from_slice(&frames.to_le_bytes());
         }
         Media::Serial { text } => {
-            out.push(3);
+            out.push(3 | sealed);
             out.push(u8::from(*text));
         }
     }
@@ -201,7 +206,8 @@ pub fn decode(bytes: Bytes) -> Result<Frame, RecordError> {
     let source = String::from_utf8_lossy(r.take(src_len)?).into_owned();
     let capture_ns = r.u64()? as i64;
     let clock = ClockState::from_u8(r.u8()?).ok_or(RecordError::Unknown("clock state"))?;
-    let media = match r.u8()? {
+    let tag = r.u8()?;
+    let media = match tag & !SEALED {
         1 => Media::Camera {
             width: r.u32()?,
             height: r.u32()?,
@@ -222,6 +228,7 @@ pub fn decode(bytes: Bytes) -> Result<Frame, RecordError> {
         clock,
         media,
         payload: bytes.slice(body..total),
+        sealed: tag & SEALED != 0,
     })
 }
 
@@ -253,15 +260,17 @@ mod tests {
             clock: ClockState::Locked,
             media: Media::Serial { text: true },
             payload: Bytes::from_static(b"$GPRMC,1,2,3*00 and more bytes here"),
+            sealed: false,
         }
     }
 
     proptest! {
         #[test]
         fn round_trip(seq in any::<u64>(), ns in any::<i64>(), clock in 0u8..4, media in media(),
-                      source in "[a-z0-9-]{1,40}", payload in proptest::collection::vec(any::<u8>(), 0..2048)) {
+                      source in "[a-z0-9-]{1,40}", payload in proptest::collection::vec(any::<u8>(), 0..2048),
+                      sealed in any::<bool>()) {
             let f = Frame { source: source.as_str().into(), seq, capture_ns: ns,
-                            clock: ClockState::from_u8(clock).unwrap(), media, payload: Bytes::from(payload) };
+                            clock: ClockState::from_u8(clock).unwrap(), media, payload: Bytes::from(payload), sealed };
             let enc = encode(&f);
             prop_assert_eq!(total_len(&enc[..PREFIX]).unwrap(), enc.len());
             let back = decode(Bytes::from(enc)).unwrap();
@@ -270,6 +279,7 @@ mod tests {
             prop_assert_eq!(back.capture_ns, f.capture_ns);
             prop_assert_eq!(back.clock, f.clock);
             prop_assert_eq!(back.media, f.media);
+            prop_assert_eq!(back.sealed, f.sealed);
             prop_assert_eq!(back.payload, f.payload);
         }
 

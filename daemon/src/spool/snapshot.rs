@@ -496,6 +496,7 @@ mod tests {
             clock: ClockState::Unsynced,
             media: Media::Serial { text: true },
             payload: Bytes::copy_from_slice(payload),
+            sealed: false,
         }
     }
 

@@ -20,6 +20,7 @@ fn frame(source: &str, seq: u64, len: usize) -> Frame {
         clock: ClockState::Unsynced,
         media: Media::Serial { text: false },
         payload: Bytes::from(vec![(seq % 251) as u8; len]),
+        sealed: false,
     }
 }
 

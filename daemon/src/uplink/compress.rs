@@ -23,6 +23,23 @@ pub fn compress(kind: Compression, data: &Bytes) -> (i32, Bytes) {
     (out.0 as i32, Bytes::from(out.1))
 }
 
+/// Undoes [`compress`] for a wire codec (`MessageMetadata.compression`); `size` is the
+/// uncompressed size the message carries.
+pub fn decompress(code: i32, data: &[u8], size: usize) -> Result<Bytes, String> {
+    let out = match CompressionType::try_from(code) {
+        Ok(CompressionType::None) => return Ok(Bytes::copy_from_slice(data)),
+        Ok(CompressionType::Lz4) => {
+            lz4_flex::block::decompress(data, size).map_err(|e| e.to_string())
+        }
+        Ok(CompressionType::Zstd) => zstd::bulk::decompress(data, size).map_err(|e| e.to_string()),
+        _ => Err(format!("compression codec {code} is not one rigd writes")),
+    }?;
+    if out.len() != size {
+        return Err(format!("decompressed {} bytes, expected {size}", out.len()));
+    }
+    Ok(out.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +72,8 @@ mod tests {
             CompressionType::None as i32
         );
         assert_eq!(compress(Compression::None, &text).1, text);
+        let (codec, wire) = compress(Compression::Zstd, &text);
+        assert_eq!(decompress(codec, &wire, text.len()).unwrap(), text);
+        assert!(decompress(codec, &wire, text.len() + 1).is_err());
     }
 }

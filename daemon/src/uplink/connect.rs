@@ -353,10 +353,22 @@ impl Setup {
             token: self.token.clone(),
         };
         let token = self.token.current()?;
+        // A client certificate is the identity when there is no token: the broker's TLS
+        // provider takes the role from the certificate the handshake verified.
+        let cert_auth = ep.tls
+            && self
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.client_auth_cert_resolver.has_certs());
+        let auth_method_name = match &token {
+            Some(_) => Some("token".to_string()),
+            None if cert_auth => Some("tls".to_string()),
+            None => None,
+        };
         let connect = CommandConnect {
             client_version: format!("rigd-{}", env!("CARGO_PKG_VERSION")),
             protocol_version: Some(PROTOCOL_VERSION),
-            auth_method_name: token.as_ref().map(|_| "token".to_string()),
+            auth_method_name,
             auth_data: token.map(String::into_bytes),
             proxy_to_broker_url: proxy_to,
             // Without this the broker closes the connection when a token expires instead of

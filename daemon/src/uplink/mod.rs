@@ -5,8 +5,9 @@
 mod batch;
 pub mod budget;
 mod codec;
-mod compress;
+pub(crate) mod compress;
 mod connect;
+pub mod identity;
 pub mod plan;
 mod probe;
 mod producer;
@@ -18,9 +19,11 @@ pub use connect::Token;
 pub use producer::{Producer, ProducerConfig, ProducerStats, SHUTDOWN_GRACE};
 pub use window::{Ack, Outcome};
 
-/// Client TLS settings: the CA certificates of `ca_file` (PEM), or the Mozilla roots when absent.
+/// Client TLS settings: the CA certificates of `ca_file` (PEM), or the Mozilla roots when absent;
+/// with `client` (certificate chain and key, PEM), the rig's identity for mutual TLS.
 pub fn tls_config(
     ca_file: Option<&std::path::Path>,
+    client: Option<(&std::path::Path, &std::path::Path)>,
 ) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
     use rustls_pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
@@ -41,10 +44,25 @@ pub fn tls_config(
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
     }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("{}: {e}", cert.display()))?;
+            if chain.is_empty() {
+                return Err(format!("{}: no certificates found", cert.display()));
+            }
+            let key_der = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| format!("{}: {e}", key.display()))?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| format!("{} / {}: {e}", cert.display(), key.display()))?
+        }
+    };
     Ok(std::sync::Arc::new(config))
 }

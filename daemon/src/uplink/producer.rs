@@ -64,6 +64,8 @@ pub struct ProducerConfig {
     /// The CA file behind `tls` (the topic probe's client reads it itself).
     pub tls_ca_file: Option<std::path::PathBuf>,
     pub compression: crate::config::Compression,
+    /// End-to-end encryption for the fleet key (`[pulsar] encryption-key-file`); None: clear.
+    pub encryption: Option<Arc<crate::seal::Encryptor>>,
     /// Batching of small frames (`BatchPolicy::default()`: the Java client's defaults).
     pub batch: BatchPolicy,
     /// `pulsar.max-bandwidth`, shared by every producer: each socket write waits for it.
@@ -205,6 +207,7 @@ impl Producer {
                 max_in_flight_bytes: cfg.max_in_flight_bytes,
                 max_frame_bytes: cfg.max_frame_bytes,
                 compression: cfg.compression,
+                encryption: cfg.encryption.clone(),
                 batch: cfg.batch,
                 progress_timeout: cfg.send_timeout.max(STALL_AFTER * 2),
                 stall_after: STALL_AFTER,

@@ -46,6 +46,8 @@ pub struct WindowConfig {
     pub max_in_flight_bytes: usize,
     pub max_frame_bytes: usize,
     pub compression: Compression,
+    /// Every message is encrypted for the fleet key as it is written ([`crate::seal`]).
+    pub encryption: Option<std::sync::Arc<crate::seal::Encryptor>>,
     pub batch: BatchPolicy,
     /// No progress for this long while something is outstanding: the link is dead.
     pub progress_timeout: Duration,
@@ -133,6 +135,9 @@ struct Message {
     wire: Bytes,
     compression: i32,
     uncompressed: usize,
+    /// A frame sealed in the spool: its pieces go out as they are, one per chunk (`wire` and
+    /// `chunks` then only count them).
+    sealed: Option<Box<crate::seal::Sealed>>,
     /// Chunk ranges of the wire payload (one when not chunked).
     chunks: Vec<Range<usize>>,
     /// Chunks with a receipt.
@@ -322,7 +327,11 @@ impl Window {
             plan::Resend::Done
         );
         let batch_limit = self.batch_limit(session.max_message_size);
-        if !known && self.cfg.batch.admits(size) && size * 4 <= session.max_message_size {
+        if !known
+            && !frame.sealed
+            && self.cfg.batch.admits(size)
+            && size * 4 <= session.max_message_size
+        {
             let full = self.open_batch.as_ref().is_some_and(|b| {
                 b.frames.len() >= self.cfg.batch.max_messages
                     || b.bytes + size > batch_limit
@@ -344,12 +353,40 @@ impl Window {
             return Ok(());
         }
         self.close_batch();
-        let (compression, wire) = compress::compress(self.cfg.compression, &frame.payload);
         let max_chunk = self
             .max_chunk(session.max_message_size)
             .saturating_sub(envelope_size(&envelope))
             .max(1024);
-        let chunks = plan::chunk_ranges(wire.len(), max_chunk);
+        let (compression, wire, uncompressed, chunks, sealed) = if frame.sealed {
+            let s = match crate::seal::Sealed::parse(&frame.payload) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.push_done(frame, envelope, Outcome::Refused(e), now);
+                    return Ok(());
+                }
+            };
+            if let Some(p) = s.pieces.iter().find(|p| p.ciphertext.len() > max_chunk) {
+                let why = format!(
+                    "a sealed piece of {} bytes does not fit the broker's max message size ({} bytes)",
+                    p.ciphertext.len(),
+                    session.max_message_size
+                );
+                self.push_done(frame, envelope, Outcome::Refused(why), now);
+                return Ok(());
+            }
+            let chunks = (0..s.pieces.len()).map(|i| i..i + 1).collect();
+            (
+                s.compression,
+                Bytes::new(),
+                s.uncompressed,
+                chunks,
+                Some(Box::new(s)),
+            )
+        } else {
+            let (compression, wire) = compress::compress(self.cfg.compression, &frame.payload);
+            let chunks = plan::chunk_ranges(wire.len(), max_chunk);
+            (compression, wire, len, chunks, None)
+        };
         if chunks.len() > plan::MAX_CHUNKS {
             let why = format!(
                 "{len} bytes would take {} chunks at the broker's max message size ({} bytes); the most is {}",
@@ -379,7 +416,8 @@ impl Window {
             generation,
             wire,
             compression,
-            uncompressed: len,
+            uncompressed,
+            sealed,
             chunks,
             receipts: 0,
             written: 0,
@@ -411,6 +449,7 @@ impl Window {
             wire: Bytes::new(),
             compression: 0,
             uncompressed: 0,
+            sealed: None,
             chunks: Vec::new(),
             receipts: 0,
             written: 0,
@@ -478,6 +517,7 @@ impl Window {
             wire,
             compression,
             uncompressed: raw.len(),
+            sealed: None,
             receipts: 0,
             written: 0,
             submitted: b.opened,
@@ -544,8 +584,26 @@ impl Window {
                 m.sequence_id(0)
             ));
             metadata.num_chunks_from_msg = Some(n as i32);
-            metadata.total_chunk_msg_size = Some(m.wire.len() as i32);
+            let total = m.sealed.as_ref().map_or(m.wire.len(), |s| s.total);
+            metadata.total_chunk_msg_size = Some(total as i32);
             metadata.chunk_id = Some(i as i32);
+        }
+        // Encrypted chunk by chunk, as the clients do: each message decrypts on its own.
+        let sealed_now;
+        let (payload, encryption) = match (&m.sealed, &self.cfg.encryption) {
+            (Some(s), _) => (&s.pieces[i].ciphertext[..], Some((&s.key, &s.pieces[i]))),
+            (None, Some(enc)) => {
+                sealed_now = enc.seal(&m.wire[m.chunks[i].clone()]);
+                (
+                    &sealed_now.1.ciphertext[..],
+                    Some((&sealed_now.0, &sealed_now.1)),
+                )
+            }
+            (None, None) => (&m.wire[m.chunks[i].clone()], None),
+        };
+        if let Some((key, piece)) = encryption {
+            metadata.encryption_keys = key.metadata();
+            metadata.encryption_param = Some(piece.iv.to_vec());
         }
         let cmd = BaseCommand {
             r#type: Type::Send as i32,
@@ -559,7 +617,7 @@ impl Window {
             }),
             ..Default::default()
         };
-        codec::encode_send(&cmd, &metadata, &m.wire[m.chunks[i].clone()], out);
+        codec::encode_send(&cmd, &metadata, payload, out);
         m.written += 1;
         Some(Encoded {
             seq: m.frame.seq,

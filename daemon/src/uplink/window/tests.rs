@@ -35,6 +35,7 @@ fn frame(seq: u64, bytes: usize, bucket: i64) -> Frame {
             height: 2,
         },
         payload: Bytes::from(vec![seq as u8; bytes]),
+        sealed: false,
     }
 }
 

@@ -1,0 +1,154 @@
+//! The rig's client certificate: when it stops being valid. Read from the certificate itself so
+//! that an expired identity is said at start and on the status page, not only as a refused
+//! handshake. A minimal DER walk to the validity field (RFC 5280 4.1): no X.509 library for
+//! one date.
+
+use rustls_pki_types::pem::PemObject;
+use std::path::Path;
+
+/// Reads one DER tag-length header at `at`: (tag, start of the value, end of the value).
+fn tlv(der: &[u8], at: usize) -> Option<(u8, usize, usize)> {
+    let tag = *der.get(at)?;
+    let first = *der.get(at + 1)? as usize;
+    let (len, start) = if first < 0x80 {
+        (first, at + 2)
+    } else {
+        let n = first & 0x7f;
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let mut len = 0usize;
+        for i in 0..n {
+            len = len << 8 | *der.get(at + 2 + i)? as usize;
+        }
+        (len, at + 2 + n)
+    };
+    let end = start.checked_add(len)?;
+    (end <= der.len()).then_some((tag, start, end))
+}
+
+/// Days since 1970-01-01 of a civil date (proleptic Gregorian).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// UTCTime (tag 0x17, `YYMMDDHHMMSSZ`) or GeneralizedTime (0x18, `YYYYMMDDHHMMSSZ`) in seconds
+/// since the Unix epoch.
+fn time(tag: u8, v: &[u8]) -> Option<i64> {
+    let s = std::str::from_utf8(v).ok()?.strip_suffix('Z')?;
+    let (year, rest) = match tag {
+        0x17 if s.len() == 12 => {
+            let yy: i64 = s[..2].parse().ok()?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &s[2..])
+        }
+        0x18 if s.len() == 14 => (s[..4].parse().ok()?, &s[4..]),
+        _ => return None,
+    };
+    let n = |i: usize| rest.get(i..i + 2)?.parse::<i64>().ok();
+    let days = days_from_civil(year, n(0)?, n(2)?);
+    Some(days * 86_400 + n(4)? * 3600 + n(6)? * 60 + n(8)?)
+}
+
+/// (notBefore, notAfter) of a DER certificate, in seconds since the Unix epoch.
+pub fn validity(der: &[u8]) -> Option<(i64, i64)> {
+    let (_, cert, _) = tlv(der, 0)?;
+    let (_, tbs, _) = tlv(der, cert)?;
+    let mut at = tbs;
+    let (tag, _, end) = tlv(der, at)?;
+    if tag == 0xa0 {
+        at = end; // [0] version
+    }
+    for _ in 0..3 {
+        at = tlv(der, at)?.2; // serialNumber, signature, issuer
+    }
+    let (_, v, _) = tlv(der, at)?;
+    let (t1, s1, e1) = tlv(der, v)?;
+    let (t2, s2, e2) = tlv(der, e1)?;
+    Some((time(t1, &der[s1..e1])?, time(t2, &der[s2..e2])?))
+}
+
+/// Why the first certificate of `path` cannot identify the rig now (expired, or not yet valid),
+/// or None when it is within its validity or cannot be read (loading it says so).
+pub fn expired(path: &Path) -> Option<String> {
+    let cert = rustls_pki_types::CertificateDer::pem_file_iter(path)
+        .ok()?
+        .next()?
+        .ok()?;
+    let (not_before, not_after) = validity(&cert)?;
+    let now = rigd_drivers::realtime_ns() / 1_000_000_000;
+    let date = |t: i64| crate::replay::time::format(t * 1_000_000_000);
+    if now > not_after {
+        Some(format!(
+            "{}: the client certificate expired at {}: the broker refuses it; install a renewed one",
+            path.display(),
+            date(not_after)
+        ))
+    } else if now < not_before {
+        Some(format!(
+            "{}: the client certificate is valid only from {} (is the rig's clock right?)",
+            path.display(),
+            date(not_before)
+        ))
+    } else {
+        None
+    }
+}
+
+/// Words of a refusal that is about the rig's credentials (rustls alerts from the broker's side of
+/// the handshake, the broker's authentication errors), not about the network.
+const REFUSALS: &[&str] = &[
+    "CertificateExpired",
+    "BadCertificate",
+    "CertificateRequired",
+    "UnknownCA",
+    "CertificateRevoked",
+    "AccessDenied",
+    "AuthenticationError",
+    "AuthorizationError",
+];
+
+/// What is wrong with the credentials, for the status page: the certificate's own dates first
+/// (they say why), else a connection error that is a refusal of the credentials.
+pub fn problem(cert: Option<&Path>, last_error: Option<&str>) -> Option<String> {
+    if let Some(why) = cert.and_then(expired) {
+        return Some(why);
+    }
+    let e = last_error?;
+    REFUSALS
+        .iter()
+        .any(|w| e.contains(w))
+        .then(|| format!("the broker refused them ({e})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates_and_times() {
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+        assert_eq!(time(0x17, b"261201145000Z"), Some(1_796_136_600));
+        assert_eq!(time(0x18, b"20261201145000Z"), Some(1_796_136_600));
+        assert_eq!(time(0x17, b"bad"), None);
+    }
+
+    #[test]
+    fn refusals_are_told_from_network_errors() {
+        assert!(problem(None, Some("TLS: received fatal alert: BadCertificate")).is_some());
+        assert!(problem(None, Some("connect 127.0.0.1:6651: connection refused")).is_none());
+        assert!(problem(None, None).is_none());
+    }
+
+    #[test]
+    fn truncated_der_is_not_a_date() {
+        assert_eq!(validity(&[0x30, 0x82, 0xff]), None);
+        assert_eq!(validity(&[]), None);
+    }
+}
