@@ -120,9 +120,11 @@ pub fn problem(cert: Option<&Path>, last_error: Option<&str>) -> Option<String> 
         return Some(why);
     }
     let e = last_error?;
-    REFUSALS
-        .iter()
-        .any(|w| e.contains(w))
+    // A broker that rejects a client certificate ends the handshake with an alert whose name
+    // depends on its TLS stack (the JDK's sends InternalError for an unknown CA): with a
+    // certificate configured, any fatal alert from the broker is taken as a refusal of it.
+    let alert = cert.is_some() && e.contains("received fatal alert");
+    (alert || REFUSALS.iter().any(|w| e.contains(w)))
         .then(|| format!("the broker refused them ({e})"))
 }
 
@@ -144,6 +146,9 @@ mod tests {
         assert!(problem(None, Some("TLS: received fatal alert: BadCertificate")).is_some());
         assert!(problem(None, Some("connect 127.0.0.1:6651: connection refused")).is_none());
         assert!(problem(None, None).is_none());
+        let alert = Some("connection: received fatal alert: InternalError");
+        assert!(problem(None, alert).is_none());
+        assert!(problem(Some(Path::new("/nonexistent.pem")), alert).is_some());
     }
 
     #[test]
