@@ -1,8 +1,9 @@
 //! Uplink publish benchmark against a real broker: rigd's producer with its real wire format
 //! (properties, key, event time), as many frames as the in-flight window allows.
 //!
-//! usage: cargo bench -p rigd --bench uplink -- URL TOPIC SIZE COUNT [MAX_IN_FLIGHT] [BATCHING]
-//! (BATCHING: true|false, default false, as JavaProducer.java's argument)
+//! usage: cargo bench -p rigd --bench uplink -- URL TOPIC SIZE COUNT [MAX_IN_FLIGHT] [BATCHING] [PUBLIC_KEY]
+//! (BATCHING: true|false, default false, as JavaProducer.java's argument; PUBLIC_KEY: an RSA public
+//! key PEM, every message encrypted end to end for it)
 //! prints one JSON line like tests/bench/java/JavaProducer.java, for tests/bench/run.sh.
 
 use bytes::Bytes;
@@ -29,6 +30,11 @@ async fn main() {
         .map(|w| w.parse().expect("MAX_IN_FLIGHT"))
         .unwrap_or(500);
     let batching = args.get(5).is_some_and(|b| b == "true");
+    let encryption = args.get(6).map(|k| {
+        let e = rigd::seal::Encryptor::load(k.as_ref(), "bench", Duration::from_secs(4 * 3600))
+            .expect("PUBLIC_KEY");
+        std::sync::Arc::new(e)
+    });
     let (ack_tx, mut acks) = mpsc::unbounded_channel();
     let (_stop_tx, stop) = watch::channel(false);
     let producer = Producer::spawn(
@@ -50,7 +56,7 @@ async fn main() {
             stats: None,
             fresh: false,
             compression: rigd::config::Compression::None,
-            encryption: None,
+            encryption,
             batch: if batching {
                 BatchPolicy::default()
             } else {

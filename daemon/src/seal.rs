@@ -416,23 +416,26 @@ impl Decryptor {
     }
 }
 
+/// A key pair for unit tests: 1024 bits keeps them fast; rigd takes any RSA size the clients take.
+#[cfg(test)]
+pub(crate) fn test_keys() -> (RsaPublicKey, RsaPrivateKey) {
+    let private = RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 1024).unwrap();
+    (RsaPublicKey::from(&private), private)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rigd_drivers::{ClockState, Media};
 
-    /// A 1024-bit key keeps the test fast; rigd takes any RSA size the clients take.
-    fn keys() -> (RsaPublicKey, RsaPrivateKey) {
-        let private = RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 1024).unwrap();
-        (RsaPublicKey::from(&private), private)
-    }
+    use super::test_keys as keys;
 
     fn frame(payload: Vec<u8>) -> Frame {
         Frame {
             source: "gps".into(),
             seq: 7,
             capture_ns: 1,
-            clock: ClockState::Free,
+            clock: ClockState::Locked,
             media: Media::Serial { text: true },
             payload: payload.into(),
             sealed: false,

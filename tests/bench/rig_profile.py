@@ -89,7 +89,8 @@ def main():
     ap.add_argument("--outage-secs", type=float, default=30,
                     help="then stop the broker this long, in the first profile only (0: skip)")
     ap.add_argument("--formats", default="mjpeg,yuyv",
-                    help="the camera's `format` per profile, side by side (yuyv: raw frames rigd encodes)")
+                    help="the camera's `format` per profile, side by side (yuyv: raw frames rigd encodes; "
+                         "+encrypted: with end-to-end encryption)")
     ap.add_argument("--rigd-without-turbojpeg", type=Path,
                     help="a rigd built without the `turbojpeg` feature: one more yuyv profile, pure-Rust encoder")
     a = ap.parse_args()
@@ -112,6 +113,7 @@ def main():
 def profile(a, fmt, binary, outage_secs):
     """One rig profile with the camera in `fmt`; returns {metric: value} (key "profile": its name)."""
     rig = unique("profile")
+    fmt, _, variant = fmt.partition("+")
     cfg = CONFIG.format(rig=rig, format=fmt, url=a.url)
     default_bin = os.environ.get("RIGD_BIN")
     if binary:
@@ -119,6 +121,14 @@ def profile(a, fmt, binary, outage_secs):
     rows = {}
     stopped = False
     with tempfile.TemporaryDirectory() as tmp:
+        if variant == "encrypted":
+            # End-to-end encryption for a fleet RSA-2048 key (issue 19's cost goal).
+            key = Path(tmp) / "fleet.key.pem"
+            subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
+            subprocess.run(["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(Path(tmp) / "fleet.pem")],
+                           check=True, capture_output=True)
+            cfg = cfg.replace("[pulsar]\n", f'[pulsar]\nencryption-key-file = "{Path(tmp) / "fleet.pem"}"\n'
+                              'encryption-key-name = "bench"\n')
         d = Rigd(Path(tmp), cfg).start()
         try:
             d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="connected")
@@ -142,7 +152,7 @@ def profile(a, fmt, binary, outage_secs):
                 name = "1080p YUYV camera, jpeg-encoder (libturbojpeg absent)"
             else:
                 name = "1080p YUYV camera, libturbojpeg"
-            rows["profile"] = name
+            rows["profile"] = name + (", encrypted" if variant == "encrypted" else "")
             rows["window"] = f"{t1 - t0:.0f} s"
             rows["rigd CPU (% of one core)"] = f"{cpu:.1f} %"
             rows["rigd peak RSS (VmHWM)"] = f"{rss:.1f} MiB"

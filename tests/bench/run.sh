@@ -64,6 +64,34 @@ PY
 done
 echo
 
+echo "## End-to-end encryption cost: rigd's uplink at 1 MiB frames, encryption off and on (same run, alternating; median of 3)"
+echo
+keydir=$(mktemp -d); openssl genrsa -out "$keydir/fleet.key.pem" 2048 2>/dev/null
+openssl rsa -in "$keydir/fleet.key.pem" -pubout -out "$keydir/fleet.pem" 2>/dev/null
+count=1000; [ $QUICK = 1 ] && count=20
+runs=()
+for round in 1 2 3; do
+  for enc in off on; do
+    key=(); [ $enc = on ] && key=("$keydir/fleet.pem")
+    runs+=("$enc $(cargo bench --locked -q -p rigd --bench uplink -- "$URL" "persistent://public/default/bench-enc-$run_id-$round-$enc" 1048576 "$count" 500 false "${key[@]}" 2>/dev/null | grep '^{')")
+  done
+done
+rm -rf "$keydir"
+python3 - "${runs[@]}" <<'PY'
+import json, statistics, sys
+rows = {"off": [], "on": []}
+for r in sys.argv[1:]:
+    enc, js = r.split(" ", 1)
+    rows[enc].append(json.loads(js))
+med = {k: statistics.median(x["mb_per_s"] for x in v) for k, v in rows.items()}
+p99 = {k: statistics.median(x["p99_ms"] for x in v) for k, v in rows.items()}
+print("| encryption | MB/s (median of 3) | p99 ms | cost |")
+print("|---|---|---|---|")
+print(f"| off | {med['off']:.1f} | {p99['off']:.1f} | |")
+print(f"| on (AES-256-GCM, RSA-2048 data key) | {med['on']:.1f} | {p99['on']:.1f} | {100 * (1 - med['on'] / med['off']):.1f} % |")
+PY
+echo
+
 echo "## Spool write and drain vs raw sequential write with fdatasync (group commit 50 ms; medians of 3 rounds, raw and spool in turns)"
 echo
 echo "| frame | raw MB/s | spool MB/s | spool / raw | frames/s | disk bytes per byte | drain MB/s | left after drain |"
@@ -88,7 +116,7 @@ echo "## Full rig profile: 1080p camera 30 fps (MJPEG, then raw YUYV encoded by 
 echo
 secs=60; outage=30; [ $QUICK = 1 ] && secs=8 && outage=5
 python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs "$outage" --url "$URL" \
-  --formats mjpeg,yuyv "${fallback[@]}"
+  --formats mjpeg,mjpeg+encrypted,yuyv "${fallback[@]}"
 echo
 
 echo "## YUYV and NV12 to JPEG, every encoder side by side (ms per frame, one core)"

@@ -16,6 +16,7 @@ fn cfg() -> WindowConfig {
         max_in_flight_bytes: 64 * MB,
         max_frame_bytes: 50 * MB,
         compression: Compression::None,
+        encryption: None,
         batch: BatchPolicy::default(),
         progress_timeout: Duration::from_secs(30),
         stall_after: Duration::from_secs(5),
@@ -421,5 +422,118 @@ proptest! {
         all.extend(&left);
         prop_assert_eq!(&all, &taken, "acked then left, in order, is exactly what was taken");
         prop_assert!(w.idle());
+    }
+}
+
+/// One SEND frame split into its command, metadata and payload.
+fn split_send(mut out: BytesMut) -> (BaseCommand, MessageMetadata, Bytes) {
+    use bytes::Buf;
+    use prost::Message as _;
+    let mut b = out.split().freeze();
+    let _total = b.get_u32();
+    let cmd_len = b.get_u32() as usize;
+    let cmd = BaseCommand::decode(b.split_to(cmd_len)).unwrap();
+    assert_eq!(b.get_u16(), 0x0e01, "magic");
+    let _crc = b.get_u32();
+    let meta_len = b.get_u32() as usize;
+    let meta = MessageMetadata::decode(b.split_to(meta_len)).unwrap();
+    (cmd, meta, b)
+}
+
+fn sends(w: &mut Window, now: Instant) -> Vec<(BaseCommand, MessageMetadata, Bytes)> {
+    let mut v = Vec::new();
+    loop {
+        let mut out = BytesMut::new();
+        if w.encode_next(&mut out, now).is_none() {
+            return v;
+        }
+        v.push(split_send(out));
+    }
+}
+
+fn key_of(meta: &MessageMetadata) -> (crate::seal::Key, crate::seal::Piece, usize) {
+    let k = &meta.encryption_keys[0];
+    let key = crate::seal::Key {
+        name: k.key.as_str().into(),
+        wrapped: k.value.clone().into(),
+    };
+    let iv: [u8; 12] = meta.encryption_param.clone().unwrap().try_into().unwrap();
+    (
+        key,
+        crate::seal::Piece {
+            iv,
+            ciphertext: Bytes::new(),
+        },
+        meta.encryption_keys.len(),
+    )
+}
+
+#[test]
+fn with_encryption_every_chunk_is_encrypted_on_its_own_and_decrypts() {
+    let (public, private) = crate::seal::test_keys();
+    let enc = crate::seal::Encryptor::new(public, "fleet", Duration::from_secs(3600)).unwrap();
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.encryption = Some(Arc::new(enc));
+    let mut w = connected(c, t0, None);
+    let f = frame(0, 12 * MB, 1);
+    let plain = f.payload.clone();
+    w.submit(f, t0).unwrap();
+    let d = crate::seal::Decryptor::new(private);
+    let mut back = Vec::new();
+    let sent = sends(&mut w, t0);
+    assert_eq!(sent.len(), 3);
+    for (_, meta, payload) in &sent {
+        let (key, mut piece, n) = key_of(meta);
+        assert_eq!((n, key.name.as_ref()), (1, "fleet"));
+        assert_eq!(
+            meta.total_chunk_msg_size,
+            Some(12 * MB as i32),
+            "counts the plaintext"
+        );
+        assert_eq!(meta.uncompressed_size, Some(12 * MB as u32));
+        piece.ciphertext = payload.clone();
+        back.extend_from_slice(&d.open(&key, &piece).unwrap());
+    }
+    assert_eq!(&back[..], &plain[..]);
+    assert_ne!(sent[0].1.encryption_param, sent[1].1.encryption_param);
+}
+
+#[test]
+fn a_sealed_frame_goes_out_as_its_pieces_and_is_never_batched() {
+    let (public, private) = crate::seal::test_keys();
+    let enc = crate::seal::Encryptor::new(public, "fleet", Duration::from_secs(3600)).unwrap();
+    let t0 = Instant::now();
+    // The window itself has no key: a sealed frame carries its own (a restart after a spool).
+    let mut w = connected(cfg(), t0, None);
+    let big = enc.seal_frame(Compression::None, frame(0, 3 * MB + 5, 1));
+    let small = [
+        enc.seal_frame(Compression::None, frame(1, 100, 2)),
+        enc.seal_frame(Compression::None, frame(2, 100, 2)),
+    ];
+    let pieces = crate::seal::Sealed::parse(&big.payload).unwrap().pieces;
+    w.submit(big, t0).unwrap();
+    for f in small {
+        w.submit(f, t0).unwrap();
+    }
+    let sent = sends(&mut w, t0);
+    assert_eq!(
+        sent.len(),
+        pieces.len() + 2,
+        "one chunk per piece, the small ones alone"
+    );
+    let d = crate::seal::Decryptor::new(private);
+    for (i, (cmd, meta, payload)) in sent.iter().take(pieces.len()).enumerate() {
+        assert_eq!(payload, &pieces[i].ciphertext);
+        assert_eq!(meta.encryption_param.as_deref(), Some(&pieces[i].iv[..]));
+        assert_eq!(meta.total_chunk_msg_size, Some((3 * MB + 5) as i32));
+        assert_eq!(meta.chunk_id, Some(i as i32));
+        assert_eq!(cmd.send.as_ref().unwrap().is_chunk, Some(true));
+    }
+    for (_, meta, payload) in &sent[pieces.len()..] {
+        assert_eq!(meta.num_messages_in_batch, None);
+        let (key, mut piece, _) = key_of(meta);
+        piece.ciphertext = payload.clone();
+        assert_eq!(d.open(&key, &piece).unwrap().len(), 100);
     }
 }
