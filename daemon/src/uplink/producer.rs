@@ -614,7 +614,8 @@ async fn probe(setup: &Setup, tls_ca: Option<&std::path::Path>) -> Option<u64> {
     let r = tokio::time::timeout(
         PROBE_TIMEOUT,
         super::probe::last_sequence_id(
-            &setup.url,
+            // the host that answered (the probe's client takes one host)
+            setup.service_host.as_deref().unwrap_or(&setup.url),
             &setup.topic,
             &setup.producer_name,
             &setup.token,
