@@ -242,9 +242,11 @@ def test_rolling_restart_of_every_broker_while_rigd_streams(cluster, tmp_path):
 
 
 def test_kill9_while_the_broker_still_holds_the_old_producer(cluster, tmp_path):
-    """The old connection's packets are dropped before rigd is killed, so the broker keeps its
-    producers (ProducerBusy for the new process) until its liveness check gives up on the old
-    connection: rigd retries and wins, and broker dedup keeps the resent frames single."""
+    """The old connection's packets are dropped before rigd is killed, so the broker keeps that
+    connection and its producers when the new process asks for the same producer names. Pulsar
+    3.0 then pings the old connection (connectionLivenessCheckTimeoutMillis, 5 s here) before it
+    fences the old producer out and lets the new one in (a live old connection would answer
+    ProducerBusy): rigd waits or retries and wins, and broker dedup keeps resent frames single."""
     ns, rig, d = start_rig(cluster, tmp_path, "busy")
     try:
         broker_ports = {int(u.rsplit(":", 1)[1]) for u in cluster.url.removeprefix("pulsar://").split(",")}
@@ -253,16 +255,26 @@ def test_kill9_while_the_broker_still_holds_the_old_producer(cluster, tmp_path):
         with DroppedConnections(ports):
             d.kill9()
             t0 = time.time()
+            held = held_open(ports)
+            assert held, "the broker saw the old connections close (the scenario did not happen)"
             d.start()
             resumed = wait_flowing(d, {s: 0 for s in SOURCES}, t0, timeout=120)
         log = d.log()
         busy = log.count("ProducerBusy")
-        assert busy >= 1, "the new producers never met the old ones (the scenario did not happen)"
+        # the broker made the new producers wait for its liveness check of the old connection
+        assert resumed >= 4.0, f"resumed after {resumed}s: the old producers were gone already"
         time.sleep(3)
         got = stop_and_verify(cluster, d, ns, rig)
     finally:
         d.close()
-    record("producer_busy", resumed_s=resumed, producer_busy_errors=busy, received=got)
+    record("producer_busy", resumed_s=resumed, old_connections_held=held, producer_busy_errors=busy, received=got)
+
+
+def held_open(ports: list[int]) -> int:
+    """How many connections from `ports` the brokers still hold established."""
+    out = subprocess.run(["ss", "-tnH", "state", "established"], capture_output=True, text=True, check=True).stdout
+    return sum(1 for line in out.splitlines()
+               if len(line.split()) >= 4 and int(line.split()[3].rsplit(":", 1)[1]) in ports)
 
 
 def test_key_shared_consumers_split_a_rigs_buckets_across_modalities(cluster, tmp_path):
