@@ -143,6 +143,14 @@ defaultNumberOfNamespaceBundles=4
 ### Topics and deduplication
 brokerDeduplicationEnabled=true
 brokerDeduplicationProducerInactivityTimeoutMinutes=360
+# A topic's owner rebuilds its dedup state by reading every entry since the last snapshot (in reads
+# of 100 entries): with 5 MiB chunks the default of a snapshot per 1000 entries ran a broker that
+# took over a chunked topic out of direct memory (OutOfDirectMemoryError, "Bookie handle is not
+# available", the topic never loaded). Snapshot often, and bound the bytes of reads in flight.
+brokerDeduplicationEntriesInterval=50
+brokerDeduplicationSnapshotIntervalSeconds=10
+brokerDeduplicationSnapshotFrequencyInSeconds=10
+managedLedgerMaxReadsInFlightSizeInMB=128
 allowAutoTopicCreation=true
 allowAutoTopicCreationType=non-partitioned
 brokerDeleteInactiveTopicsEnabled=false
@@ -294,7 +302,7 @@ start_node() { # node (not running)
       done
       mkdir -p "$DATA/$node"
       render_broker "$i" >"$DATA/$node/broker.conf"
-      jvm_opts "$node" 384m 512m
+      jvm_opts "$node" 384m 1g
       launch "$node" org.apache.pulsar.PulsarBrokerStarter --broker-conf "$DATA/$node/broker.conf"
       ;;
     *) die "unknown node '$node' (zk, bookie-0..$((BOOKIES - 1)), broker-0..$((BROKERS - 1)))" ;;

@@ -31,6 +31,13 @@ pub enum LinkError {
         addr: String,
         source: std::io::Error,
     },
+    /// The lookup named a broker that takes no connection: it died and its bundles are not yet
+    /// reassigned (the metadata store's session timeout), a state that ends by itself soon.
+    #[error("topic owner {addr} unreachable: {source}")]
+    OwnerUnreachable {
+        addr: String,
+        source: Box<LinkError>,
+    },
     #[error("connection: {0}")]
     Io(#[from] std::io::Error),
     #[error("protocol: {0}")]
@@ -446,6 +453,16 @@ impl Setup {
         Err(last.unwrap_or(LinkError::Closed))
     }
 
+    async fn open_owner(&mut self, owner: &Endpoint) -> Result<Link, LinkError> {
+        self.open(owner, None).await.map_err(|e| match e {
+            LinkError::Connect { .. } | LinkError::Timeout(_) => LinkError::OwnerUnreachable {
+                addr: owner.addr(),
+                source: Box::new(e),
+            },
+            e => e,
+        })
+    }
+
     /// Connects, looks the topic up (following redirects), and creates the producer.
     pub async fn establish(&mut self) -> Result<(Link, Option<u64>), LinkError> {
         let hosts = Endpoint::parse_service(&self.url)?;
@@ -516,7 +533,7 @@ impl Setup {
                         Some(b) if r.proxy_through_service_url() => {
                             link = self.open(&service, Some(b.addr())).await?;
                         }
-                        Some(b) if b != service => link = self.open(&b, None).await?,
+                        Some(b) if b != service => link = self.open_owner(&b).await?,
                         _ => {}
                     }
                     return self.create_producer(link).await;
@@ -528,7 +545,7 @@ impl Setup {
                             "lookup of {topic}: redirect without a broker URL"
                         ))
                     })?;
-                    link = self.open(&b, None).await?;
+                    link = self.open_owner(&b).await?;
                 }
                 _ => {
                     return Err(LinkError::Broker(format!(
