@@ -122,6 +122,25 @@ def wait_flowing(d: Rigd, before: dict[str, int], since: float, timeout=90) -> f
                          f"{d.log()[-6000:]}")
 
 
+def reconnect_gaps(log: str) -> list[float]:
+    """Seconds from each "uplink down" to the next "uplink connected" of the same topic in rigd's
+    log: how long rigd itself took to re-establish a producer (the broker's own delay included)."""
+    from datetime import datetime
+
+    down: dict[str, datetime] = {}
+    gaps = []
+    for line in log.splitlines():
+        m = re.match(r"(\S+Z) .*?uplink (down|connected)\b.*? topic=(\S+)", line)
+        if not m:
+            continue
+        at = datetime.fromisoformat(m.group(1).replace("Z", "+00:00"))
+        if m.group(2) == "down":
+            down.setdefault(m.group(3), at)
+        elif m.group(3) in down:
+            gaps.append(round((at - down.pop(m.group(3))).total_seconds(), 2))
+    return gaps
+
+
 def start_rig(cluster: Cluster, tmp_path: Path, prefix: str):
     ns = cluster.namespace(unique(prefix))
     rig = unique(prefix)
@@ -185,7 +204,8 @@ def test_unload_and_bundle_split_mid_stream_lose_and_duplicate_nothing(cluster, 
         d.close()
     # 3 topic unloads of 3 topics at least (a split or bundle unload moves some more)
     assert reconnects >= 3 + 9, reconnects
-    record("unload_split", received=got, reconnects=reconnects, **times)
+    gaps = reconnect_gaps(d.log())
+    record("unload_split", received=got, reconnects=reconnects, producer_gaps_max_s=max(gaps), producer_gaps=gaps, **times)
 
 
 def test_kill9_of_the_owning_broker_moves_the_topics_and_rigd_follows(cluster, tmp_path):
@@ -204,7 +224,8 @@ def test_kill9_of_the_owning_broker_moves_the_topics_and_rigd_follows(cluster, t
     finally:
         d.close()
         cluster.start()
-    record("broker_kill9", killed=owner, new_owner=new_owner, resumed_s=resumed, received=got)
+    gaps = reconnect_gaps(d.log())
+    record("broker_kill9", killed=owner, new_owner=new_owner, resumed_s=resumed, producer_gaps=gaps, received=got)
 
 
 def test_kill9_of_a_bookie_forces_an_ensemble_change_and_loses_nothing(cluster, tmp_path):
@@ -248,7 +269,8 @@ def test_rolling_restart_of_every_broker_while_rigd_streams(cluster, tmp_path):
     finally:
         d.close()
         cluster.start()
-    record("rolling_restart", resumed_after_stop_s=times, received=got)
+    gaps = reconnect_gaps(d.log())
+    record("rolling_restart", resumed_after_stop_s=times, producer_gaps=gaps, received=got)
 
 
 def test_kill9_while_the_broker_still_holds_the_old_producer(cluster, tmp_path):
