@@ -31,6 +31,13 @@ pub enum LinkError {
         addr: String,
         source: std::io::Error,
     },
+    /// The lookup named a broker that takes no connection: it died and its bundles are not yet
+    /// reassigned (the metadata store's session timeout), a state that ends by itself soon.
+    #[error("topic owner {addr} unreachable: {source}")]
+    OwnerUnreachable {
+        addr: String,
+        source: Box<LinkError>,
+    },
     #[error("connection: {0}")]
     Io(#[from] std::io::Error),
     #[error("protocol: {0}")]
@@ -203,7 +210,21 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// One broker: `pulsar://host:port` (a lookup answer).
     pub fn parse(url: &str) -> Result<Self, LinkError> {
+        let mut all = Self::parse_service(url)?;
+        if all.len() != 1 {
+            return Err(LinkError::Broker(format!(
+                "`{url}` names {} brokers where one was expected",
+                all.len()
+            )));
+        }
+        Ok(all.remove(0))
+    }
+
+    /// A service URL: one broker or several, as the official clients take them
+    /// (`pulsar://host1:6650,host2:6650`); the port defaults per host.
+    pub fn parse_service(url: &str) -> Result<Vec<Self>, LinkError> {
         let (rest, tls, default_port) = if let Some(r) = url.strip_prefix("pulsar+ssl://") {
             (r, true, 6651)
         } else if let Some(r) = url.strip_prefix("pulsar://") {
@@ -213,20 +234,39 @@ impl Endpoint {
                 "unsupported service URL `{url}` (use pulsar:// or pulsar+ssl://)"
             )));
         };
-        let rest = rest.trim_end_matches('/');
-        let (host, port) = match rest.rsplit_once(':') {
-            Some((h, p)) => (
-                h,
-                p.parse()
-                    .map_err(|_| LinkError::Broker(format!("bad port in `{url}`")))?,
-            ),
-            None => (rest, default_port),
-        };
-        Ok(Endpoint {
-            host: host.trim_matches(['[', ']']).to_string(),
-            port,
-            tls,
-        })
+        rest.trim_end_matches('/')
+            .split(',')
+            .map(|hostport| {
+                let hostport = hostport.trim();
+                let (host, port) = match hostport.rsplit_once(':') {
+                    Some((h, p)) if !p.contains(']') => (
+                        h,
+                        p.parse()
+                            .map_err(|_| LinkError::Broker(format!("bad port in `{url}`")))?,
+                    ),
+                    _ => (hostport, default_port),
+                };
+                let host = host.trim_matches(['[', ']']);
+                if host.is_empty() {
+                    return Err(LinkError::Broker(format!("empty host in `{url}`")));
+                }
+                Ok(Endpoint {
+                    host: host.to_string(),
+                    port,
+                    tls,
+                })
+            })
+            .collect()
+    }
+
+    /// This broker alone as a service URL (for clients that take one host).
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "pulsar+ssl" } else { "pulsar" };
+        if self.host.contains(':') {
+            format!("{scheme}://[{}]:{}", self.host, self.port)
+        } else {
+            format!("{scheme}://{}:{}", self.host, self.port)
+        }
     }
 
     fn addr(&self) -> String {
@@ -242,6 +282,11 @@ pub struct Setup {
     pub token: Token,
     pub tls: Option<Arc<rustls::ClientConfig>>,
     next_request: u64,
+    /// Which of the service URL's hosts to try first: the one that answered last, and the next
+    /// one after a setup that failed (a dead broker is not asked first again).
+    next_host: usize,
+    /// The service host the last setup went through (`pulsar://host:port`).
+    pub service_host: Option<String>,
 }
 
 impl Setup {
@@ -259,6 +304,8 @@ impl Setup {
             token,
             tls,
             next_request: 1,
+            next_host: 0,
+            service_host: None,
         }
     }
 
@@ -394,10 +441,45 @@ impl Setup {
         Ok(link)
     }
 
+    /// Connects to the first of the service URL's hosts that answers, starting where the last
+    /// setup left off.
+    async fn open_service(&mut self, hosts: &[Endpoint]) -> Result<(Endpoint, Link), LinkError> {
+        let start = self.next_host % hosts.len();
+        let mut last = None;
+        for k in 0..hosts.len() {
+            let i = (start + k) % hosts.len();
+            match self.open(&hosts[i], None).await {
+                Ok(link) => {
+                    self.next_host = i;
+                    return Ok((hosts[i].clone(), link));
+                }
+                Err(e) => {
+                    if hosts.len() > 1 {
+                        tracing::debug!(host = %hosts[i].addr(), error = %e, "service host unreachable; trying the next");
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        self.next_host = start + 1;
+        Err(last.unwrap_or(LinkError::Closed))
+    }
+
+    async fn open_owner(&mut self, owner: &Endpoint) -> Result<Link, LinkError> {
+        self.open(owner, None).await.map_err(|e| match e {
+            LinkError::Connect { .. } | LinkError::Timeout(_) => LinkError::OwnerUnreachable {
+                addr: owner.addr(),
+                source: Box::new(e),
+            },
+            e => e,
+        })
+    }
+
     /// Connects, looks the topic up (following redirects), and creates the producer.
     pub async fn establish(&mut self) -> Result<(Link, Option<u64>), LinkError> {
-        let service = Endpoint::parse(&self.url)?;
-        let mut link = self.open(&service, None).await?;
+        let hosts = Endpoint::parse_service(&self.url)?;
+        let (service, mut link) = self.open_service(&hosts).await?;
+        self.service_host = Some(service.url());
 
         let id = self.request_id();
         let topic = self.topic.clone();
@@ -463,7 +545,7 @@ impl Setup {
                         Some(b) if r.proxy_through_service_url() => {
                             link = self.open(&service, Some(b.addr())).await?;
                         }
-                        Some(b) if b != service => link = self.open(&b, None).await?,
+                        Some(b) if b != service => link = self.open_owner(&b).await?,
                         _ => {}
                     }
                     return self.create_producer(link).await;
@@ -475,7 +557,7 @@ impl Setup {
                             "lookup of {topic}: redirect without a broker URL"
                         ))
                     })?;
-                    link = self.open(&b, None).await?;
+                    link = self.open_owner(&b).await?;
                 }
                 _ => {
                     return Err(LinkError::Broker(format!(
@@ -532,5 +614,20 @@ mod tests {
         assert_eq!(Endpoint::parse("pulsar://[::1]:7000").unwrap().host, "::1");
         assert!(Endpoint::parse("http://x").is_err());
         assert!(Endpoint::parse("pulsar://x:notaport").is_err());
+    }
+
+    #[test]
+    fn a_service_url_may_name_several_brokers() {
+        let all = Endpoint::parse_service("pulsar://127.0.0.1:6660, 127.0.0.1:6661,b3/").unwrap();
+        let addrs: Vec<_> = all.iter().map(Endpoint::addr).collect();
+        assert_eq!(addrs, ["127.0.0.1:6660", "127.0.0.1:6661", "b3:6650"]);
+        assert_eq!(all[1].url(), "pulsar://127.0.0.1:6661");
+        let all = Endpoint::parse_service("pulsar+ssl://[::1]:7000,[::2]").unwrap();
+        assert!(all.iter().all(|e| e.tls));
+        assert_eq!(all[1].port, 6651);
+        assert_eq!(all[0].url(), "pulsar+ssl://[::1]:7000");
+        // a lookup answer names one broker
+        assert!(Endpoint::parse("pulsar://a:1,b:2").is_err());
+        assert!(Endpoint::parse_service("pulsar://a:1,,b:2").is_err());
     }
 }

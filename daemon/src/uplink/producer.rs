@@ -41,6 +41,8 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 const CLOSE_SLACK: Duration = Duration::from_secs(1);
 /// Reading the topic's last message at the first producer creation.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Retries while a dead broker's topics move to another one are at most this far apart.
+const OWNER_RETRY_MAX: Duration = Duration::from_secs(1);
 /// A terminated topic is looked at again this often (an operator may recreate it).
 const TERMINATED_RETRY: Duration = Duration::from_secs(60);
 
@@ -351,6 +353,7 @@ impl Session {
             ^ self.setup.producer_name.len() as u64
             ^ rigd_drivers::realtime_ns() as u64;
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10), seed);
+        let mut owner_backoff = Backoff::new(Duration::from_millis(100), OWNER_RETRY_MAX, seed ^ 1);
         let mut last_logged_error = String::new();
         let shared = self.shared.clone();
         let stats = &shared.stats;
@@ -374,6 +377,7 @@ impl Session {
                     }
                     self.created = true;
                     backoff.reset();
+                    owner_backoff.reset();
                     if !last_logged_error.is_empty()
                         || stats.reconnects.load(Ordering::Relaxed) == 0
                     {
@@ -423,11 +427,13 @@ impl Session {
                         last_logged_error = msg.clone();
                     }
                     stats.set_error(&msg);
-                    if terminated {
-                        stats.terminated.store(true, Ordering::Relaxed);
-                        TERMINATED_RETRY
-                    } else {
-                        backoff.next_delay()
+                    match Pace::after(&e) {
+                        Pace::Terminated => {
+                            stats.terminated.store(true, Ordering::Relaxed);
+                            TERMINATED_RETRY
+                        }
+                        Pace::OwnerMoving => owner_backoff.next_delay(),
+                        Pace::Backoff => backoff.next_delay(),
                     }
                 }
                 Ok(()) => backoff.next_delay(),
@@ -617,7 +623,8 @@ async fn probe(setup: &Setup, tls_ca: Option<&std::path::Path>) -> Option<u64> {
     let r = tokio::time::timeout(
         PROBE_TIMEOUT,
         super::probe::last_sequence_id(
-            &setup.url,
+            // the host that answered (the probe's client takes one host)
+            setup.service_host.as_deref().unwrap_or(&setup.url),
             &setup.topic,
             &setup.producer_name,
             &setup.token,
@@ -637,6 +644,29 @@ async fn probe(setup: &Setup, tls_ca: Option<&std::path::Path>) -> Option<u64> {
             tracing::warn!(topic = %setup.topic, error = %e,
                 "cannot read the topic's last message; frames of an earlier run may arrive twice");
             None
+        }
+    }
+}
+
+/// How soon to try again after a failed connection.
+#[derive(Debug, PartialEq, Eq)]
+enum Pace {
+    /// The topic is terminated: rarely (an operator may recreate it).
+    Terminated,
+    /// The cluster answered and named an owner that is gone: its bundles move within the
+    /// metadata store's session timeout, so retry often (capped at [`OWNER_RETRY_MAX`]) rather
+    /// than let the backoff grow past the moment the topic is served again.
+    OwnerMoving,
+    /// Anything else: exponential backoff up to 10 s.
+    Backoff,
+}
+
+impl Pace {
+    fn after(e: &LinkError) -> Self {
+        match e {
+            LinkError::Terminated(_) => Pace::Terminated,
+            LinkError::OwnerUnreachable { .. } => Pace::OwnerMoving,
+            _ => Pace::Backoff,
         }
     }
 }
@@ -665,4 +695,29 @@ fn abort_after_chunk() -> Option<usize> {
             .parse()
             .ok()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_owner_is_retried_soon_and_a_terminated_topic_rarely() {
+        let refused = || LinkError::Connect {
+            addr: "127.0.0.1:6661".into(),
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        };
+        let owner_gone = LinkError::OwnerUnreachable {
+            addr: "127.0.0.1:6661".into(),
+            source: Box::new(refused()),
+        };
+        assert_eq!(Pace::after(&owner_gone), Pace::OwnerMoving);
+        // the service URL's own hosts down: the cluster is not there, back off as usual
+        assert_eq!(Pace::after(&refused()), Pace::Backoff);
+        assert_eq!(Pace::after(&LinkError::Closed), Pace::Backoff);
+        assert_eq!(
+            Pace::after(&LinkError::Terminated("t".into())),
+            Pace::Terminated
+        );
+    }
 }
