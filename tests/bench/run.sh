@@ -64,13 +64,14 @@ PY
 done
 echo
 
-echo "## End-to-end encryption cost: rigd's uplink at 1 MiB frames, encryption off and on (same run, alternating; median of 3)"
+echo "## End-to-end encryption cost: rigd's uplink at 1 MiB frames, encryption off and on (same run, alternating after a warm-up; median of 5)"
 echo
 keydir=$(mktemp -d); openssl genrsa -out "$keydir/fleet.key.pem" 2048 2>/dev/null
 openssl rsa -in "$keydir/fleet.key.pem" -pubout -out "$keydir/fleet.pem" 2>/dev/null
 count=1000; [ $QUICK = 1 ] && count=20
 runs=()
-for round in 1 2 3; do
+cargo bench --locked -q -p rigd --bench uplink -- "$URL" "persistent://public/default/bench-enc-$run_id-warmup" 1048576 "$count" 500 false >/dev/null 2>&1
+for round in 1 2 3 4 5; do
   for enc in off on; do
     key=(); [ $enc = on ] && key=("$keydir/fleet.pem")
     runs+=("$enc $(cargo bench --locked -q -p rigd --bench uplink -- "$URL" "persistent://public/default/bench-enc-$run_id-$round-$enc" 1048576 "$count" 500 false "${key[@]}" 2>/dev/null | grep '^{')")
@@ -85,7 +86,7 @@ for r in sys.argv[1:]:
     rows[enc].append(json.loads(js))
 med = {k: statistics.median(x["mb_per_s"] for x in v) for k, v in rows.items()}
 p99 = {k: statistics.median(x["p99_ms"] for x in v) for k, v in rows.items()}
-print("| encryption | MB/s (median of 3) | p99 ms | cost |")
+print("| encryption | MB/s (median of 5) | p99 ms | cost |")
 print("|---|---|---|---|")
 print(f"| off | {med['off']:.1f} | {p99['off']:.1f} | |")
 print(f"| on (AES-256-GCM, RSA-2048 data key) | {med['on']:.1f} | {p99['on']:.1f} | {100 * (1 - med['on'] / med['off']):.1f} % |")
