@@ -111,3 +111,27 @@ spool_bytes=$((10 << 30)); [ $QUICK = 1 ] && spool_bytes=$((256 << 20))
 filler=$(cargo bench --locked -q -p rigd --bench spool --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "spool"][-1])')
 python3 tests/bench/startup.py --spool-bytes "$spool_bytes" --rigd target/release/rigd --filler "$filler"
+echo
+
+echo "## Fleet: rigs x 4 sources (camera, audio, gps, imu at 1/30 of a rig's rates), one rigd producer and connection each, namespace unloads mid-run; judged by the official client"
+echo
+# Against the standalone broker of this run; a sweep in the full run shows where it bends.
+if [ $QUICK = 1 ]; then
+  python3 tests/bench/fleet.py --quick --url "$URL" --admin-url http://127.0.0.1:8080
+else
+  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 \
+    --rigs 250 --rigs 500 --rigs 1000 --secs 60 --unload-at 20,40 --json target/bench/fleet-standalone.json
+  # And on the multi-broker cluster when the harness is there: a broker kill -9 mid-run.
+  if [ -x tests/pulsar/cluster.sh ]; then
+    cluster_started=0
+    if ! tests/pulsar/cluster.sh status >/dev/null 2>&1; then tests/pulsar/cluster.sh start >/dev/null; cluster_started=1; fi
+    eval "$(tests/pulsar/cluster.sh env)"
+    echo
+    echo "On the cluster ($PULSAR_CLUSTER_URL): unload at +20 s, kill -9 of broker-0 at +40 s"
+    echo
+    python3 tests/bench/fleet.py --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URL" \
+      --rigs 250 --secs 60 --unload-at 20 --kill-broker-at 40 --broker-pids "$PULSAR_CLUSTER_BROKER_0_PID" \
+      --json target/bench/fleet-cluster.json || true
+    if [ "$cluster_started" = 1 ]; then tests/pulsar/cluster.sh stop >&2 || true; fi
+  fi
+fi
