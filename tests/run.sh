@@ -40,7 +40,11 @@ python3 -m pytest tests/e2e -v -rs --durations=15 -p no:cacheprovider "$@"
 # meets the first broker; the tests find it through PULSAR_URL / PULSAR_ADMIN_URL and restart it
 # (outage tests) through broker.sh with the same environment.
 MATRIX_VERSION=${RIGD_MATRIX_VERSION:-4.0.7}
-if [ "${RIGD_MATRIX:-1}" != 0 ]; then
+MATRIX_TESTS=(tests/e2e/test_uplink.py tests/e2e/test_spool.py tests/e2e/test_publish.py tests/e2e/test_broker_refusals.py)
+matrix_selected=$(python3 -m pytest --collect-only -q -p no:cacheprovider "${MATRIX_TESTS[@]}" "$@" 2>/dev/null | grep -c '::' || true)
+if [ "${RIGD_MATRIX:-1}" != 0 ] && [ "$matrix_selected" = 0 ]; then
+  echo "== (no core test selected for the Pulsar $MATRIX_VERSION pass)" >&2
+elif [ "${RIGD_MATRIX:-1}" != 0 ]; then
   if [ "$started_broker" = 1 ]; then
     tests/pulsar/broker.sh stop >&2 # two JVMs on 2 cores slow both; the first one is done
     started_broker=0
@@ -59,8 +63,7 @@ if [ "${RIGD_MATRIX:-1}" != 0 ]; then
     fi
     trap '[ "$matrix_started" = 1 ] && tests/pulsar/broker.sh stop >&2 || true' EXIT
     rc=0
-    python3 -m pytest tests/e2e/test_uplink.py tests/e2e/test_spool.py tests/e2e/test_publish.py \
-      tests/e2e/test_broker_refusals.py -v -rs --durations=5 -p no:cacheprovider "$@" || rc=$?
+    python3 -m pytest "${MATRIX_TESTS[@]}" -v -rs --durations=5 -p no:cacheprovider "$@" || rc=$?
     # 5: the arguments (-k ...) selected none of these tests, which is not a failure
     if [ "$rc" = 5 ]; then echo "(no core test selected for Pulsar $MATRIX_VERSION)" >&2; rc=0; fi
     exit "$rc"

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use rigd::uplink::{Ack, BatchPolicy, Outcome, Producer, ProducerConfig, ProducerStats};
 use rigd_drivers::{ClockState, Frame, Media};
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
@@ -56,6 +56,8 @@ struct Tally {
     queued_max: usize,
     capture_to_receipt_us: Vec<u32>,
     submit_to_receipt_us: Vec<u32>,
+    /// Capture-to-receipt of frames captured before the first disconnect (steady state).
+    steady_us: Vec<(i64, u32)>,
 }
 
 fn unix_ms() -> u128 {
@@ -162,7 +164,7 @@ async fn main() {
     let t0 = Instant::now();
 
     let mut links: Vec<Arc<ProducerStats>> = Vec::new();
-    let mut tasks = Vec::new();
+    let mut sources = Vec::new();
     // `pulsar://h1:p1,h2:p2` (a cluster): rigd's producer takes one service URL, so the rigs are
     // spread over the brokers round-robin, as a fleet's configs would be.
     let (scheme, hosts) = args.url.split_once("://").unwrap_or(("pulsar", &args.url));
@@ -211,13 +213,14 @@ async fn main() {
                 go: go.clone(),
                 secs: args.secs,
                 drain: Duration::from_secs_f64(args.drain_secs),
+                closing: Arc::new(AtomicUsize::new(0)),
                 tally: Tally {
                     topic,
                     rig: rig.clone(),
                     ..Tally::default()
                 },
             };
-            tasks.push(tokio::spawn(source.run()));
+            sources.push(source);
         }
     }
     let n = links.len();
@@ -226,65 +229,33 @@ async fn main() {
         t0.elapsed().as_secs_f64()
     );
 
-    // Connection watch: the first moment all are up, then every stretch with some down.
-    let watcher = {
-        let links = links.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(10));
-            let mut ready = false;
-            let mut down: Option<(u128, Instant, usize, u64)> = None;
-            let mut events = 0u32;
-            loop {
-                tick.tick().await;
-                let up = links
-                    .iter()
-                    .filter(|s| s.connected.load(Ordering::Acquire))
-                    .count();
-                let reconnects: u64 = links
-                    .iter()
-                    .map(|s| s.reconnects.load(Ordering::Relaxed))
-                    .sum();
-                if !ready {
-                    if up == links.len() {
-                        ready = true;
-                        let _ = go_tx.send(true);
-                        println!(
-                            "{{\"event\":\"ready\",\"producers\":{},\"connect_all_s\":{:.3},\"unix_ms\":{}}}",
-                            links.len(),
-                            t0.elapsed().as_secs_f64(),
-                            unix_ms()
-                        );
-                    }
-                    continue;
-                }
-                match &mut down {
-                    None if up < links.len() => {
-                        down = Some((unix_ms(), Instant::now(), up, reconnects));
-                    }
-                    Some((_, _, min_up, _)) if up < links.len() => *min_up = (*min_up).min(up),
-                    Some((at_ms, at, min_up, before)) => {
-                        events += 1;
-                        println!(
-                            "{{\"event\":\"down\",\"n\":{events},\"down_unix_ms\":{at_ms},\"up_unix_ms\":{},\"all_up_after_s\":{:.3},\"min_connected\":{min_up},\"reconnects\":{}}}",
-                            unix_ms(),
-                            at.elapsed().as_secs_f64(),
-                            reconnects - *before
-                        );
-                        down = None;
-                    }
-                    None => {}
-                }
-            }
-        })
-    };
+    // Connection watch: the first moment all are up, then every stretch with some down, until
+    // the first source closes its producer (the end of the run).
+    let first_down_ns = Arc::new(AtomicI64::new(i64::MAX));
+    let closing = Arc::new(AtomicUsize::new(0));
+    let watcher = tokio::spawn(watch_links(
+        links.clone(),
+        go_tx,
+        t0,
+        first_down_ns.clone(),
+        closing.clone(),
+    ));
+    for s in &mut sources {
+        s.closing = closing.clone();
+    }
+    let tasks: Vec<_> = sources.into_iter().map(|s| tokio::spawn(s.run())).collect();
 
     let mut tallies = Vec::with_capacity(n);
     for t in tasks {
         tallies.push(t.await.expect("source task"));
     }
-    watcher.abort();
+    let _ = watcher.await;
+    // Steady state: frames captured more than a second before the first disconnect.
+    let steady_before = first_down_ns
+        .load(Ordering::Relaxed)
+        .saturating_sub(1_000_000_000);
 
-    let (mut capture, mut submit) = (Vec::new(), Vec::new());
+    let (mut capture, mut submit, mut steady) = (Vec::new(), Vec::new(), Vec::new());
     let mut total = Tally::default();
     for t in &mut tallies {
         println!(
@@ -298,10 +269,17 @@ async fn main() {
         total.left += t.left;
         total.queued_max = total.queued_max.max(t.queued_max);
         capture.append(&mut t.capture_to_receipt_us);
+        steady.extend(
+            t.steady_us
+                .iter()
+                .filter(|(at, _)| *at < steady_before)
+                .map(|(_, us)| *us),
+        );
         submit.append(&mut t.submit_to_receipt_us);
     }
     capture.sort_unstable();
     submit.sort_unstable();
+    steady.sort_unstable();
     let pct = |v: &[u32], p: f64| -> f64 {
         if v.is_empty() {
             return 0.0;
@@ -316,7 +294,7 @@ async fn main() {
         .sum::<f64>()
         * args.rigs as f64;
     println!(
-        "{{\"summary\":true,\"rigs\":{},\"producers\":{n},\"offered_msg_per_s\":{rate:.1},\"offered_mb_per_s\":{:.2},\"secs\":{},\"generated\":{},\"acked\":{},\"already\":{},\"refused\":{},\"left\":{},\"queued_max\":{},\"capture_p50_ms\":{:.2},\"capture_p99_ms\":{:.2},\"capture_p9999_ms\":{:.2},\"capture_max_ms\":{:.2},\"submit_p50_ms\":{:.2},\"submit_p99_ms\":{:.2},\"submit_p9999_ms\":{:.2}}}",
+        "{{\"summary\":true,\"rigs\":{},\"producers\":{n},\"offered_msg_per_s\":{rate:.1},\"offered_mb_per_s\":{:.2},\"secs\":{},\"generated\":{},\"acked\":{},\"already\":{},\"refused\":{},\"left\":{},\"queued_max\":{},\"capture_p50_ms\":{:.2},\"capture_p99_ms\":{:.2},\"capture_p9999_ms\":{:.2},\"capture_max_ms\":{:.2},\"steady_frames\":{},\"steady_p50_ms\":{:.2},\"steady_p99_ms\":{:.2},\"steady_p9999_ms\":{:.2},\"submit_p50_ms\":{:.2},\"submit_p99_ms\":{:.2},\"submit_p9999_ms\":{:.2}}}",
         args.rigs,
         bytes_per_s / 1e6,
         args.secs,
@@ -330,10 +308,131 @@ async fn main() {
         pct(&capture, 0.99),
         pct(&capture, 0.9999),
         capture.last().copied().unwrap_or(0) as f64 / 1e3,
+        steady.len(),
+        pct(&steady, 0.5),
+        pct(&steady, 0.99),
+        pct(&steady, 0.9999),
         pct(&submit, 0.5),
         pct(&submit, 0.99),
         pct(&submit, 0.9999),
     );
+}
+
+/// Samples every producer's link every 10 ms. Prints `ready` once all are up (and lets the
+/// sources start), then one `down` line per stretch during which some were not: how many went
+/// down, when the last came back, and the spread of each one's time back (from the stretch's
+/// start). A stretch still open at the end of the run is printed with `"unfinished":true`.
+async fn watch_links(
+    links: Vec<Arc<ProducerStats>>,
+    go: watch::Sender<bool>,
+    t0: Instant,
+    first_down_ns: Arc<AtomicI64>,
+    closing: Arc<AtomicUsize>,
+) {
+    struct Stretch {
+        at_ms: u128,
+        at: Instant,
+        min_up: usize,
+        reconnects: u64,
+        /// Went down during the stretch.
+        went_down: Vec<bool>,
+        /// Down at the last sample.
+        down: Vec<bool>,
+        /// When each came back last (from the stretch's start).
+        back: Vec<Option<f64>>,
+    }
+    let n = links.len();
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut ready = false;
+    let mut stretch: Option<Stretch> = None;
+    let mut events = 0u32;
+    let report = |st: &Stretch, events: u32, still_down: usize, reconnects: u64| {
+        let mut back: Vec<f64> = st.back.iter().flatten().copied().collect();
+        back.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            back.get(((back.len() as f64 * p) as usize).min(back.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let went_down = st.went_down.iter().filter(|d| **d).count();
+        println!(
+            "{{\"event\":\"down\",\"n\":{events},\"down_unix_ms\":{},\"up_unix_ms\":{},\"all_up_after_s\":{:.3},\"unfinished\":{},\"still_down\":{still_down},\"went_down\":{went_down},\"min_connected\":{},\"reconnects\":{},\"back_p50_s\":{:.3},\"back_p90_s\":{:.3},\"back_p99_s\":{:.3}}}",
+            st.at_ms,
+            unix_ms(),
+            st.at.elapsed().as_secs_f64(),
+            still_down > 0,
+            st.min_up,
+            reconnects - st.reconnects,
+            q(0.5),
+            q(0.9),
+            q(0.99),
+        );
+    };
+    loop {
+        tick.tick().await;
+        let up: Vec<bool> = links
+            .iter()
+            .map(|s| s.connected.load(Ordering::Acquire))
+            .collect();
+        let n_up = up.iter().filter(|u| **u).count();
+        let reconnects: u64 = links
+            .iter()
+            .map(|s| s.reconnects.load(Ordering::Relaxed))
+            .sum();
+        if closing.load(Ordering::Relaxed) > 0 {
+            if let Some(st) = &stretch {
+                events += 1;
+                report(st, events, n - n_up, reconnects);
+            }
+            return;
+        }
+        if !ready {
+            if n_up == n {
+                ready = true;
+                let _ = go.send(true);
+                println!(
+                    "{{\"event\":\"ready\",\"producers\":{n},\"connect_all_s\":{:.3},\"unix_ms\":{}}}",
+                    t0.elapsed().as_secs_f64(),
+                    unix_ms()
+                );
+            }
+            continue;
+        }
+        if stretch.is_none() && n_up < n {
+            let _ = first_down_ns.compare_exchange(
+                i64::MAX,
+                rigd_drivers::realtime_ns(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            stretch = Some(Stretch {
+                at_ms: unix_ms(),
+                at: Instant::now(),
+                min_up: n_up,
+                reconnects,
+                went_down: vec![false; n],
+                down: vec![false; n],
+                back: vec![None; n],
+            });
+        }
+        let Some(st) = &mut stretch else { continue };
+        st.min_up = st.min_up.min(n_up);
+        let after = st.at.elapsed().as_secs_f64();
+        for (i, u) in up.iter().enumerate() {
+            if !u {
+                st.went_down[i] = true;
+                st.down[i] = true;
+            } else if st.down[i] {
+                st.down[i] = false;
+                st.back[i] = Some(after);
+            }
+        }
+        if n_up == n {
+            events += 1;
+            report(st, events, 0, reconnects);
+            stretch = None;
+        }
+    }
 }
 
 /// One source of one rig: its frames, its producer, its queue while the producer cannot take.
@@ -346,6 +445,8 @@ struct Source {
     go: watch::Receiver<bool>,
     secs: f64,
     drain: Duration,
+    /// Counts sources that closed their producer (the watch stops at the first).
+    closing: Arc<AtomicUsize>,
     tally: Tally,
 }
 
@@ -405,6 +506,7 @@ impl Source {
                 }
             }
         }
+        self.closing.fetch_add(1, Ordering::Relaxed);
         let left = self.producer.close().await;
         while let Ok(ack) = self.acks.try_recv() {
             self.tally.count(ack);
@@ -422,8 +524,9 @@ impl Tally {
             Outcome::Refused(_) => self.refused += 1,
         }
         let capture = (rigd_drivers::realtime_ns() - ack.capture_ns).max(0) / 1000;
-        self.capture_to_receipt_us
-            .push(capture.min(u32::MAX as i64) as u32);
+        let capture = capture.min(u32::MAX as i64) as u32;
+        self.capture_to_receipt_us.push(capture);
+        self.steady_us.push((ack.capture_ns, capture));
         self.submit_to_receipt_us
             .push(ack.latency.as_micros().min(u32::MAX as u128) as u32);
     }

@@ -56,6 +56,17 @@ def bench_binary() -> str:
     return exes[-1]
 
 
+def cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) a process has used so far."""
+    if not pid:
+        return None
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def pct(values: list[float], p: float) -> float:
     if not values:
         return 0.0
@@ -112,6 +123,7 @@ def run_one(args, exe: str, rigs: int) -> dict:
         cmd += ["--profile", args.profile]
     print(f"fleet: {rigs} rigs -> {ns}", file=sys.stderr)
     t_start = time.time()
+    broker_cpu0 = cpu_s(args.broker_pid)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     lines: list[dict] = []
     ready = threading.Event()
@@ -144,13 +156,25 @@ def run_one(args, exe: str, rigs: int) -> dict:
     for what, at in sorted(actions, key=lambda a: a[1]):
         time.sleep(max(0.0, t_ready + at - time.time()))
         t0 = time.time()
-        if what == "unload":
+        if what == "unload" and args.unload_scope == "bundle":
+            # one bundle: only the producers whose topics hash into it move
+            bundles = json.loads(admin(args.admin_url, "GET", f"/admin/v2/namespaces/{ns}/bundles"))["boundaries"]
+            admin(args.admin_url, "PUT", f"/admin/v2/namespaces/{ns}/{bundles[0]}_{bundles[1]}/unload")
+        elif what == "unload":
             admin(args.admin_url, "PUT", f"/admin/v2/namespaces/{ns}/unload")
         else:
             pid = args.broker_pids[0]
             os.kill(pid, signal.SIGKILL)
         done_actions.append({"what": what, "at_s": at, "unix": t0, "request_s": time.time() - t0})
         print(f"fleet:   {what} at +{at:.0f} s (request took {time.time() - t0:.2f} s)", file=sys.stderr)
+    # the bench's own CPU, read just before it exits (its run and drain are over by then)
+    bench_cpu = None
+    while proc.poll() is None:
+        bench_cpu = cpu_s(proc.pid) or bench_cpu
+        time.sleep(0.5)
+    run_s = time.time() - t_ready
+    bench_wall = time.time() - t_start
+    broker_cpu1 = cpu_s(args.broker_pid)
     rc = proc.wait()
     th.join(timeout=10)
     if rc != 0:
@@ -162,9 +186,15 @@ def run_one(args, exe: str, rigs: int) -> dict:
         after = [d for d in downs if d["down_unix_ms"] >= a["unix"] * 1000 - 50]
         if after:
             d = after[0]
+            offset = d["down_unix_ms"] / 1000 - a["unix"]  # the first close after the request
             a["all_up_after_s"] = round(d["up_unix_ms"] / 1000 - a["unix"], 3)
+            a["unfinished"] = d["unfinished"]
+            a["still_down"] = d["still_down"]
+            a["went_down"] = d["went_down"]
             a["min_connected"] = d["min_connected"]
             a["reconnects"] = d["reconnects"]
+            for q in ("p50", "p90", "p99"):
+                a[f"back_{q}_s"] = round(d[f"back_{q}_s"] + offset, 3)
         else:
             a["all_up_after_s"] = None
     topics = [d for d in lines if "topic" in d and "generated" in d]
@@ -173,6 +203,14 @@ def run_one(args, exe: str, rigs: int) -> dict:
     seen = consume_all(args.url, [t["topic"] for t in topics], expected,
                        idle_s=args.consume_idle_s, total_s=max(300.0, expected / 2000))
     consume_s = time.time() - t_consume
+    if not args.keep:
+        # The next run of a sweep must not share the broker with this run's idle topics: unloaded,
+        # they stay stored but cost the broker nothing (deleting a namespace with topics needs
+        # forceDeleteNamespaceAllowed, off by default).
+        try:
+            admin(args.admin_url, "PUT", f"/admin/v2/namespaces/{ns}/unload", timeout=300)
+        except (urllib.error.URLError, OSError) as e:
+            print(f"fleet:   could not unload {ns}: {e}", file=sys.stderr)
     per_rig: dict[str, dict] = defaultdict(lambda: Counter())
     for t in topics:
         got = seen.get(t["topic"], Counter())
@@ -194,11 +232,24 @@ def run_one(args, exe: str, rigs: int) -> dict:
     rigs_with_loss = sum(1 for r in per_rig.values() if r["lost"])
     rigs_with_dup = sum(1 for r in per_rig.values() if r["duplicated"])
     return {
-        "rigs": rigs, "namespace": ns, "bundles": args.bundles, "wall_s": round(time.time() - t_start, 1),
+        "rigs": rigs, "namespace": ns, "bundles": args.bundles, "unload_scope": args.unload_scope, "wall_s": round(time.time() - t_start, 1),
         "ready": ready_line, "summary": summary, "events": done_actions, "downs": downs,
         "totals": dict(totals), "rigs_with_loss": rigs_with_loss, "rigs_with_dup": rigs_with_dup,
-        "consume_s": round(consume_s, 1), "per_rig": {k: dict(v) for k, v in per_rig.items()},
+        "consume_s": round(consume_s, 1),
+        "bench_cpu_pct": None if bench_cpu is None else round(100 * bench_cpu / bench_wall, 1),
+        "broker_cpu_pct": None if broker_cpu0 is None or broker_cpu1 is None
+        else round(100 * (broker_cpu1 - broker_cpu0) / (run_s + ready_line["connect_all_s"]), 1), "per_rig": {k: dict(v) for k, v in per_rig.items()},
     }
+
+
+def event_text(e: dict) -> str:
+    head = f"{e['what']} +{e['at_s']:.0f}s"
+    if e.get("all_up_after_s") is None:
+        return f"{head}: no producer went down"
+    spread = f"{e['back_p50_s']:.1f} / {e['back_p90_s']:.1f} / {e['back_p99_s']:.1f}"
+    if e["unfinished"]:
+        return f"{head}: {e['went_down']} down; {spread} / {e['still_down']} still down after {e['all_up_after_s']:.1f} s"
+    return f"{head}: {e['went_down']} down; {spread} / {e['all_up_after_s']:.1f} s"
 
 
 def main():
@@ -212,16 +263,21 @@ def main():
     ap.add_argument("--drain-secs", type=float, default=60)
     ap.add_argument("--unload-at", default="20,40", help="namespace unloads, seconds after all are connected")
     ap.add_argument("--bundles", type=int, default=4)
+    ap.add_argument("--unload-scope", choices=["namespace", "bundle"], default="namespace",
+                    help="unload every bundle of the namespace, or only its first bundle")
     ap.add_argument("--kill-broker-at", type=float, help="kill -9 the first of --broker-pids then (cluster)")
     ap.add_argument("--broker-pids", default="")
+    ap.add_argument("--broker-pid", type=int, default=int(os.environ.get("PULSAR_BROKER_PID", 0)) or None,
+                    help="the broker's JVM, for its CPU use (standalone; default $PULSAR_BROKER_PID)")
     ap.add_argument("--consume-idle-s", type=float, default=15)
-    ap.add_argument("--quick", action="store_true", help="one short run: 250 rigs x 4 sources, 20 s, one unload")
+    ap.add_argument("--quick", action="store_true", help="one short run: 250 rigs x 4 sources, 30 s, one unload at +5 s")
     ap.add_argument("--json", help="write every run's figures here")
+    ap.add_argument("--keep", action="store_true", help="keep each run's topics loaded (unloaded by default)")
     ap.add_argument("--bench", help="the fleet bench binary (default: built with cargo bench --no-run)")
     args = ap.parse_args()
     if args.quick:
         args.rigs = args.rigs or [250]
-        args.secs, args.unload_at, args.drain_secs = 20, "8", 30
+        args.secs, args.unload_at, args.drain_secs = 30, "5", 30
     args.rigs = args.rigs or [250]
     args.unload_at = [float(x) for x in args.unload_at.split(",") if x]
     args.broker_pids = [int(x) for x in args.broker_pids.split(",") if x]
@@ -232,18 +288,18 @@ def main():
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(runs, indent=1))
-    print("| rigs | producers | offered msg/s | offered MB/s | connect all | generated | acked | delivered | lost | duplicated | left | capture-to-receipt p50 / p99 / p99.99 / max ms | events: all producers back after |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| rigs | producers | offered msg/s | offered MB/s | connect all | generated | acked | delivered | lost | duplicated | left "
+          "| capture-to-receipt p50 / p99 / p99.99 ms, steady | same, whole run (max) | events: producers back after (p50 / p90 / p99 / all) | CPU bench / broker |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         s, t = r["summary"], r["totals"]
-        ev = "; ".join(
-            f"{e['what']} +{e['at_s']:.0f}s: {e['all_up_after_s']:.2f} s (min {e['min_connected']} up, {e['reconnects']} reconnects)"
-            if e.get("all_up_after_s") is not None else f"{e['what']} +{e['at_s']:.0f}s: no producer went down"
-            for e in r["events"]) or "none"
+        ev = "; ".join(event_text(e) for e in r["events"]) or "none"
         print(f"| {r['rigs']} | {s['producers']} | {s['offered_msg_per_s']:.0f} | {s['offered_mb_per_s']:.1f} | "
               f"{r['ready']['connect_all_s']:.1f} s | {s['generated']} | {s['acked'] + s['already']} | {t.get('delivered', 0)} | "
               f"{t.get('lost', 0)} ({r['rigs_with_loss']} rigs) | {t.get('duplicated', 0)} ({r['rigs_with_dup']} rigs) | {s['left']} | "
-              f"{s['capture_p50_ms']:.1f} / {s['capture_p99_ms']:.1f} / {s['capture_p9999_ms']:.1f} / {s['capture_max_ms']:.0f} | {ev} |")
+              f"{s['steady_p50_ms']:.1f} / {s['steady_p99_ms']:.1f} / {s['steady_p9999_ms']:.1f} | "
+              f"{s['capture_p50_ms']:.1f} / {s['capture_p99_ms']:.1f} / {s['capture_p9999_ms']:.1f} ({s['capture_max_ms']:.0f}) | {ev} | "
+              f"{r['bench_cpu_pct']} % / {r['broker_cpu_pct']} % |")
     bad = sum(r["totals"].get("lost", 0) + r["totals"].get("duplicated", 0) for r in runs)
     sys.exit(1 if bad else 0)
 
