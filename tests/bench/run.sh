@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for rigd's performance figures, side by side with the anchors on the same machine:
-#   tests/bench/run.sh           full run (about 12 minutes)
+#   tests/bench/run.sh           full run (about 20 minutes with the fleet sweep)
 #   tests/bench/run.sh --quick   smoke run for CI (small counts; no figure is meaningful)
 # Prints one markdown table per section; docs/PERFORMANCE.md holds a full run's output.
 set -euo pipefail
