@@ -267,7 +267,7 @@ def main():
                     help="unload every bundle of the namespace, or only its first bundle")
     ap.add_argument("--kill-broker-at", type=float, help="kill -9 the first of --broker-pids then (cluster)")
     ap.add_argument("--broker-pids", default="")
-    ap.add_argument("--broker-pid", type=int, default=int(os.environ.get("PULSAR_BROKER_PID", 0)) or None,
+    ap.add_argument("--broker-pid", type=int, default=int(os.environ.get("PULSAR_BROKER_PID") or 0) or None,
                     help="the broker's JVM, for its CPU use (standalone; default $PULSAR_BROKER_PID)")
     ap.add_argument("--consume-idle-s", type=float, default=15)
     ap.add_argument("--quick", action="store_true", help="one short run: 250 rigs x 4 sources, 30 s, one unload at +5 s")

@@ -116,21 +116,36 @@ echo
 echo "## Fleet: rigs x 4 sources (camera, audio, gps, imu at 1/30 of a rig's rates), one rigd producer and connection each, namespace unloads mid-run; judged by the official client"
 echo
 # Against the standalone broker of this run; a sweep in the full run shows where it bends.
+PULSAR_BROKER_PID=$(tests/pulsar/broker.sh env | sed -n 's/^PULSAR_BROKER_PID=//p'); export PULSAR_BROKER_PID
 if [ $QUICK = 1 ]; then
   python3 tests/bench/fleet.py --quick --url "$URL" --admin-url http://127.0.0.1:8080
 else
+  # where it bends: 1,000 and 2,000 producers at 1/300 of a rig's rates, two namespace unloads
   python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 \
-    --rigs 250 --rigs 500 --rigs 1000 --secs 60 --unload-at 20,40 --json target/bench/fleet-standalone.json
+    --rigs 250 --rigs 500 --rate-scale 0.003333 --secs 60 --unload-at 15,40 --json target/bench/fleet-standalone.json
+  echo
+  echo "One bundle of 16 unloaded (what a load-balancer move does), and 1/30 of the rig rates (26 MB/s)"
+  echo
+  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 \
+    --rigs 250 --bundles 16 --unload-scope bundle --rate-scale 0.003333 --secs 45 --unload-at 15,30 \
+    --json target/bench/fleet-bundle.json | tail -n 1
+  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 --quick \
+    --json target/bench/fleet-rates.json | tail -n 1
   # And on the multi-broker cluster when the harness is there: a broker kill -9 mid-run.
   if [ -x tests/pulsar/cluster.sh ]; then
     cluster_started=0
     if ! tests/pulsar/cluster.sh status >/dev/null 2>&1; then tests/pulsar/cluster.sh start >/dev/null; cluster_started=1; fi
     eval "$(tests/pulsar/cluster.sh env)"
+    # kill -9 only a cluster this run started (never one somebody else is using)
+    kill_args=()
+    if [ "$cluster_started" = 1 ]; then
+      kill_args=(--kill-broker-at 40 --broker-pids "$PULSAR_CLUSTER_BROKER_0_PID")
+    fi
     echo
-    echo "On the cluster ($PULSAR_CLUSTER_URL): unload at +20 s, kill -9 of broker-0 at +40 s"
+    echo "On the cluster ($PULSAR_CLUSTER_URL): a namespace unload at +20 s${kill_args:+, kill -9 of broker-0 at +40 s}"
     echo
-    python3 tests/bench/fleet.py --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URL" \
-      --rigs 250 --secs 60 --unload-at 20 --kill-broker-at 40 --broker-pids "$PULSAR_CLUSTER_BROKER_0_PID" \
+    PULSAR_BROKER_PID= python3 tests/bench/fleet.py --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URL" \
+      --rigs 250 --rate-scale 0.003333 --secs 60 --unload-at 20 "${kill_args[@]}" \
       --json target/bench/fleet-cluster.json || true
     if [ "$cluster_started" = 1 ]; then tests/pulsar/cluster.sh stop >&2 || true; fi
   fi
