@@ -165,6 +165,8 @@ async fn main() {
 
     let mut links: Vec<Arc<ProducerStats>> = Vec::new();
     let mut sources = Vec::new();
+    // Counts sources that closed their producer: the connection watch ends at the first.
+    let closing = Arc::new(AtomicUsize::new(0));
     // `pulsar://h1:p1,h2:p2` (a cluster): rigd's producer takes one service URL, so the rigs are
     // spread over the brokers round-robin, as a fleet's configs would be.
     let (scheme, hosts) = args.url.split_once("://").unwrap_or(("pulsar", &args.url));
@@ -213,7 +215,7 @@ async fn main() {
                 go: go.clone(),
                 secs: args.secs,
                 drain: Duration::from_secs_f64(args.drain_secs),
-                closing: Arc::new(AtomicUsize::new(0)),
+                closing: closing.clone(),
                 tally: Tally {
                     topic,
                     rig: rig.clone(),
@@ -232,7 +234,6 @@ async fn main() {
     // Connection watch: the first moment all are up, then every stretch with some down, until
     // the first source closes its producer (the end of the run).
     let first_down_ns = Arc::new(AtomicI64::new(i64::MAX));
-    let closing = Arc::new(AtomicUsize::new(0));
     let watcher = tokio::spawn(watch_links(
         links.clone(),
         go_tx,
@@ -240,9 +241,6 @@ async fn main() {
         first_down_ns.clone(),
         closing.clone(),
     ));
-    for s in &mut sources {
-        s.closing = closing.clone();
-    }
     let tasks: Vec<_> = sources.into_iter().map(|s| tokio::spawn(s.run())).collect();
 
     let mut tallies = Vec::with_capacity(n);
