@@ -56,5 +56,7 @@ if ! command -v cargo-deb >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo-deb" ]; t
   cargo install cargo-deb --locked --version 3.8.0 >&2
 fi
 
-# The broker's jars: resolved once from Maven Central, then cached.
+# The broker's jars: resolved once from Maven Central, then cached; both LTS lines of the version
+# matrix (tests/run.sh: 3.0.x by default, then 4.0.x).
 tests/pulsar/broker.sh fetch >&2
+PULSAR_VERSION=${RIGD_MATRIX_VERSION:-4.0.7} tests/pulsar/broker.sh fetch >&2

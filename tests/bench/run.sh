@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for rigd's performance figures, side by side with the anchors on the same machine:
-#   tests/bench/run.sh           full run (about 12 minutes)
+#   tests/bench/run.sh           full run (about 20 minutes with the fleet sweep)
 #   tests/bench/run.sh --quick   smoke run for CI (small counts; no figure is meaningful)
 # Prints one markdown table per section; docs/PERFORMANCE.md holds a full run's output.
 set -euo pipefail
@@ -140,3 +140,42 @@ spool_bytes=$((10 << 30)); [ $QUICK = 1 ] && spool_bytes=$((256 << 20))
 filler=$(cargo bench --locked -q -p rigd --bench spool --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "spool"][-1])')
 python3 tests/bench/startup.py --spool-bytes "$spool_bytes" --rigd target/release/rigd --filler "$filler"
+echo
+
+echo "## Fleet: rigs x 4 sources (camera, audio, gps, imu at 1/30 of a rig's rates), one rigd producer and connection each, namespace unloads mid-run; judged by the official client"
+echo
+# Against the standalone broker of this run; a sweep in the full run shows where it bends.
+PULSAR_BROKER_PID=$(tests/pulsar/broker.sh env | sed -n 's/^PULSAR_BROKER_PID=//p'); export PULSAR_BROKER_PID
+if [ $QUICK = 1 ]; then
+  python3 tests/bench/fleet.py --quick --url "$URL" --admin-url http://127.0.0.1:8080
+else
+  # where it bends: 1,000 and 2,000 producers at 1/300 of a rig's rates, two namespace unloads
+  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 \
+    --rigs 250 --rigs 500 --rate-scale 0.003333 --secs 60 --unload-at 15,40 --json target/bench/fleet-standalone.json
+  echo
+  echo "One bundle of 16 unloaded (what a load-balancer move does), and 1/30 of the rig rates (26 MB/s)"
+  echo
+  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 \
+    --rigs 250 --bundles 16 --unload-scope bundle --rate-scale 0.003333 --secs 45 --unload-at 15,30 \
+    --json target/bench/fleet-bundle.json | tail -n 1
+  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 --quick \
+    --json target/bench/fleet-rates.json | tail -n 1
+  # And on the multi-broker cluster when the harness is there: a broker kill -9 mid-run.
+  if [ -x tests/pulsar/cluster.sh ]; then
+    cluster_started=0
+    if ! tests/pulsar/cluster.sh status >/dev/null 2>&1; then tests/pulsar/cluster.sh start >/dev/null; cluster_started=1; fi
+    eval "$(tests/pulsar/cluster.sh env)"
+    # kill -9 only a cluster this run started (never one somebody else is using)
+    kill_args=()
+    if [ "$cluster_started" = 1 ]; then
+      kill_args=(--kill-broker-at 40 --broker-pids "$PULSAR_CLUSTER_BROKER_0_PID")
+    fi
+    echo
+    echo "On the cluster ($PULSAR_CLUSTER_URL): a namespace unload at +20 s${kill_args:+, kill -9 of broker-0 at +40 s}"
+    echo
+    PULSAR_BROKER_PID= python3 tests/bench/fleet.py --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URL" \
+      --rigs 250 --rate-scale 0.003333 --secs 60 --unload-at 20 "${kill_args[@]}" \
+      --json target/bench/fleet-cluster.json || true
+    if [ "$cluster_started" = 1 ]; then tests/pulsar/cluster.sh stop >&2 || true; fi
+  fi
+fi
