@@ -195,6 +195,7 @@ async fn main() {
                     tls: None,
                     tls_ca_file: None,
                     compression: rigd::config::Compression::None,
+                    encryption: None,
                     batch: BatchPolicy::from(&defaults),
                     budget: None,
                     rank: 0,
@@ -475,6 +476,7 @@ impl Source {
                             clock: ClockState::Unsynced,
                             media: self.media.clone(),
                             payload: self.payload.clone(),
+                            sealed: false,
                         });
                         self.tally.generated += 1;
                         self.tally.queued_max = self.tally.queued_max.max(queue.len());
