@@ -35,12 +35,12 @@ mkdir -p tests/artifacts
 python3 -m pytest tests/e2e -v -rs --durations=15 -p no:cacheprovider "$@"
 
 # The broker version matrix: chunking, dedup across kill -9, Key_Shared, TLS/token, compression
-# (test_uplink), outages and power cuts with the spool (test_spool), the wire format (test_publish),
-# refusals and terminated topics (test_broker_refusals). Its own data dir and ports, so it never
+# (test_uplink), outages and power cuts with the spool (test_spool), the wire format (test_publish).
+# Its own data dir and ports, so it never
 # meets the first broker; the tests find it through PULSAR_URL / PULSAR_ADMIN_URL and restart it
 # (outage tests) through broker.sh with the same environment.
 MATRIX_VERSION=${RIGD_MATRIX_VERSION:-4.0.7}
-MATRIX_TESTS=(tests/e2e/test_uplink.py tests/e2e/test_spool.py tests/e2e/test_publish.py tests/e2e/test_broker_refusals.py)
+MATRIX_TESTS=(tests/e2e/test_uplink.py tests/e2e/test_spool.py tests/e2e/test_publish.py)
 matrix_selected=$(python3 -m pytest --collect-only -q -p no:cacheprovider "${MATRIX_TESTS[@]}" "$@" 2>/dev/null | grep -c '::' || true)
 if [ "${RIGD_MATRIX:-1}" != 0 ] && [ "$matrix_selected" = 0 ]; then
   echo "== (no core test selected for the Pulsar $MATRIX_VERSION pass)" >&2

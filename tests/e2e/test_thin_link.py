@@ -1,12 +1,12 @@
 """The thin link (issue 18): a bandwidth budget shared by priority, and live-first draining with
 exact broker deduplication, through a real shaped link (htb on the broker's port; root).
 
-- After a 40 s outage on a 2 Mbit/s link with `max-bandwidth` just below it, serial and audio
+- After a 25 s outage on a 2 Mbit/s link with `max-bandwidth` just below it, serial and audio
   frames captured while the camera's backlog waits arrive within 2 s / 3 s of capture (capture-ns
   against the broker's publish time, as the official client reports them); the budget holds on
-  the wire over a minute while the backlog drains; then everything drains and the official
+  the wire over 30 s while the backlog drains; then everything drains and the official
   client sees every seq of every source exactly once (live-first: not in topic order).
-- A flapping link (up 10 s / down 5 s for 2 minutes) with a clean restart in the middle (the
+- A flapping link (up 10 s / down 5 s for 75 s) with a clean restart in the middle (the
   epochs are reopened from the spool): nothing lost, nothing twice.
 
 An outage is the shaped class cut to a few bytes a second (no netem or gact here: see the
@@ -119,18 +119,18 @@ def test_after_an_outage_live_frames_go_first_within_the_budget_and_everything_a
             link.cut()
             t_cut = time.time()
             d.wait_for(lambda s: not s["uplink"]["connected"], timeout=15, what="outage seen")
-            time.sleep(max(0.0, 40 - (time.time() - t_cut)))
+            time.sleep(max(0.0, 25 - (time.time() - t_cut)))
             link.restore()
             t_up = time.time()
             s = d.wait_for(lambda s: s["uplink"]["connected"], timeout=40, what="uplink back")
             t_back = time.time()
             print(f"uplink back {t_back - t_up:.1f} s after the link; cam spooled "
                   f"{by_id(s, 'cam')['spooled_records']} frames")
-            # The budget on the wire while the backlog drains: one minute from 5 s after it is back.
+            # The budget on the wire while the backlog drains: 30 s from 5 s after it is back.
             time.sleep(5)
             b0, w0 = link.bytes_sent(), time.time()
             waits = []
-            while time.time() - w0 < 60:
+            while time.time() - w0 < 30:
                 time.sleep(5)
                 st = d.status()
                 waits.append(by_id(st, "cam")["spooled_records"])
@@ -174,7 +174,7 @@ def test_after_an_outage_live_frames_go_first_within_the_budget_and_everything_a
 def test_a_flapping_link_with_a_restart_loses_nothing_and_repeats_nothing(broker, tmp_path):
     ns = namespace_with_dedup(unique("flap"))
     rig = unique("flap")
-    # A 2 fps camera: two minutes of flapping leave a backlog the budget drains in minutes.
+    # A 2 fps camera: 75 s of flapping leave a backlog the budget drains in minutes.
     d = Rigd(tmp_path, config(ns, rig, cam_fps=2))
     try:
         with Link(LINK_KBIT, port=BROKER_PORT) as link:
@@ -183,12 +183,12 @@ def test_a_flapping_link_with_a_restart_loses_nothing_and_repeats_nothing(broker
                        timeout=60, what="publishing on every source")
             t0 = time.time()
             restarted = False
-            while time.time() - t0 < 120:
+            while time.time() - t0 < 75:
                 time.sleep(10)
                 link.cut()
                 time.sleep(5)
                 link.restore()
-                if not restarted and time.time() - t0 > 55:
+                if not restarted and time.time() - t0 > 25:
                     # A clean restart with backlogs in several epochs: they reopen from the spool.
                     assert d.stop() == 0
                     d.start()
