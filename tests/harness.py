@@ -62,6 +62,33 @@ def namespace_with_dedup(name: str) -> str:
     return f"public/{name}"
 
 
+class TlsBroker:
+    """A broker of one test's own, started by broker.sh with TLS (a CA made here) and token
+    authentication (a key made here): its own data dir and ports, stopped by `stop()` (by the pid
+    broker.sh recorded). `knobs`: more PULSAR_* settings."""
+
+    def __init__(self, tmp_path: Path, **knobs: str):
+        self.sh = str(ROOT / "tests/pulsar/broker.sh")
+        self.tls, self.key = tmp_path / "tls", tmp_path / "token.key"
+        self.env = {**os.environ,
+                    "PULSAR_DATA": str(tmp_path / "broker"), "PULSAR_PORT": str(free_port()),
+                    "PULSAR_HTTP_PORT": str(free_port()), "PULSAR_BOOKIE_PORT": str(free_port()),
+                    "PULSAR_TLS_PORT": str(free_port()), "PULSAR_HTTPS_PORT": str(free_port()),
+                    "PULSAR_TLS_DIR": str(self.tls), "PULSAR_TOKEN_SECRET_KEY": str(self.key), **knobs}
+        self.url = f"pulsar+ssl://127.0.0.1:{self.env['PULSAR_TLS_PORT']}"
+        self.ca = self.tls / "ca.pem"
+        self.run("gen-tls", str(self.tls))
+        self.run("gen-token-key", str(self.key))
+
+    def run(self, *args: str, **env: str) -> str:
+        """broker.sh with this broker's environment (plus `env`); its stdout."""
+        return subprocess.run([self.sh, *args], env={**self.env, **env}, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    def stop(self):
+        subprocess.run([self.sh, "stop"], env=self.env, capture_output=True)
+
+
 class Rigd:
     """One rigd daemon with its own config, spool and web port."""
 
@@ -198,13 +225,45 @@ class FrozenBroker:
         return False
 
 
-class ShapedBrokerPort:
-    """Traffic to the broker's port on loopback through an htb class of `rate` (the rest of lo
-    unshaped), with a drop-tail queue of `queue_ms` (docs/field-faults notes: no netem here).
-    Removed by its handle on exit, whatever happened; refuses to run if lo already has a root
-    qdisc of its own."""
+class LoopbackQdisc:
+    """An htb root qdisc of our own on lo (handle HANDLE): class 1 passes everything else, class 2
+    is what `install` builds for the selected traffic. Removed by its handle on exit, whatever
+    happened; refuses to run if lo already has a shaping qdisc of its own (docs/field-faults notes:
+    no netem here)."""
 
     HANDLE = "7"
+
+    def _tc(self, *args, check=True):
+        return subprocess.run(["tc", *args], capture_output=True, text=True, check=check)
+
+    def install(self, h: str):
+        raise NotImplementedError
+
+    def __enter__(self):
+        current = self._tc("qdisc", "show", "dev", "lo").stdout
+        if "htb" in current or "tbf" in current:
+            raise RuntimeError(f"lo already has a shaping qdisc: {current}")
+        h = self.HANDLE
+        try:
+            self._tc("qdisc", "add", "dev", "lo", "root", "handle", f"{h}:", "htb", "default", "1")
+            self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:1", "htb", "rate", "40gbit")
+            self.install(h)
+        except Exception:
+            self.remove()
+            raise
+        return self
+
+    def remove(self):
+        self._tc("qdisc", "del", "dev", "lo", "root", "handle", f"{self.HANDLE}:", check=False)
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+
+class ShapedBrokerPort(LoopbackQdisc):
+    """Traffic to the broker's port on loopback through an htb class of `rate` (the rest of lo
+    unshaped), with a drop-tail queue of `queue_ms`."""
 
     def __init__(self, rate_kbit: int, port: int | None = None, queue_ms: int = 300):
         # The test broker's port (PULSAR_URL), never another broker's on this machine.
@@ -212,27 +271,13 @@ class ShapedBrokerPort:
         port = port or urlparse(BROKER_URL).port or 6650
         self.rate_kbit, self.port, self.queue_ms = rate_kbit, port, queue_ms
 
-    def _tc(self, *args, check=True):
-        return subprocess.run(["tc", *args], capture_output=True, text=True, check=check)
-
-    def __enter__(self):
-        current = self._tc("qdisc", "show", "dev", "lo").stdout
-        if "htb" in current or "tbf" in current:
-            raise RuntimeError(f"lo already has a shaping qdisc: {current}")
-        h = self.HANDLE
+    def install(self, h: str):
         limit = max(64 << 10, self.rate_kbit * 1000 // 8 * self.queue_ms // 1000)
-        try:
-            self._tc("qdisc", "add", "dev", "lo", "root", "handle", f"{h}:", "htb", "default", "1")
-            self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:1", "htb", "rate", "40gbit")
-            self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:2", "htb",
-                     "rate", f"{self.rate_kbit}kbit", "ceil", f"{self.rate_kbit}kbit", "burst", "64k", "cburst", "64k")
-            self._tc("qdisc", "add", "dev", "lo", "parent", f"{h}:2", "handle", f"{h}2:", "bfifo", "limit", str(limit))
-            self._tc("filter", "add", "dev", "lo", "parent", f"{h}:", "protocol", "ip", "prio", "1", "u32",
-                     "match", "ip", "dport", str(self.port), "0xffff", "flowid", f"{h}:2")
-        except Exception:
-            self.remove()
-            raise
-        return self
+        self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:2", "htb",
+                 "rate", f"{self.rate_kbit}kbit", "ceil", f"{self.rate_kbit}kbit", "burst", "64k", "cburst", "64k")
+        self._tc("qdisc", "add", "dev", "lo", "parent", f"{h}:2", "handle", f"{h}2:", "bfifo", "limit", str(limit))
+        self._tc("filter", "add", "dev", "lo", "parent", f"{h}:", "protocol", "ip", "prio", "1", "u32",
+                 "match", "ip", "dport", str(self.port), "0xffff", "flowid", f"{h}:2")
 
     def set_rate(self, rate_kbit: int):
         h = self.HANDLE
@@ -246,13 +291,6 @@ class ShapedBrokerPort:
             if line.startswith("Sent "):
                 return int(line.split()[1])
         return 0
-
-    def remove(self):
-        self._tc("qdisc", "del", "dev", "lo", "root", "handle", f"{self.HANDLE}:", check=False)
-
-    def __exit__(self, *exc):
-        self.remove()
-        return False
 
 
 def received_seqs(topic: str, url: str = BROKER_URL, idle: float = 6) -> list[int]:

@@ -15,7 +15,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from harness import ROOT
+from harness import ROOT, LoopbackQdisc
 
 CLUSTER_SH = str(ROOT / "tests" / "pulsar" / "cluster.sh")
 
@@ -138,45 +138,23 @@ class Cluster:
         self.refresh()
 
 
-class DroppedConnections:
+class DroppedConnections(LoopbackQdisc):
     """Every packet to or from the given local TCP ports on loopback dropped (an htb class with a
-    1-byte drop-tail queue that u32 filters select; no netem here): a client that dies behind it
-    leaves its connection open at the broker, as a rig that loses power on a cellular link does.
-    Removed by its handle on exit; refuses to run if lo already has a root qdisc of its own."""
+    1-byte drop-tail queue that u32 filters select): a client that dies behind it leaves its
+    connection open at the broker, as a rig that loses power on a cellular link does."""
 
     HANDLE = "8"
 
     def __init__(self, ports: list[int]):
         self.ports = ports
 
-    def _tc(self, *args, check=True):
-        return subprocess.run(["tc", *args], capture_output=True, text=True, check=check)
-
-    def __enter__(self):
-        current = self._tc("qdisc", "show", "dev", "lo").stdout
-        if "htb" in current or "tbf" in current:
-            raise RuntimeError(f"lo already has a shaping qdisc: {current}")
-        h = self.HANDLE
-        try:
-            self._tc("qdisc", "add", "dev", "lo", "root", "handle", f"{h}:", "htb", "default", "1")
-            self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:1", "htb", "rate", "40gbit")
-            self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:2", "htb", "rate", "8kbit")
-            self._tc("qdisc", "add", "dev", "lo", "parent", f"{h}:2", "handle", f"{h}2:", "bfifo", "limit", "1")
-            for p in self.ports:
-                for field in ("sport", "dport"):
-                    self._tc("filter", "add", "dev", "lo", "parent", f"{h}:", "protocol", "ip", "prio", "1", "u32",
-                             "match", "ip", field, str(p), "0xffff", "flowid", f"{h}:2")
-        except Exception:
-            self.remove()
-            raise
-        return self
-
-    def remove(self):
-        self._tc("qdisc", "del", "dev", "lo", "root", "handle", f"{self.HANDLE}:", check=False)
-
-    def __exit__(self, *exc):
-        self.remove()
-        return False
+    def install(self, h: str):
+        self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:2", "htb", "rate", "8kbit")
+        self._tc("qdisc", "add", "dev", "lo", "parent", f"{h}:2", "handle", f"{h}2:", "bfifo", "limit", "1")
+        for p in self.ports:
+            for field in ("sport", "dport"):
+                self._tc("filter", "add", "dev", "lo", "parent", f"{h}:", "protocol", "ip", "prio", "1", "u32",
+                         "match", "ip", field, str(p), "0xffff", "flowid", f"{h}:2")
 
 
 def local_ports_of(pid: int, remote_ports: set[int]) -> list[int]:

@@ -6,17 +6,15 @@ The spool holds only ciphertext, and its sealed frames republish as they are. Mu
 that requires client certificates (TLS authentication provider) takes rigd's and refuses others."""
 
 import datetime
-import os
 import re
 import subprocess
 import time
 from pathlib import Path
 
 import pulsar
-import pytest
 
-from harness import (ROOT, Rigd, admin, check_synthetic_jpeg, consume, free_port, namespace_with_dedup,
-                     nmea_valid, rigd_bin, unique)
+from harness import (Rigd, TlsBroker, admin, check_synthetic_jpeg, consume, namespace_with_dedup, nmea_valid,
+                     rigd_bin, unique)
 
 CAM_BYTES = 12 * 1024 * 1024
 
@@ -200,22 +198,13 @@ def test_mutual_tls_the_broker_takes_the_rigs_certificate_and_refuses_others(tmp
     role with the TLS authentication provider): rigd with its certificate and no token
     publishes; a certificate from another CA is refused; an expired one is refused and said so
     on the status page and in the alerts, while capture goes on into the spool."""
-    sh = str(ROOT / "tests/pulsar/broker.sh")
-    tls, key = tmp_path / "tls", tmp_path / "token.key"
-    env = {**os.environ,
-           "PULSAR_DATA": str(tmp_path / "broker"), "PULSAR_PORT": str(free_port()),
-           "PULSAR_HTTP_PORT": str(free_port()), "PULSAR_BOOKIE_PORT": str(free_port()),
-           "PULSAR_TLS_PORT": str(free_port()), "PULSAR_HTTPS_PORT": str(free_port()),
-           "PULSAR_TLS_DIR": str(tls), "PULSAR_TOKEN_SECRET_KEY": str(key), "PULSAR_TLS_CLIENT_AUTH": "1"}
-    run = lambda *a: subprocess.run([sh, *a], env=env, capture_output=True, text=True, check=True).stdout.strip()
-    run("gen-tls", str(tls))
-    run("gen-token-key", str(key))
+    b = TlsBroker(tmp_path, PULSAR_TLS_CLIENT_AUTH="1")
+    tls, run, url = b.tls, b.run, b.url
     _cert(tls, "expired", days_valid=(-30, -1))
     _self_signed_ca(tmp_path / "other")
     _cert(tls, "stranger", ca=("../other/ca.pem", "../other/ca.key.pem"))
     run("start")
     try:
-        url = f"pulsar+ssl://127.0.0.1:{env['PULSAR_TLS_PORT']}"
         rig = unique("mtls")
 
         def cfg(name):
@@ -269,4 +258,4 @@ bind = "127.0.0.1:{{WEB_PORT}}"
         s = seqs(msgs)
         assert len(s) > 40 and s == list(range(len(s)))
     finally:
-        subprocess.run([sh, "stop"], env=env, capture_output=True)
+        b.stop()

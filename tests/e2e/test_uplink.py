@@ -199,28 +199,15 @@ bind = "127.0.0.1:{{WEB_PORT}}"
 
 def test_tls_and_token_authentication_against_a_broker_that_requires_them(tmp_path):
     """A second broker with TLS on and token authentication required (self-signed CA made here)."""
-    import os
-    import subprocess
+    from harness import TlsBroker
 
-    from harness import ROOT, free_port
-
-    sh = str(ROOT / "tests/pulsar/broker.sh")
-    tls, key = tmp_path / "tls", tmp_path / "token.key"
-    env = {**os.environ,
-           "PULSAR_DATA": str(tmp_path / "broker"), "PULSAR_PORT": str(free_port()),
-           "PULSAR_HTTP_PORT": str(free_port()), "PULSAR_BOOKIE_PORT": str(free_port()),
-           "PULSAR_TLS_PORT": str(free_port()), "PULSAR_HTTPS_PORT": str(free_port()),
-           "PULSAR_TLS_DIR": str(tls), "PULSAR_TOKEN_SECRET_KEY": str(key),
-           "PULSAR_AUTH_REFRESH_S": "3"}
-    run = lambda *a: subprocess.run([sh, *a], env=env, capture_output=True, text=True, check=True).stdout.strip()
-    run("gen-tls", str(tls))
-    run("gen-token-key", str(key))
+    b = TlsBroker(tmp_path, PULSAR_AUTH_REFRESH_S="3")
+    tls, run, url = b.tls, b.run, b.url
     run("start")
     try:
         token = run("token", "rigd")
         (tmp_path / "good.token").write_text(token + "\n")
         (tmp_path / "bad.token").write_text(token[:-4] + "AAAA\n")
-        url = f"pulsar+ssl://127.0.0.1:{env['PULSAR_TLS_PORT']}"
         rig = unique("tls")
 
         def cfg(tok):
@@ -250,8 +237,7 @@ bind = "127.0.0.1:{{WEB_PORT}}"
         # An expiring token, rotated in its file before it expires (as a credential agent does):
         # when it expires the broker sends AUTH_CHALLENGE and rigd answers with the file's new
         # token, on the same connection (item 6 of issue 14: before, every reconnect failed).
-        expiring = subprocess.run([sh, "token", "rigd"], env={**env, "PULSAR_TOKEN_EXPIRES_IN_S": "12"},
-                                  capture_output=True, text=True, check=True).stdout.strip()
+        expiring = run("token", "rigd", PULSAR_TOKEN_EXPIRES_IN_S="12")
         (tmp_path / "good.token").write_text(expiring + "\n")
         good = Rigd(tmp_path, cfg("good.token"), name="good").start()
         try:
@@ -273,7 +259,7 @@ bind = "127.0.0.1:{{WEB_PORT}}"
         assert_exactly_once_in_order(msgs, "gps")
         assert len(msgs) > 50
     finally:
-        subprocess.run([sh, "stop"], env=env, capture_output=True)
+        b.stop()
 
 
 def test_compressed_frames_arrive_as_captured(broker, tmp_path):

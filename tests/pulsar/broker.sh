@@ -74,26 +74,9 @@ done
 NETTY_MAX_FRAME=$((MAX_MESSAGE_SIZE + 10240))
 if is_true "${PULSAR_DEDUP:-0}"; then DEDUP=true; else DEDUP=false; fi
 
-pick_java() {
-  if [[ -n ${PULSAR_JAVA:-} ]]; then
-    echo "$PULSAR_JAVA"
-    return
-  fi
-  local j
-  # Pulsar 3.0.x is built for and tested on Java 17.
-  for j in /usr/lib/jvm/java-17-openjdk-amd64/bin/java /usr/lib/jvm/java-17-openjdk*/bin/java \
-    /usr/lib/jvm/temurin-17*/bin/java; do
-    if [[ -x $j ]]; then
-      echo "$j"
-      return
-    fi
-  done
-  if [[ -n ${JAVA_HOME:-} && -x $JAVA_HOME/bin/java ]]; then
-    echo "$JAVA_HOME/bin/java"
-    return
-  fi
-  command -v java || die "no java found (install openjdk-17-jre-headless or set PULSAR_JAVA)"
-}
+# pick_java, JAVA17_OPENS and proc_alive: shared with cluster.sh.
+# shellcheck source=jvm.sh
+source "$HERE/jvm.sh"
 
 # ---------------------------------------------------------------------------------------------
 # jars
@@ -218,28 +201,11 @@ jvm_opts() {
     "-Xms128m" "-Xmx$HEAP" "-XX:MaxDirectMemorySize=$DIRECT"
     -XX:+UseG1GC -XX:MaxGCPauseMillis=50 -XX:ParallelGCThreads=2 -XX:ConcGCThreads=1
     -XX:CICompilerCount=2 -XX:+ExitOnOutOfMemoryError -XX:+PerfDisableSharedMem
-    -Djava.net.preferIPv4Stack=true
-    -Dio.netty.tryReflectionSetAccessible=true
-    -Dio.netty.leakDetectionLevel=disabled
-    -Dio.netty.recycler.maxCapacityPerThread=4096
-    -Dpulsar.allocator.exit_on_oom=true
-    -Djute.maxbuffer=10485760
-    -Dzookeeper.clientTcpKeepAlive=true
-    # from bin/pulsar: BookKeeper, Netty, stats and LinuxInfoUtils need these on Java 17
-    --add-opens java.base/java.io=ALL-UNNAMED
-    --add-opens java.base/java.util.zip=ALL-UNNAMED
-    --add-opens java.base/java.nio=ALL-UNNAMED
-    --add-opens java.base/jdk.internal.misc=ALL-UNNAMED
-    --add-opens java.base/sun.net=ALL-UNNAMED
-    --add-opens java.management/sun.management=ALL-UNNAMED
-    --add-opens jdk.management/com.sun.management.internal=ALL-UNNAMED
-    --add-opens java.base/jdk.internal.platform=ALL-UNNAMED
-    -Dbookkeeper.metadata.bookie.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataBookieDriver
-    -Dbookkeeper.metadata.client.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataClientDriver
+    "${PULSAR_SYSPROPS[@]}"
+    "${JAVA17_OPENS[@]}"
     "-Dlog4j.configurationFile=$DATA/conf/log4j2.xml"
     "-Dpulsar.log.dir=$DATA/logs"
     "-Dpulsar.log.level=$LOG_LEVEL"
-    -Dlog4j2.formatMsgNoLookups=true
     # identifies our JVM in /proc/PID/cmdline (pid reuse guard)
     "-Drigd.pulsar.data=$DATA"
   )
@@ -253,13 +219,6 @@ jvm_opts() {
 # ---------------------------------------------------------------------------------------------
 # process
 
-proc_alive() { # pid -> 0 if the process exists and is not a zombie
-  local pid=$1 stat
-  [[ -r /proc/$pid/stat ]] || return 1
-  stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
-  stat=${stat##*) }
-  [[ ${stat:0:1} != Z ]]
-}
 
 recorded_pid() { # prints the pid if the pidfile names our live broker JVM
   [[ -f $PIDFILE ]] || return 1

@@ -182,20 +182,11 @@ jvm_opts() { # node heap direct
     "-Xms64m" "-Xmx$2" "-XX:MaxDirectMemorySize=$3"
     -XX:+UseSerialGC -XX:CICompilerCount=2 -XX:TieredStopAtLevel=1
     -XX:+ExitOnOutOfMemoryError -XX:+PerfDisableSharedMem
-    -Djava.net.preferIPv4Stack=true
-    -Dio.netty.tryReflectionSetAccessible=true
-    -Dio.netty.leakDetectionLevel=disabled
-    -Dio.netty.recycler.maxCapacityPerThread=4096
-    -Dpulsar.allocator.exit_on_oom=true
-    -Djute.maxbuffer=10485760
-    -Dzookeeper.clientTcpKeepAlive=true
+    "${PULSAR_SYSPROPS[@]}"
     "${JAVA17_OPENS[@]}"
-    -Dbookkeeper.metadata.bookie.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataBookieDriver
-    -Dbookkeeper.metadata.client.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataClientDriver
     "-Dlog4j.configurationFile=$DATA/conf/log4j2.xml"
     "-Dpulsar.log.dir=$DATA/$1/logs"
     "-Dpulsar.log.level=$LOG_LEVEL"
-    -Dlog4j2.formatMsgNoLookups=true
     # identifies our JVM in /proc/PID/cmdline (pid reuse guard)
     "-Drigd.pulsar.cluster=$DATA" "-Drigd.pulsar.node=$1"
   )

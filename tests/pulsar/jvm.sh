@@ -1,4 +1,4 @@
-# Sourced by tests/pulsar/cluster.sh: the Java binary and the JVM options every Pulsar process
+# Sourced by tests/pulsar/broker.sh and cluster.sh: the Java binary and the JVM options every Pulsar process
 # (ZooKeeper, bookie, broker) needs on Java 17, and a liveness check by pid.
 # Expects `die` and `log` from the sourcing script.
 
@@ -33,6 +33,21 @@ JAVA17_OPENS=(
   --add-opens java.management/sun.management=ALL-UNNAMED
   --add-opens jdk.management/com.sun.management.internal=ALL-UNNAMED
   --add-opens java.base/jdk.internal.platform=ALL-UNNAMED
+)
+
+# System properties every Pulsar JVM here runs with (netty, the allocator, ZooKeeper, BookKeeper's
+# metadata drivers, log4j without lookups).
+PULSAR_SYSPROPS=(
+  -Djava.net.preferIPv4Stack=true
+  -Dio.netty.tryReflectionSetAccessible=true
+  -Dio.netty.leakDetectionLevel=disabled
+  -Dio.netty.recycler.maxCapacityPerThread=4096
+  -Dpulsar.allocator.exit_on_oom=true
+  -Djute.maxbuffer=10485760
+  -Dzookeeper.clientTcpKeepAlive=true
+  -Dbookkeeper.metadata.bookie.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataBookieDriver
+  -Dbookkeeper.metadata.client.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataClientDriver
+  -Dlog4j2.formatMsgNoLookups=true
 )
 
 proc_alive() { # pid -> 0 if the process exists and is not a zombie
