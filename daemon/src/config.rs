@@ -1765,6 +1765,34 @@ mod tests {
     }
 
     #[test]
+    fn identity_and_encryption_keys_come_in_pairs() {
+        let p = problems(
+            "[rig]\nid = \"a\"\n[pulsar]\ntls-cert-file = \"/c.pem\"\nencryption-key-name = \"k\"\n\
+             encryption-key-rotation-s = 10\n",
+        );
+        let joined = p.join("\n");
+        assert!(
+            joined.contains("pulsar.tls-cert-file: set without pulsar.tls-key-file"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("pulsar.encryption-key-name: set without pulsar.encryption-key-file"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("pulsar.encryption-key-rotation-s: 10"),
+            "{joined}"
+        );
+        let ok = "[rig]\nid = \"a\"\n[pulsar]\nencryption-key-file = \"/f.pem\"\nencryption-key-name = \"fleet-2026\"\n";
+        let c = Config::parse(ok, "t").unwrap();
+        assert_eq!(
+            c.pulsar.encryption_key_rotation_s,
+            4 * 3600,
+            "the clients' 4 hours"
+        );
+    }
+
+    #[test]
     fn shipped_configs_are_valid() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut n = 0;

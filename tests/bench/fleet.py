@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Fleet bench driver: N rigs x M sources through rigd's own producer (daemon/benches/fleet.rs)
 against a real broker or cluster, with topic/bundle unloads (admin REST) and, on a cluster, a
-broker kill -9 mid-run; judged by the official Python client.
+broker kill -9 or a rolling restart of the brokers mid-run; judged by the official Python client.
 
     python3 tests/bench/fleet.py --rigs 250 [--rigs 500 ...] [--secs 60] [--unload-at 20,40]
         [--rate-scale 0.0333] [--url pulsar://127.0.0.1:6650] [--admin-url http://127.0.0.1:8080]
-        [--bundles 4] [--kill-broker-at S --broker-pids PID,PID] [--quick] [--json FILE]
+        [--bundles 4] [--kill-broker-at S --broker-pids PID,PID] [--rolling-restart-at S
+        [--restart-nodes broker-0,broker-1]] [--quick] [--json FILE]
 
 One run per --rigs value (the sweep that shows where it bends). Each run gets a new namespace
 `public/fleet-<time>-<rigs>` with broker deduplication on and `--bundles` bundles; topics are
@@ -152,6 +153,8 @@ def run_one(args, exe: str, rigs: int) -> dict:
     actions = [("unload", t) for t in args.unload_at]
     if args.kill_broker_at is not None:
         actions.append(("kill", args.kill_broker_at))
+    if args.rolling_restart_at is not None:
+        actions.append(("rolling restart", args.rolling_restart_at))
     done_actions = []
     for what, at in sorted(actions, key=lambda a: a[1]):
         time.sleep(max(0.0, t_ready + at - time.time()))
@@ -162,6 +165,13 @@ def run_one(args, exe: str, rigs: int) -> dict:
             admin(args.admin_url, "PUT", f"/admin/v2/namespaces/{ns}/{bundles[0]}_{bundles[1]}/unload")
         elif what == "unload":
             admin(args.admin_url, "PUT", f"/admin/v2/namespaces/{ns}/unload")
+        elif what == "rolling restart":
+            # every broker in turn: SIGTERM (it unloads its bundles), then started again and
+            # healthy before the next one goes, as an operator's rolling upgrade does
+            for node in args.restart_nodes:
+                subprocess.run([str(ROOT / "tests/pulsar/cluster.sh"), "stop", node], check=True, capture_output=True)
+                subprocess.run([str(ROOT / "tests/pulsar/cluster.sh"), "start", node], check=True, capture_output=True)
+                print(f"fleet:   restarted {node} (+{time.time() - t0:.1f} s)", file=sys.stderr)
         else:
             pid = args.broker_pids[0]
             os.kill(pid, signal.SIGKILL)
@@ -267,6 +277,9 @@ def main():
                     help="unload every bundle of the namespace, or only its first bundle")
     ap.add_argument("--kill-broker-at", type=float, help="kill -9 the first of --broker-pids then (cluster)")
     ap.add_argument("--broker-pids", default="")
+    ap.add_argument("--rolling-restart-at", type=float,
+                    help="restart every --restart-nodes broker in turn then (cluster.sh stop/start; cluster)")
+    ap.add_argument("--restart-nodes", default="broker-0,broker-1")
     ap.add_argument("--broker-pid", type=int, default=int(os.environ.get("PULSAR_BROKER_PID") or 0) or None,
                     help="the broker's JVM, for its CPU use (standalone; default $PULSAR_BROKER_PID)")
     ap.add_argument("--consume-idle-s", type=float, default=15)
@@ -281,6 +294,7 @@ def main():
     args.rigs = args.rigs or [250]
     args.unload_at = [float(x) for x in args.unload_at.split(",") if x]
     args.broker_pids = [int(x) for x in args.broker_pids.split(",") if x]
+    args.restart_nodes = [x for x in args.restart_nodes.split(",") if x]
     if args.kill_broker_at is not None and not args.broker_pids:
         ap.error("--kill-broker-at needs --broker-pids")
     exe = args.bench or bench_binary()
