@@ -330,6 +330,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         uplink_paused,
         events,
         observed: Mutex::default(),
+        client_cert: client_cert(&config).map(|c| crate::uplink::identity::ClientCert::read(c.0)),
     });
     let (web, web_token) = serve_web(listener, &runtime, &config, web_tls, shutdown_rx.clone());
     tracing::info!(rig = %config.rig.id, sources = config.sources.len(), web = %bind,

@@ -38,4 +38,6 @@ pub struct Runtime {
     pub events: crate::events::EventMarker,
     /// Counter samples that status keeps to compute rates.
     pub observed: Mutex<crate::metrics::Observed>,
+    /// `[pulsar] tls-cert-file`, read at start, for the status's `uplink.credentials`.
+    pub client_cert: Option<crate::uplink::identity::ClientCert>,
 }

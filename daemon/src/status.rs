@@ -152,7 +152,7 @@ impl rigd_web::StatusSource for Runtime {
         }
         uplink.connected = uplink.configured && all_connected;
         uplink.credentials = crate::uplink::identity::problem(
-            crate::app::client_cert(&self.config).map(|c| c.0),
+            self.client_cert.as_ref(),
             uplink.last_error.as_deref(),
         );
         uplink.publish_rate = observed.rate("", "published", t, uplink.published);

@@ -62,30 +62,47 @@ pub fn validity(der: &[u8]) -> Option<(i64, i64)> {
     Some((time(t1, &der[s1..e1])?, time(t2, &der[s2..e2])?))
 }
 
-/// Why the first certificate of `path` cannot identify the rig now (expired, or not yet valid),
-/// or None when it is within its validity or cannot be read (loading it says so).
-pub fn expired(path: &Path) -> Option<String> {
-    let cert = rustls_pki_types::CertificateDer::pem_file_iter(path)
-        .ok()?
-        .next()?
-        .ok()?;
-    let (not_before, not_after) = validity(&cert)?;
-    let now = rigd_drivers::realtime_ns() / 1_000_000_000;
-    let date = |t: i64| crate::replay::time::format(t * 1_000_000_000);
-    if now > not_after {
-        Some(format!(
-            "{}: the client certificate expired at {}: the broker refuses it; install a renewed one",
-            path.display(),
-            date(not_after)
-        ))
-    } else if now < not_before {
-        Some(format!(
-            "{}: the client certificate is valid only from {} (is the rig's clock right?)",
-            path.display(),
-            date(not_before)
-        ))
-    } else {
-        None
+/// The rig's client certificate as read once at start (a renewal is a restart): its path and,
+/// when its first certificate parses, its validity.
+#[derive(Debug, Clone)]
+pub struct ClientCert {
+    path: std::path::PathBuf,
+    validity: Option<(i64, i64)>,
+}
+
+impl ClientCert {
+    pub fn read(path: &Path) -> Self {
+        let validity = rustls_pki_types::CertificateDer::pem_file_iter(path)
+            .ok()
+            .and_then(|mut certs| certs.next())
+            .and_then(Result::ok)
+            .and_then(|cert| validity(&cert));
+        Self {
+            path: path.to_path_buf(),
+            validity,
+        }
+    }
+
+    /// Why it cannot identify the rig at `now` (seconds since the Unix epoch): expired, or not
+    /// yet valid; None when within its validity or unreadable (loading it at start says so).
+    fn invalid_at(&self, now: i64) -> Option<String> {
+        let (not_before, not_after) = self.validity?;
+        let date = |t: i64| crate::replay::time::format(t * 1_000_000_000);
+        if now > not_after {
+            Some(format!(
+                "{}: the client certificate expired at {}: the broker refuses it; install a renewed one",
+                self.path.display(),
+                date(not_after)
+            ))
+        } else if now < not_before {
+            Some(format!(
+                "{}: the client certificate is valid only from {} (is the rig's clock right?)",
+                self.path.display(),
+                date(not_before)
+            ))
+        } else {
+            None
+        }
     }
 }
 
@@ -104,8 +121,9 @@ const REFUSALS: &[&str] = &[
 
 /// What is wrong with the credentials, for the status page: the certificate's own dates first
 /// (they say why), else a connection error that is a refusal of the credentials.
-pub fn problem(cert: Option<&Path>, last_error: Option<&str>) -> Option<String> {
-    if let Some(why) = cert.and_then(expired) {
+pub fn problem(cert: Option<&ClientCert>, last_error: Option<&str>) -> Option<String> {
+    let now = rigd_drivers::realtime_ns() / 1_000_000_000;
+    if let Some(why) = cert.and_then(|c| c.invalid_at(now)) {
         return Some(why);
     }
     let e = last_error?;
@@ -135,7 +153,15 @@ mod tests {
         assert!(problem(None, None).is_none());
         let alert = Some("connection: received fatal alert: InternalError");
         assert!(problem(None, alert).is_none());
-        assert!(problem(Some(Path::new("/nonexistent.pem")), alert).is_some());
+        let unreadable = ClientCert::read(Path::new("/nonexistent.pem"));
+        assert!(problem(Some(&unreadable), alert).is_some());
+        let expired = ClientCert {
+            path: "rig.pem".into(),
+            validity: Some((0, 1_000)),
+        };
+        assert!(expired.invalid_at(2_000).unwrap().contains("expired"));
+        assert!(expired.invalid_at(500).is_none());
+        assert!(expired.invalid_at(-1).unwrap().contains("valid only from"));
     }
 
     #[test]
