@@ -88,6 +88,26 @@ class TlsBroker:
     def stop(self):
         subprocess.run([self.sh, "stop"], env=self.env, capture_output=True)
 
+    def rig_config(self, rig: str, spool: str, rate_hz: int, pulsar: str) -> str:
+        """A rig with one synthetic serial source publishing to this broker's TLS port, trusting
+        its CA; `pulsar`: the rest of [pulsar] (credentials)."""
+        return f"""
+[rig]
+id = "{rig}"
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = {rate_hz}
+[pulsar]
+url = "{self.url}"
+tls-ca-file = "{self.ca}"
+{pulsar}
+[spool]
+path = "{spool}"
+[web]
+bind = "127.0.0.1:{{WEB_PORT}}"
+"""
+
 
 class Rigd:
     """One rigd daemon with its own config, spool and web port."""

@@ -208,23 +208,9 @@ def test_mutual_tls_the_broker_takes_the_rigs_certificate_and_refuses_others(tmp
         rig = unique("mtls")
 
         def cfg(name):
-            return f"""
-[rig]
-id = "{rig}"
-[[source]]
-id = "gps"
-kind = "synthetic-serial"
-rate-hz = 20
-[pulsar]
-url = "{url}"
-tls-ca-file = "{tls / 'ca.pem'}"
-tls-cert-file = "{tls / (name + '.pem')}"
-tls-key-file = "{tls / (name + '.key.pem')}"
-[spool]
-path = "spool-{name}"
-[web]
-bind = "127.0.0.1:{{WEB_PORT}}"
-"""
+            return b.rig_config(rig, f"spool-{name}", 20, f'tls-cert-file = "{tls / (name + ".pem")}"\n'
+                                f'tls-key-file = "{tls / (name + ".key.pem")}"')
+
         for name in ("stranger", "expired"):
             d = Rigd(tmp_path, cfg(name), name=name).start()
             try:

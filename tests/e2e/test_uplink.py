@@ -211,22 +211,8 @@ def test_tls_and_token_authentication_against_a_broker_that_requires_them(tmp_pa
         rig = unique("tls")
 
         def cfg(tok):
-            return f"""
-[rig]
-id = "{rig}"
-[[source]]
-id = "gps"
-kind = "synthetic-serial"
-rate-hz = 50
-[pulsar]
-url = "{url}"
-tls-ca-file = "{tls / 'ca.pem'}"
-token-file = "{tmp_path / tok}"
-[spool]
-path = "spool-{tok}"
-[web]
-bind = "127.0.0.1:{{WEB_PORT}}"
-"""
+            return b.rig_config(rig, f"spool-{tok}", 50, f'token-file = "{tmp_path / tok}"')
+
         bad = Rigd(tmp_path, cfg("bad.token"), name="bad").start()
         try:
             s = bad.wait_for(lambda s: s["uplink"]["last_error"], timeout=60, what="an auth error")
