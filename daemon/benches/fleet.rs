@@ -167,12 +167,16 @@ async fn main() {
     let mut sources = Vec::new();
     // Counts sources that closed their producer: the connection watch ends at the first.
     let closing = Arc::new(AtomicUsize::new(0));
-    // `pulsar://h1:p1,h2:p2` (a cluster): rigd's producer takes one service URL, so the rigs are
-    // spread over the brokers round-robin, as a fleet's configs would be.
+    // `pulsar://h1:p1,h2:p2` (a cluster): every rig gets the whole service URL, as a fleet's
+    // configs would, rotated by rig so that the first lookups spread over the brokers (rigd's
+    // producer tries the hosts in turn and skips one that failed).
     let (scheme, hosts) = args.url.split_once("://").unwrap_or(("pulsar", &args.url));
-    let urls: Vec<String> = hosts
-        .split(',')
-        .map(|h| format!("{scheme}://{h}"))
+    let hosts: Vec<&str> = hosts.split(',').collect();
+    let urls: Vec<String> = (0..hosts.len())
+        .map(|i| {
+            let rotated: Vec<&str> = hosts[i..].iter().chain(&hosts[..i]).copied().collect();
+            format!("{scheme}://{}", rotated.join(","))
+        })
         .collect();
     for r in 0..args.rigs {
         let rig = format!("rig{r:05}");

@@ -5,7 +5,7 @@ broker kill -9 or a rolling restart of the brokers mid-run; judged by the offici
 
     python3 tests/bench/fleet.py --rigs 250 [--rigs 500 ...] [--secs 60] [--unload-at 20,40]
         [--rate-scale 0.0333] [--url pulsar://127.0.0.1:6650] [--admin-url http://127.0.0.1:8080]
-        [--bundles 4] [--kill-broker-at S --broker-pids PID,PID] [--rolling-restart-at S
+        [--bundles 4] [--kill-broker-at S [--kill-node owner|broker-N]] [--rolling-restart-at S
         [--restart-nodes broker-0,broker-1]] [--quick] [--json FILE]
 
 One run per --rigs value (the sweep that shows where it bends). Each run gets a new namespace
@@ -19,6 +19,10 @@ the broker acknowledged; the consumer decides:
   unconfirmed frames on the topic that were never acknowledged (left in flight at the end)
 Re-establish time of an event = from the admin request (or the kill) until every producer is
 connected again, from the bench's 10 ms connection watch.
+On a cluster (--url and --admin-url may list several brokers, comma-separated) the judge and the
+admin requests go only to brokers that accept a TCP connection at that moment: after a kill -9 the
+dead one is left out (the official client would otherwise keep looking topics up there). A killed
+node is started again (cluster.sh start NODE) once the run is judged.
 Prints one markdown table; --json writes every run's figures and per-rig tallies.
 """
 
@@ -28,6 +32,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,7 +46,31 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "pulsar"))
 
 
-def admin(base: str, method: str, path: str, body=None, timeout: float = 120):
+def reachable(hostport: str) -> bool:
+    host, _, port = hostport.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def live(urls: str) -> list[str]:
+    """The entries of a comma-separated URL list ("pulsar://h1:p1,h2:p2" or "http://h1:p1,http://h2:p2")
+    whose host:port accepts a TCP connection now, each a full URL; all of them if none does."""
+    scheme, _, rest = urls.partition("://")
+    entries = [e.split("://")[-1] for e in rest.split(",") if e]
+    up = [e for e in entries if reachable(e.rstrip("/"))] or entries
+    return [f"{scheme}://{e}" for e in up]
+
+
+def live_service_url(url: str) -> str:
+    scheme, _, _ = url.partition("://")
+    return f"{scheme}://" + ",".join(u.partition("://")[2] for u in live(url))
+
+
+def admin(bases: str, method: str, path: str, body=None, timeout: float = 120):
+    base = live(bases)[0]
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(base + path, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
@@ -82,11 +111,20 @@ def consume_all(url: str, topics: list[str], expected: int, idle_s: float, total
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     seen: dict[str, Counter] = defaultdict(Counter)
     try:
-        consumer = client.subscribe(topics, f"fleet-judge-{int(time.time())}",
-                                    consumer_type=pulsar.ConsumerType.Exclusive,
-                                    initial_position=pulsar.InitialPosition.Earliest,
-                                    receiver_queue_size=200,
-                                    max_total_receiver_queue_size_across_partitions=20000)
+        for attempt in range(3):
+            # 1,000 topics right after a broker died: some lookups may still time out
+            try:
+                consumer = client.subscribe(topics, f"fleet-judge-{int(time.time())}",
+                                            consumer_type=pulsar.ConsumerType.Exclusive,
+                                            initial_position=pulsar.InitialPosition.Earliest,
+                                            receiver_queue_size=200,
+                                            max_total_receiver_queue_size_across_partitions=20000)
+                break
+            except pulsar.PulsarException as e:
+                print(f"fleet:   judge subscribe failed ({e}), attempt {attempt + 1} of 3", file=sys.stderr)
+                if attempt == 2:
+                    raise
+                time.sleep(10)
         got, deadline, last = 0, time.time() + total_s, time.time()
         while got < expected and time.time() < deadline:
             try:
@@ -168,13 +206,23 @@ def run_one(args, exe: str, rigs: int) -> dict:
         elif what == "rolling restart":
             # every broker in turn: SIGTERM (it unloads its bundles), then started again and
             # healthy before the next one goes, as an operator's rolling upgrade does
+            # healthy before the next one goes, as an operator's rolling upgrade does. Each stop is
+            # an event of its own (its producers move to the brokers still up).
             for node in args.restart_nodes:
+                t_node = time.time()
                 subprocess.run([str(ROOT / "tests/pulsar/cluster.sh"), "stop", node], check=True, capture_output=True)
+                stopped = time.time() - t_node
                 subprocess.run([str(ROOT / "tests/pulsar/cluster.sh"), "start", node], check=True, capture_output=True)
-                print(f"fleet:   restarted {node} (+{time.time() - t0:.1f} s)", file=sys.stderr)
+                done_actions.append({"what": f"restart {node}", "at_s": t_node - t_ready, "unix": t_node,
+                                     "request_s": stopped})
+                print(f"fleet:   restarted {node}: stopped in {stopped:.1f} s, up again at "
+                      f"+{time.time() - t_ready:.1f} s", file=sys.stderr)
+            continue
         else:
-            pid = args.broker_pids[0]
-            os.kill(pid, signal.SIGKILL)
+            node = args.kill_node if args.kill_node != "owner" else owner_node(args.admin_url, ns)
+            args.killed_node = node
+            os.kill(node_pid(node), signal.SIGKILL)
+            what = f"kill -9 {node}"
         done_actions.append({"what": what, "at_s": at, "unix": t0, "request_s": time.time() - t0})
         print(f"fleet:   {what} at +{at:.0f} s (request took {time.time() - t0:.2f} s)", file=sys.stderr)
     # the bench's own CPU, read just before it exits (its run and drain are over by then)
@@ -210,9 +258,13 @@ def run_one(args, exe: str, rigs: int) -> dict:
     topics = [d for d in lines if "topic" in d and "generated" in d]
     expected = sum(t["acked"] + t["already"] for t in topics)
     t_consume = time.time()
-    seen = consume_all(args.url, [t["topic"] for t in topics], expected,
+    seen = consume_all(live_service_url(args.url), [t["topic"] for t in topics], expected,
                        idle_s=args.consume_idle_s, total_s=max(300.0, expected / 2000))
     consume_s = time.time() - t_consume
+    if getattr(args, "killed_node", None):
+        subprocess.run([str(ROOT / "tests/pulsar/cluster.sh"), "start", args.killed_node], check=True,
+                       stdout=subprocess.DEVNULL)
+        print(f"fleet:   {args.killed_node} started again", file=sys.stderr)
     if not args.keep:
         # The next run of a sweep must not share the broker with this run's idle topics: unloaded,
         # they stay stored but cost the broker nothing (deleting a namespace with topics needs
@@ -252,6 +304,38 @@ def run_one(args, exe: str, rigs: int) -> dict:
     }
 
 
+def owner_node(admin_urls: str, ns: str) -> str:
+    """The cluster.sh node (broker-N, N its place in --admin-url) that owns most of NS's bundles."""
+    counts = {}
+    for i, base in enumerate(u for u in admin_urls.split(",") if u):
+        broker_id = base.split("://")[-1].rstrip("/")
+        try:
+            owned = json.loads(admin(base, "GET", f"/admin/v2/brokers/{args_cluster()}/{broker_id}/ownedNamespaces"))
+        except (urllib.error.URLError, OSError):
+            continue
+        counts[f"broker-{i}"] = sum(1 for k in owned if k.startswith(ns + "/"))
+    if not counts:
+        raise SystemExit("fleet: no broker answered ownedNamespaces")
+    node = max(counts, key=counts.get)
+    print(f"fleet:   bundles of {ns} per broker: {counts}; killing {node}", file=sys.stderr)
+    return node
+
+
+def args_cluster() -> str:
+    return os.environ.get("PULSAR_CLUSTER_NAME", "rigd-cluster")
+
+
+def node_pid(node: str) -> int:
+    """The pid cluster.sh recorded for NODE (only a process this harness started is killed)."""
+    env = subprocess.run([str(ROOT / "tests/pulsar/cluster.sh"), "env"], capture_output=True, text=True,
+                         check=True).stdout
+    var = "PULSAR_CLUSTER_" + node.upper().replace("-", "_") + "_PID="
+    for line in env.splitlines():
+        if line.startswith(var):
+            return int(line[len(var):])
+    raise SystemExit(f"fleet: cluster.sh records no pid for {node}")
+
+
 def event_text(e: dict) -> str:
     head = f"{e['what']} +{e['at_s']:.0f}s"
     if e.get("all_up_after_s") is None:
@@ -275,8 +359,9 @@ def main():
     ap.add_argument("--bundles", type=int, default=4)
     ap.add_argument("--unload-scope", choices=["namespace", "bundle"], default="namespace",
                     help="unload every bundle of the namespace, or only its first bundle")
-    ap.add_argument("--kill-broker-at", type=float, help="kill -9 the first of --broker-pids then (cluster)")
-    ap.add_argument("--broker-pids", default="")
+    ap.add_argument("--kill-broker-at", type=float, help="kill -9 --kill-node then (cluster)")
+    ap.add_argument("--kill-node", default="owner",
+                    help="the cluster.sh node to kill -9 (default: the broker owning most of the run's bundles)")
     ap.add_argument("--rolling-restart-at", type=float,
                     help="restart every --restart-nodes broker in turn then (cluster.sh stop/start; cluster)")
     ap.add_argument("--restart-nodes", default="broker-0,broker-1")
@@ -293,10 +378,7 @@ def main():
         args.secs, args.unload_at, args.drain_secs = 30, "5", 30
     args.rigs = args.rigs or [250]
     args.unload_at = [float(x) for x in args.unload_at.split(",") if x]
-    args.broker_pids = [int(x) for x in args.broker_pids.split(",") if x]
     args.restart_nodes = [x for x in args.restart_nodes.split(",") if x]
-    if args.kill_broker_at is not None and not args.broker_pids:
-        ap.error("--kill-broker-at needs --broker-pids")
     exe = args.bench or bench_binary()
     runs = [run_one(args, exe, rigs) for rigs in args.rigs]
     if args.json:

@@ -168,12 +168,12 @@ else
     # kill -9 only a cluster this run started (never one somebody else is using)
     kill_args=()
     if [ "$cluster_started" = 1 ]; then
-      kill_args=(--kill-broker-at 40 --broker-pids "$PULSAR_CLUSTER_BROKER_0_PID")
+      kill_args=(--kill-broker-at 40)
     fi
     echo
-    echo "On the cluster ($PULSAR_CLUSTER_URL): a namespace unload at +20 s${kill_args:+, kill -9 of broker-0 at +40 s}"
+    echo "On the cluster ($PULSAR_CLUSTER_URL): a namespace unload at +20 s${kill_args:+, kill -9 of the broker owning most bundles at +40 s}"
     echo
-    PULSAR_BROKER_PID= python3 tests/bench/fleet.py --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URL" \
+    PULSAR_BROKER_PID= python3 tests/bench/fleet.py --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URLS" \
       --rigs 250 --rate-scale 0.003333 --secs 60 --unload-at 20 "${kill_args[@]}" \
       --json target/bench/fleet-cluster.json || true
     if [ "$cluster_started" = 1 ]; then tests/pulsar/cluster.sh stop >&2 || true; fi

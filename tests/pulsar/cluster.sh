@@ -39,7 +39,10 @@ MAX_MESSAGE_SIZE=${PULSAR_MAX_MESSAGE_SIZE:-5242880}
 START_TIMEOUT=${PULSAR_START_TIMEOUT:-240}
 STOP_TIMEOUT=${PULSAR_STOP_TIMEOUT:-30}
 LOG_LEVEL=${PULSAR_LOG_LEVEL:-info}
-for v in ZK_PORT BROKER_PORT HTTP_PORT BOOKIE_PORT BROKERS MAX_MESSAGE_SIZE START_TIMEOUT STOP_TIMEOUT; do
+# How long the metadata store keeps a dead broker's session (and so its bundle ownership): the floor
+# of every broker-kill recovery. Pulsar's default is 30 s; ZooKeeper here grants 4-40 s.
+SESSION_TIMEOUT_MS=${PULSAR_CLUSTER_SESSION_TIMEOUT_MS:-10000}
+for v in ZK_PORT BROKER_PORT HTTP_PORT BOOKIE_PORT BROKERS MAX_MESSAGE_SIZE START_TIMEOUT STOP_TIMEOUT SESSION_TIMEOUT_MS; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a number, got '${!v}'"
 done
 ((BROKERS >= 2 && BROKERS <= 3)) || die "PULSAR_CLUSTER_BROKERS must be 2 or 3"
@@ -108,6 +111,9 @@ diskUsageThreshold=0.99
 diskUsageWarnThreshold=0.99
 diskUsageLwmThreshold=0.98
 autoRecoveryDaemonEnabled=false
+# one index file per ledger stays open up to this many (default 20000, this JVM's whole RLIMIT_NOFILE:
+# a few thousand fleet topics ran a bookie out of descriptors into read-only mode)
+openFileLimit=4000
 EOF
 }
 
@@ -119,7 +125,7 @@ clusterName=$CLUSTER
 metadataStoreUrl=zk:$ZK_URL
 configurationMetadataStoreUrl=zk:$ZK_URL
 # a killed broker's ownership goes after this (the default 30 s makes every kill test slow)
-metadataStoreSessionTimeoutMillis=10000
+metadataStoreSessionTimeoutMillis=$SESSION_TIMEOUT_MS
 bindAddress=$HOST
 advertisedAddress=$HOST
 brokerServicePort=$((BROKER_PORT + i))

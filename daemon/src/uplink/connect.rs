@@ -38,6 +38,11 @@ pub enum LinkError {
         addr: String,
         source: Box<LinkError>,
     },
+    /// The cluster is moving the topic between brokers (`ServiceNotReady`: the bundle is being
+    /// unloaded or not yet owned, or the broker closed the producer for a move): it is served
+    /// again within seconds, so the retry stays quick ([`LinkError::moving`]).
+    #[error("topic moving between brokers: {0}")]
+    Moving(String),
     #[error("connection: {0}")]
     Io(#[from] std::io::Error),
     #[error("protocol: {0}")]
@@ -146,15 +151,40 @@ impl Link {
                 continue;
             }
             if let Some(e) = &cmd.error {
-                let why = format!("{what}: {} ({})", e.message, server_error(e.error));
+                let why = format!(
+                    "{} ({}) instead of {what}",
+                    e.message,
+                    server_error(e.error)
+                );
                 if e.error == ServerError::TopicTerminatedError as i32 {
                     return Err(LinkError::Terminated(why));
                 }
-                return Err(LinkError::Broker(why));
+                return Err(LinkError::refused(Some(e.error), why));
             }
             if matches(&cmd) {
                 return Ok(cmd);
             }
+        }
+    }
+}
+
+impl LinkError {
+    /// A broker's refusal: [`LinkError::Moving`] for `ServiceNotReady`, else [`LinkError::Broker`].
+    fn refused(code: Option<i32>, why: String) -> Self {
+        if code == Some(ServerError::ServiceNotReady as i32) {
+            LinkError::Moving(why)
+        } else {
+            LinkError::Broker(why)
+        }
+    }
+
+    /// A lookup's refusal: a bundle being unloaded answers `MetadataError` (Pulsar 3.0 and 4.0),
+    /// a move as well.
+    fn lookup_refused(code: Option<i32>, why: String) -> Self {
+        if code == Some(ServerError::MetadataError as i32) {
+            LinkError::Moving(why)
+        } else {
+            LinkError::refused(code, why)
         }
     }
 }
@@ -500,9 +530,13 @@ impl Setup {
             .await?;
         if let Some(m) = meta.partition_metadata_response {
             if let Some(msg) = m.message.filter(|_| m.response == Some(1)) {
-                return Err(LinkError::Broker(format!(
-                    "partitioned metadata of {topic}: {msg}"
-                )));
+                return Err(LinkError::refused(
+                    m.error,
+                    format!(
+                        "partitioned metadata of {topic}: {msg} ({})",
+                        m.error.map_or("no code", server_error)
+                    ),
+                ));
             }
             if m.partitions.unwrap_or(0) > 0 {
                 return Err(LinkError::Broker(format!(
@@ -560,10 +594,14 @@ impl Setup {
                     link = self.open_owner(&b).await?;
                 }
                 _ => {
-                    return Err(LinkError::Broker(format!(
-                        "lookup of {topic} failed: {}",
-                        r.message.unwrap_or_else(|| "no reason given".into())
-                    )))
+                    return Err(LinkError::lookup_refused(
+                        r.error,
+                        format!(
+                            "lookup of {topic} failed: {} ({})",
+                            r.message.unwrap_or_else(|| "no reason given".into()),
+                            r.error.map_or("no code", server_error)
+                        ),
+                    ))
                 }
             }
         }
@@ -604,6 +642,36 @@ impl Setup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_not_ready_is_a_move_and_other_refusals_are_not() {
+        let moving = LinkError::refused(Some(ServerError::ServiceNotReady as i32), "x".into());
+        assert!(matches!(moving, LinkError::Moving(_)));
+        for code in [
+            None,
+            Some(ServerError::AuthorizationError as i32),
+            Some(9999),
+        ] {
+            assert!(matches!(
+                LinkError::refused(code, "x".into()),
+                LinkError::Broker(_)
+            ));
+            assert!(matches!(
+                LinkError::lookup_refused(code, "x".into()),
+                LinkError::Broker(_)
+            ));
+        }
+        // "Namespace bundle ... is being unloaded" comes as a lookup's MetadataError
+        let unloading = Some(ServerError::MetadataError as i32);
+        assert!(matches!(
+            LinkError::lookup_refused(unloading, "x".into()),
+            LinkError::Moving(_)
+        ));
+        assert!(matches!(
+            LinkError::refused(unloading, "x".into()),
+            LinkError::Broker(_)
+        ));
+    }
 
     #[test]
     fn service_urls_map_to_endpoints() {

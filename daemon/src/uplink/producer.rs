@@ -41,8 +41,12 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 const CLOSE_SLACK: Duration = Duration::from_secs(1);
 /// Reading the topic's last message at the first producer creation.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Retries while a dead broker's topics move to another one are at most this far apart.
+/// Retries while a topic moves between brokers (a dead owner, an unload, a rolling restart) are
+/// at most this far apart...
 const OWNER_RETRY_MAX: Duration = Duration::from_secs(1);
+/// ...for this long; a move that takes longer is a sick cluster, and the fleet backs off as
+/// usual rather than ask it once a second per producer. Past Pulsar's default 30 s session timeout.
+const MOVING_FAST_FOR: Duration = Duration::from_secs(60);
 /// A terminated topic is looked at again this often (an operator may recreate it).
 const TERMINATED_RETRY: Duration = Duration::from_secs(60);
 
@@ -355,6 +359,7 @@ impl Session {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10), seed);
         let mut owner_backoff = Backoff::new(Duration::from_millis(100), OWNER_RETRY_MAX, seed ^ 1);
         let mut last_logged_error = String::new();
+        let mut moving_since: Option<Instant> = None;
         let shared = self.shared.clone();
         let stats = &shared.stats;
         loop {
@@ -378,6 +383,7 @@ impl Session {
                     self.created = true;
                     backoff.reset();
                     owner_backoff.reset();
+                    moving_since = None;
                     if !last_logged_error.is_empty()
                         || stats.reconnects.load(Ordering::Relaxed) == 0
                     {
@@ -427,7 +433,12 @@ impl Session {
                         last_logged_error = msg.clone();
                     }
                     stats.set_error(&msg);
-                    match Pace::after(&e) {
+                    let since = *moving_since.get_or_insert_with(Instant::now);
+                    let pace = Pace::after(&e, since.elapsed());
+                    if pace != Pace::OwnerMoving {
+                        moving_since = None;
+                    }
+                    match pace {
                         Pace::Terminated => {
                             stats.terminated.store(true, Ordering::Relaxed);
                             TERMINATED_RETRY
@@ -603,8 +614,8 @@ impl Session {
                 OnSendError::Reconnect(why) => return Err(LinkError::Broker(why)),
             }
         } else if cmd.close_producer.is_some() {
-            return Err(LinkError::Broker(
-                "broker closed the producer (topic moved or unloaded)".into(),
+            return Err(LinkError::Moving(
+                "the broker closed the producer (topic unloaded or moved)".into(),
             ));
         } else if cmd.auth_challenge.is_some() {
             link.answer_challenge()?;
@@ -653,19 +664,26 @@ async fn probe(setup: &Setup, tls_ca: Option<&std::path::Path>) -> Option<u64> {
 enum Pace {
     /// The topic is terminated: rarely (an operator may recreate it).
     Terminated,
-    /// The cluster answered and named an owner that is gone: its bundles move within the
-    /// metadata store's session timeout, so retry often (capped at [`OWNER_RETRY_MAX`]) rather
-    /// than let the backoff grow past the moment the topic is served again.
+    /// The topic is between brokers: the cluster named an owner that is gone (its bundles move
+    /// within the metadata store's session timeout), or answered `ServiceNotReady` or closed the
+    /// producer (an unload, a rolling restart). Retry often (capped at [`OWNER_RETRY_MAX`]) rather
+    /// than let the backoff grow past the moment the topic is served again, for
+    /// [`MOVING_FAST_FOR`].
     OwnerMoving,
     /// Anything else: exponential backoff up to 10 s.
     Backoff,
 }
 
 impl Pace {
-    fn after(e: &LinkError) -> Self {
+    /// `moving_for`: how long the failures before this one (of any kind) have lasted.
+    fn after(e: &LinkError, moving_for: Duration) -> Self {
         match e {
             LinkError::Terminated(_) => Pace::Terminated,
-            LinkError::OwnerUnreachable { .. } => Pace::OwnerMoving,
+            LinkError::OwnerUnreachable { .. } | LinkError::Moving(_)
+                if moving_for < MOVING_FAST_FOR =>
+            {
+                Pace::OwnerMoving
+            }
             _ => Pace::Backoff,
         }
     }
@@ -711,12 +729,18 @@ mod tests {
             addr: "127.0.0.1:6661".into(),
             source: Box::new(refused()),
         };
-        assert_eq!(Pace::after(&owner_gone), Pace::OwnerMoving);
+        let now = Duration::ZERO;
+        assert_eq!(Pace::after(&owner_gone, now), Pace::OwnerMoving);
+        let unloading = LinkError::Moving("bundle is being unloaded".into());
+        assert_eq!(Pace::after(&unloading, now), Pace::OwnerMoving);
+        // a move that lasts past the fast window: a sick cluster, back off as usual
+        assert_eq!(Pace::after(&unloading, MOVING_FAST_FOR), Pace::Backoff);
+        assert_eq!(Pace::after(&owner_gone, MOVING_FAST_FOR), Pace::Backoff);
         // the service URL's own hosts down: the cluster is not there, back off as usual
-        assert_eq!(Pace::after(&refused()), Pace::Backoff);
-        assert_eq!(Pace::after(&LinkError::Closed), Pace::Backoff);
+        assert_eq!(Pace::after(&refused(), now), Pace::Backoff);
+        assert_eq!(Pace::after(&LinkError::Closed, now), Pace::Backoff);
         assert_eq!(
-            Pace::after(&LinkError::Terminated("t".into())),
+            Pace::after(&LinkError::Terminated("t".into()), now),
             Pace::Terminated
         );
     }
