@@ -176,6 +176,14 @@ else
     PULSAR_BROKER_PID= python3 tests/bench/fleet.py --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URLS" \
       --rigs 250 --rate-scale 0.003333 --secs 60 --unload-at 20 "${kill_args[@]}" \
       --json target/bench/fleet-cluster.json || true
+    if [ "$cluster_started" = 1 ]; then
+      echo
+      echo "On the cluster: a rolling restart of both brokers from +10 s (SIGTERM, start, next)"
+      echo
+      PULSAR_BROKER_PID= python3 tests/bench/fleet.py --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URLS" \
+        --rigs 250 --rate-scale 0.003333 --secs 60 --unload-at "" --rolling-restart-at 10 \
+        --json target/bench/fleet-cluster-rolling.json | tail -n 1 || true
+    fi
     if [ "$cluster_started" = 1 ]; then tests/pulsar/cluster.sh stop >&2 || true; fi
   fi
 fi
