@@ -310,7 +310,7 @@ def owner_node(admin_urls: str, ns: str) -> str:
     for i, base in enumerate(u for u in admin_urls.split(",") if u):
         broker_id = base.split("://")[-1].rstrip("/")
         try:
-            owned = json.loads(admin(base, "GET", f"/admin/v2/brokers/{args_cluster()}/{broker_id}/ownedNamespaces"))
+            owned = json.loads(admin(base, "GET", f"/admin/v2/brokers/{cluster_name()}/{broker_id}/ownedNamespaces"))
         except (urllib.error.URLError, OSError):
             continue
         counts[f"broker-{i}"] = sum(1 for k in owned if k.startswith(ns + "/"))
@@ -321,7 +321,7 @@ def owner_node(admin_urls: str, ns: str) -> str:
     return node
 
 
-def args_cluster() -> str:
+def cluster_name() -> str:
     return os.environ.get("PULSAR_CLUSTER_NAME", "rigd-cluster")
 
 

@@ -40,7 +40,7 @@ pub enum LinkError {
     },
     /// The cluster is moving the topic between brokers (`ServiceNotReady`: the bundle is being
     /// unloaded or not yet owned, or the broker closed the producer for a move): it is served
-    /// again within seconds, so the retry stays quick ([`LinkError::moving`]).
+    /// again within seconds, so the producer retries it within a second (its `Pace`).
     #[error("topic moving between brokers: {0}")]
     Moving(String),
     #[error("connection: {0}")]

@@ -433,12 +433,10 @@ impl Session {
                         last_logged_error = msg.clone();
                     }
                     stats.set_error(&msg);
+                    // failing since (reset only by a connection): a move that outlasts the
+                    // fast window backs off for good, not for one attempt
                     let since = *moving_since.get_or_insert_with(Instant::now);
-                    let pace = Pace::after(&e, since.elapsed());
-                    if pace != Pace::OwnerMoving {
-                        moving_since = None;
-                    }
-                    match pace {
+                    match Pace::after(&e, since.elapsed()) {
                         Pace::Terminated => {
                             stats.terminated.store(true, Ordering::Relaxed);
                             TERMINATED_RETRY
