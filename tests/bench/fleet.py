@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -44,6 +43,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "pulsar"))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 
 def reachable(hostport: str) -> bool:
@@ -210,18 +211,18 @@ def run_one(args, exe: str, rigs: int) -> dict:
             # an event of its own (its producers move to the brokers still up).
             for node in args.restart_nodes:
                 t_node = time.time()
-                subprocess.run([str(ROOT / "tests/pulsar/cluster.sh"), "stop", node], check=True, capture_output=True)
+                cluster().stop(node)
                 stopped = time.time() - t_node
-                subprocess.run([str(ROOT / "tests/pulsar/cluster.sh"), "start", node], check=True, capture_output=True)
+                cluster().start(node)
                 done_actions.append({"what": f"restart {node}", "at_s": t_node - t_ready, "unix": t_node,
                                      "request_s": stopped})
                 print(f"fleet:   restarted {node}: stopped in {stopped:.1f} s, up again at "
                       f"+{time.time() - t_ready:.1f} s", file=sys.stderr)
             continue
         else:
-            node = args.kill_node if args.kill_node != "owner" else owner_node(args.admin_url, ns)
+            node = args.kill_node if args.kill_node != "owner" else owner_node(ns)
             args.killed_node = node
-            os.kill(node_pid(node), signal.SIGKILL)
+            t0 = cluster().kill9(node)
             what = f"kill -9 {node}"
         done_actions.append({"what": what, "at_s": at, "unix": t0, "request_s": time.time() - t0})
         print(f"fleet:   {what} at +{at:.0f} s (request took {time.time() - t0:.2f} s)", file=sys.stderr)
@@ -262,8 +263,7 @@ def run_one(args, exe: str, rigs: int) -> dict:
                        idle_s=args.consume_idle_s, total_s=max(300.0, expected / 2000))
     consume_s = time.time() - t_consume
     if getattr(args, "killed_node", None):
-        subprocess.run([str(ROOT / "tests/pulsar/cluster.sh"), "start", args.killed_node], check=True,
-                       stdout=subprocess.DEVNULL)
+        cluster().start(args.killed_node)
         print(f"fleet:   {args.killed_node} started again", file=sys.stderr)
     if not args.keep:
         # The next run of a sweep must not share the broker with this run's idle topics: unloaded,
@@ -304,36 +304,33 @@ def run_one(args, exe: str, rigs: int) -> dict:
     }
 
 
-def owner_node(admin_urls: str, ns: str) -> str:
-    """The cluster.sh node (broker-N, N its place in --admin-url) that owns most of NS's bundles."""
+def cluster():
+    """The cluster.sh cluster (tests/e2e/cluster_harness.py), for its nodes' pids: a node is killed,
+    stopped and started only by the pid cluster.sh recorded for it, checked against its command line."""
+    global _cluster
+    if _cluster is None:
+        from cluster_harness import Cluster
+        _cluster = Cluster()
+    return _cluster
+
+
+_cluster = None
+
+
+def owner_node(ns: str) -> str:
+    """The broker node that owns most of NS's bundles now."""
+    c = cluster()
     counts = {}
-    for i, base in enumerate(u for u in admin_urls.split(",") if u):
-        broker_id = base.split("://")[-1].rstrip("/")
-        try:
-            owned = json.loads(admin(base, "GET", f"/admin/v2/brokers/{cluster_name()}/{broker_id}/ownedNamespaces"))
-        except (urllib.error.URLError, OSError):
-            continue
-        counts[f"broker-{i}"] = sum(1 for k in owned if k.startswith(ns + "/"))
+    for node in c.live_brokers():
+        broker_id = c.admin_url(node).split("://")[-1].rstrip("/")
+        owned = c.admin("GET", f"/admin/v2/brokers/{c.vars['PULSAR_CLUSTER_NAME']}/{broker_id}/ownedNamespaces",
+                        broker=node)
+        counts[node] = sum(1 for k in owned if k.startswith(ns + "/"))
     if not counts:
-        raise SystemExit("fleet: no broker answered ownedNamespaces")
+        raise SystemExit("fleet: no broker of the cluster runs")
     node = max(counts, key=counts.get)
     print(f"fleet:   bundles of {ns} per broker: {counts}; killing {node}", file=sys.stderr)
     return node
-
-
-def cluster_name() -> str:
-    return os.environ.get("PULSAR_CLUSTER_NAME", "rigd-cluster")
-
-
-def node_pid(node: str) -> int:
-    """The pid cluster.sh recorded for NODE (only a process this harness started is killed)."""
-    env = subprocess.run([str(ROOT / "tests/pulsar/cluster.sh"), "env"], capture_output=True, text=True,
-                         check=True).stdout
-    var = "PULSAR_CLUSTER_" + node.upper().replace("-", "_") + "_PID="
-    for line in env.splitlines():
-        if line.startswith(var):
-            return int(line[len(var):])
-    raise SystemExit(f"fleet: cluster.sh records no pid for {node}")
 
 
 def event_text(e: dict) -> str:

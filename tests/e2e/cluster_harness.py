@@ -21,10 +21,11 @@ CLUSTER_SH = str(ROOT / "tests" / "pulsar" / "cluster.sh")
 
 
 class Cluster:
-    def __init__(self, data: Path):
-        self.data = data
-        self.env = {**os.environ, "PULSAR_CLUSTER_DATA": str(data)}
+    def __init__(self, data: Path | None = None):
+        """The cluster whose files are in `data` (default: cluster.sh's own, $PULSAR_CLUSTER_DATA)."""
+        self.env = {**os.environ} if data is None else {**os.environ, "PULSAR_CLUSTER_DATA": str(data)}
         self.refresh()
+        self.data = Path(self.vars["PULSAR_CLUSTER_DATA"])
 
     def sh(self, *args, check=True, timeout=300) -> str:
         r = subprocess.run([CLUSTER_SH, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
