@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -194,6 +195,19 @@ class Rigd:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def totals(self) -> dict:
+        """Per source, the tallies of the last run as rigd logged them once it stopped
+        (`source totals`: frames, published, spool_dropped, device_drops, refused, spooled)."""
+        runs = self.log().split("rigd stopped")
+        assert len(runs) > 1, f"no `rigd stopped` in the log:\n{self.log()[-4000:]}"
+        out = {}
+        for line in runs[-2].splitlines():
+            if "source totals" in line:
+                fields = dict(re.findall(r"(\w+)=(\S+)", line.split("source totals", 1)[1]))
+                source = fields.pop("source")
+                out[source] = {k: int(v) for k, v in fields.items()}
+        return out
 
     def close(self):
         if self.proc and self.proc.poll() is None:

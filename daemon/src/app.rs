@@ -459,12 +459,25 @@ async fn shut_down(s: ShutDown<'_>) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || closing.close())
         .await?
         .context("closing the spool")?;
-    let left: u64 = s
-        .runtime
-        .sources
-        .iter()
-        .map(|e| spool.stats(&e.id).records.load(Ordering::Relaxed))
-        .sum();
+    // The run's own tallies, per source, once capture and the lanes have stopped: what a
+    // technician (or a test) reads to account for every frame of this run, which the status API
+    // can only show while frames still move.
+    let mut left = 0;
+    for e in &s.runtime.sources {
+        let sp = spool.stats(&e.id);
+        let spooled = sp.records.load(Ordering::Relaxed);
+        left += spooled;
+        tracing::info!(
+            source = %e.id,
+            frames = e.health.frames(),
+            published = e.lane.published.load(Ordering::Relaxed),
+            spool_dropped = sp.dropped.load(Ordering::Relaxed),
+            device_drops = e.health.drops(),
+            refused = e.uplink.as_ref().map_or(0, |u| u.refused.load(Ordering::Relaxed)),
+            spooled,
+            "source totals"
+        );
+    }
     tracing::info!(spooled_records = left, "rigd stopped");
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Capacity: `max-bytes` and `free-reserve`, and what `when-full` drops to keep them.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -15,6 +16,61 @@ pub(super) enum Gone {
     Dropped,
     /// It cannot be read back (checksum, I/O error, not the record the index names).
     Quarantined,
+}
+
+/// Ranges of dropped seqs kept per source by [`RecentDrops`]; past it the oldest range goes.
+const RECENT_DROP_RANGES: usize = 4096;
+
+/// The seqs this run dropped to make room (or a technician cleared), per source, as ranges
+/// (start → end, exclusive). A drop-oldest takes the oldest records, which are the ones the drain
+/// has in flight: when the receipt of one comes after all, [`Spool::remove`] finds it here and the
+/// frame counts as delivered, not as dropped. A frame whose send fails after its drop stays
+/// counted as dropped (nothing holds it any more). Bounded: a receipt for a seq dropped more than
+/// `RECENT_DROP_RANGES` ranges ago would leave that frame counted twice, and in-flight frames are
+/// at most the newest few ranges.
+#[derive(Debug, Default)]
+pub(super) struct RecentDrops {
+    ranges: HashMap<Arc<str>, BTreeMap<u64, u64>>,
+}
+
+impl RecentDrops {
+    pub(super) fn note(&mut self, source: &Arc<str>, seq: u64) {
+        let m = self.ranges.entry(source.clone()).or_default();
+        if let Some((_, end)) = m.range_mut(..=seq).next_back() {
+            if *end > seq {
+                return;
+            }
+            if *end == seq {
+                *end += 1;
+                return;
+            }
+        }
+        m.insert(seq, seq + 1);
+        if m.len() > RECENT_DROP_RANGES {
+            m.pop_first();
+        }
+    }
+
+    /// Whether `seq` was dropped (and no longer is: each drop is taken back once).
+    pub(super) fn take(&mut self, source: &Arc<str>, seq: u64) -> bool {
+        let Some(m) = self.ranges.get_mut(source) else {
+            return false;
+        };
+        let Some((&start, &end)) = m.range(..=seq).next_back() else {
+            return false;
+        };
+        if seq >= end {
+            return false;
+        }
+        m.remove(&start);
+        if start < seq {
+            m.insert(start, seq);
+        }
+        if seq + 1 < end {
+            m.insert(seq + 1, end);
+        }
+        true
+    }
 }
 
 /// Free space kept for the index whatever `free-reserve` says (even `"0"`).
@@ -115,6 +171,7 @@ impl Spool {
             if let Some(loc) = self.unindex(&source, seq)? {
                 // The segment is deleted below, not released record by record.
                 self.count_out(&source, loc, Gone::Dropped, false);
+                self.recent_drops().note(&source, seq);
                 n += 1;
             }
         }
@@ -176,6 +233,10 @@ impl Spool {
             self.count_out(source, *loc, Gone::Dropped, false);
         }
         lost.len() as u64
+    }
+
+    pub(super) fn recent_drops(&self) -> std::sync::MutexGuard<'_, RecentDrops> {
+        self.recent_drops.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The one place a record that left the index is counted out (by the one caller that took

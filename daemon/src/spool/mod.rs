@@ -175,6 +175,8 @@ pub struct Spool {
     pending: Mutex<Pending>,
     /// Held by a drop-oldest: one at a time.
     dropping: Mutex<()>,
+    /// What this run dropped, to take a drop back when its frame's receipt comes after all.
+    recent_drops: Mutex<capacity::RecentDrops>,
     /// Bytes the segments count in the spool's size (see [`segments::Segments::charged`]).
     disk_bytes: AtomicU64,
     index_bytes: AtomicU64,
@@ -336,6 +338,7 @@ impl Spool {
             }),
             pending: Mutex::new(Pending::default()),
             dropping: Mutex::new(()),
+            recent_drops: Mutex::default(),
             disk_bytes: AtomicU64::new(0),
             index_bytes: AtomicU64::new(0),
             segment_size: MAX_SEGMENT.min(cfg.max_bytes.0 / 8).max(1 << 20),
@@ -740,7 +743,8 @@ impl Spool {
         Ok(out)
     }
 
-    /// Removes a record after its receipt. Missing records (dropped meanwhile) are fine.
+    /// Removes a record after its receipt. Missing records (dropped meanwhile) are fine: a
+    /// frame dropped while it was in flight was delivered after all, and leaves the dropped count.
     /// The source's oldest capture time follows at the next commit.
     pub fn remove(&self, source: &Arc<str>, seq: u64) -> Result<(), SpoolError> {
         if let Some(loc) = self.unindex(source, seq)? {
@@ -749,6 +753,8 @@ impl Spool {
             if stats.records.load(Ordering::Relaxed) == 0 {
                 stats.oldest_ns.store(0, Ordering::Relaxed);
             }
+        } else if self.recent_drops().take(source, seq) {
+            capacity::sub(&self.stats(source).dropped, 1);
         }
         Ok(())
     }
@@ -761,21 +767,18 @@ impl Spool {
             // Under the pending lock, so a commit cannot add this source's pages meanwhile.
             let mut p = self.pending();
             let uncommitted = p.entries.remove(source).unwrap_or_default();
-            gone.extend(uncommitted.into_values().map(|(loc, _)| loc));
+            gone.extend(uncommitted.into_iter().map(|(seq, (loc, _))| (seq, loc)));
             // Removed but still listed: already released.
             let removed = p.removed.remove(source).unwrap_or_default();
             while let Some((k, v)) = tree.pop_min().map_err(self.ix())? {
                 let page = pages::decode(key_seq(&k), &v).unwrap_or_default();
-                gone.extend(
-                    page.into_iter()
-                        .filter(|(seq, _)| !removed.contains(seq))
-                        .map(|(_, loc)| loc),
-                );
+                gone.extend(page.into_iter().filter(|(seq, _)| !removed.contains(seq)));
             }
         }
         let stats = self.stats(source);
-        for loc in &gone {
+        for (seq, loc) in &gone {
             self.count_out(source, *loc, Gone::Dropped, true);
+            self.recent_drops().note(source, *seq);
         }
         stats.oldest_ns.store(0, Ordering::Relaxed);
         Ok(gone.len() as u64)

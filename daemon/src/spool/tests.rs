@@ -295,6 +295,67 @@ fn drop_oldest_keeps_the_spool_under_max_bytes_and_counts_every_drop() {
 }
 
 #[test]
+fn a_frame_dropped_while_in_flight_and_delivered_after_all_is_not_counted_as_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.max_bytes = ByteSize(8 << 20); // 1 MiB segments
+    let spool = Spool::open(&c).unwrap();
+    let cam: Arc<str> = "cam".into();
+    for seq in 0..60 {
+        spool.append(&frame("cam", seq, 100_000)).unwrap();
+    }
+    // The drain has the oldest in flight; then capture fills the spool and their segment goes.
+    let in_flight: Vec<u64> = spool
+        .read_from(&cam, 0, 8)
+        .unwrap()
+        .iter()
+        .map(|f| f.seq)
+        .collect();
+    assert_eq!(in_flight, (0..8).collect::<Vec<_>>());
+    let mut seq = 60;
+    while spool.stats(&cam).dropped.load(Ordering::Relaxed) < 8 {
+        spool.append(&frame("cam", seq, 100_000)).unwrap();
+        seq += 1;
+    }
+    assert!(!seqs(&spool, "cam").contains(&0));
+    let dropped = spool.stats(&cam).dropped.load(Ordering::Relaxed);
+    // Receipts for the first five come after all: delivered, not lost.
+    for s in 0..5 {
+        spool.remove(&cam, s).unwrap();
+    }
+    assert_eq!(
+        spool.stats(&cam).dropped.load(Ordering::Relaxed),
+        dropped - 5
+    );
+    // A receipt counts once, and one for a frame never dropped (or unknown) changes nothing.
+    spool.remove(&cam, 3).unwrap();
+    spool.remove(&cam, 1 << 40).unwrap();
+    assert_eq!(
+        spool.stats(&cam).dropped.load(Ordering::Relaxed),
+        dropped - 5
+    );
+    // Every frame is stored, dropped or delivered, once.
+    let kept = seqs(&spool, "cam").len() as u64;
+    assert_eq!(kept + (dropped - 5) + 5, seq);
+}
+
+#[test]
+fn recent_drops_are_ranges_taken_back_once() {
+    let mut d = capacity::RecentDrops::default();
+    let s: Arc<str> = "s".into();
+    for seq in [3, 4, 5, 6, 10, 11] {
+        d.note(&s, seq);
+    }
+    d.note(&s, 4); // already there
+    assert!(d.take(&s, 5));
+    assert!(!d.take(&s, 5));
+    for seq in [3, 4, 6, 10, 11] {
+        assert!(d.take(&s, seq), "{seq}");
+    }
+    assert!(!d.take(&s, 7) && !d.take(&s, 2) && !d.take(&"other".into(), 3));
+}
+
+#[test]
 fn drop_newest_refuses_new_frames_when_full() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(dir.path());
