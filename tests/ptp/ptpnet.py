@@ -186,6 +186,7 @@ log-announce-interval = {log_announce}
 log-min-delay-req-interval = {log_sync}
 simulate-offset-ns = {offset_ns}
 simulate-ppm = {ppm}
+{clock_extra}
 
 [[source]]
 id = "gps"
@@ -206,7 +207,9 @@ class RigInNetns:
     """rigd run inside the rig namespace; status read with curl from inside it."""
 
     def __init__(self, net: PtpNet, rigd_bin: str, name: str = "rigd", log_sync: int = -3,
-                 log_announce: int = 0, offset_ns: int = 0, ppm: float = 0.0, port: int = 8088):
+                 log_announce: int = 0, offset_ns: int = 0, ppm: float = 0.0, port: int = 8088,
+                 clock_extra: str = ""):
+        """`clock_extra`: more `[clock]` lines (TOML)."""
         self.net = net
         self.bin = rigd_bin
         self.port = port
@@ -215,7 +218,7 @@ class RigInNetns:
         self.config = self.dir / "rigd.toml"
         self.config.write_text(RIG_CONFIG.format(
             iface=net.rig_iface, transport=net.transport, log_sync=log_sync,
-            log_announce=log_announce, offset_ns=offset_ns, ppm=ppm,
+            log_announce=log_announce, offset_ns=offset_ns, ppm=ppm, clock_extra=clock_extra,
             spool=self.dir / "spool", port=port))
         self.log_path = self.dir / "rigd.log"
         self.proc: subprocess.Popen | None = None
