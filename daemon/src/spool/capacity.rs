@@ -170,8 +170,7 @@ impl Spool {
             // A receipt may have removed it meanwhile: then it is not a drop.
             if let Some(loc) = self.unindex(&source, seq)? {
                 // The segment is deleted below, not released record by record.
-                self.count_out(&source, loc, Gone::Dropped, false);
-                self.recent_drops().note(&source, seq);
+                self.count_out(&source, seq, loc, Gone::Dropped, false);
                 n += 1;
             }
         }
@@ -229,20 +228,25 @@ impl Spool {
             }
             lost
         };
-        for (source, _, loc) in &lost {
-            self.count_out(source, *loc, Gone::Dropped, false);
+        for (source, seq, loc) in &lost {
+            self.count_out(source, *seq, *loc, Gone::Dropped, false);
         }
         lost.len() as u64
-    }
-
-    pub(super) fn recent_drops(&self) -> std::sync::MutexGuard<'_, RecentDrops> {
-        self.recent_drops.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The one place a record that left the index is counted out (by the one caller that took
     /// its entry out): `records` and `bytes` down, `popped` up, and the counter of why it went.
     /// `segment`: one record fewer in its segment (false when the caller deletes the segment).
-    pub(super) fn count_out(&self, source: &Arc<str>, loc: Location, gone: Gone, segment: bool) {
+    /// A drop is remembered (see [`RecentDrops`]) so that [`Spool::count_delivered_after_drop`]
+    /// can take it back.
+    pub(super) fn count_out(
+        &self,
+        source: &Arc<str>,
+        seq: u64,
+        loc: Location,
+        gone: Gone,
+        segment: bool,
+    ) {
         let stats = self.stats(source);
         sub(&stats.records, 1);
         sub(&stats.bytes, loc.len as u64);
@@ -251,6 +255,7 @@ impl Spool {
             Gone::Acked => {}
             Gone::Dropped => {
                 stats.dropped.fetch_add(1, Ordering::Relaxed);
+                self.recent_drops().note(source, seq);
             }
             Gone::Quarantined => {
                 stats.quarantined.fetch_add(1, Ordering::Relaxed);
@@ -259,6 +264,19 @@ impl Spool {
         if segment {
             self.release_segment(loc);
         }
+    }
+
+    /// The receipt of a frame that is no longer in the index: if this run dropped it (it was in
+    /// flight when its segment went), it was delivered after all and leaves the dropped count.
+    /// Its records, bytes and `popped` were counted out at the drop.
+    pub(super) fn count_delivered_after_drop(&self, source: &Arc<str>, seq: u64) {
+        if self.recent_drops().take(source, seq) {
+            sub(&self.stats(source).dropped, 1);
+        }
+    }
+
+    fn recent_drops(&self) -> std::sync::MutexGuard<'_, RecentDrops> {
+        self.recent_drops.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -732,7 +732,7 @@ impl Spool {
                     if self.unindex(source, seq)?.is_some() {
                         let name = format!("{source}-{seq}");
                         self.quarantine_bytes(&name, loc.segment, loc.offset, &raw, &why);
-                        self.count_out(source, loc, Gone::Quarantined, true);
+                        self.count_out(source, seq, loc, Gone::Quarantined, true);
                     }
                 }
             }
@@ -748,13 +748,13 @@ impl Spool {
     /// The source's oldest capture time follows at the next commit.
     pub fn remove(&self, source: &Arc<str>, seq: u64) -> Result<(), SpoolError> {
         if let Some(loc) = self.unindex(source, seq)? {
-            self.count_out(source, loc, Gone::Acked, true);
+            self.count_out(source, seq, loc, Gone::Acked, true);
             let stats = self.stats(source);
             if stats.records.load(Ordering::Relaxed) == 0 {
                 stats.oldest_ns.store(0, Ordering::Relaxed);
             }
-        } else if self.recent_drops().take(source, seq) {
-            capacity::sub(&self.stats(source).dropped, 1);
+        } else {
+            self.count_delivered_after_drop(source, seq);
         }
         Ok(())
     }
@@ -777,8 +777,7 @@ impl Spool {
         }
         let stats = self.stats(source);
         for (seq, loc) in &gone {
-            self.count_out(source, *loc, Gone::Dropped, true);
-            self.recent_drops().note(source, *seq);
+            self.count_out(source, *seq, *loc, Gone::Dropped, true);
         }
         stats.oldest_ns.store(0, Ordering::Relaxed);
         Ok(gone.len() as u64)
