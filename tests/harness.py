@@ -235,8 +235,24 @@ def nmea_valid(line: str) -> bool:
     return cs.strip().upper() == f"{x:02X}"
 
 
+def holds_broker(what: str) -> None:
+    """Stopping, freezing or shaping a broker is for a test that holds it alone: marked
+    `holds_broker`, it runs in the lane of tests/lanes.py where each worker has a broker of its own.
+    In the shared lane (RIGD_SHARED_BROKER=1) it would break the tests running beside it."""
+    if os.environ.get("RIGD_SHARED_BROKER") == "1":
+        raise RuntimeError(f"{what} on the shared broker: mark the test `@pytest.mark.holds_broker`")
+
+
+def broker_ctl(cmd: str) -> None:
+    """tests/pulsar/broker.sh `cmd` (start, stop) for this test's broker (the lane's PULSAR_*)."""
+    if cmd != "start":
+        holds_broker(f"broker.sh {cmd}")
+    r = subprocess.run([str(ROOT / "tests/pulsar/broker.sh"), cmd], capture_output=True, text=True)
+    assert r.returncode == 0, f"broker.sh {cmd} failed:\n{r.stderr[-3000:]}"
+
+
 def broker_pid() -> int:
-    """The shared test broker's JVM, as tests/pulsar/broker.sh recorded it."""
+    """This test's broker JVM, as tests/pulsar/broker.sh recorded it."""
     data = Path(os.environ.get("PULSAR_DATA", ROOT / "target" / "pulsar-data"))
     pid = int((data / "broker.pid").read_text().strip())
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -249,6 +265,7 @@ class FrozenBroker:
     ACKs until the buffers fill, then nothing moves); SIGCONT on exit, whatever happened."""
 
     def __enter__(self):
+        holds_broker("SIGSTOP of the broker")
         self.pid = broker_pid()
         os.kill(self.pid, signal.SIGSTOP)
         self.frozen_at = time.time()
@@ -260,35 +277,94 @@ class FrozenBroker:
 
 
 class LoopbackQdisc:
-    """An htb root qdisc of our own on lo (handle HANDLE): class 1 passes everything else, class 2
-    is what `install` builds for the selected traffic. Removed by its handle on exit, whatever
-    happened; refuses to run if lo already has a shaping qdisc of its own (docs/field-faults notes:
-    no netem here)."""
+    """Shaping of selected loopback traffic that tests running at the same time can share: one htb
+    root qdisc on lo (handle ROOT:), whose default class ROOT:1 passes everything else, and a class
+    of each user's own (ROOT:N with its leaf qdisc ROOTN: and u32 filters of priority N) for the
+    traffic it selects. Classes are added and removed under a lock (flock on LOCK); the last user out
+    removes the root, and a class whose owner died is removed by the next user. Refuses to run if lo
+    has a shaping qdisc that is not this one (no netem here: docs/field-faults notes)."""
 
-    HANDLE = "7"
+    ROOT = "7"
+    STATE = Path("/run/rigd-tests/lo-qdisc")  # a file per class in use, named N, holding its owner's pid
+    LOCK = Path("/run/rigd-tests/lo-qdisc.lock")
 
     def _tc(self, *args, check=True):
         return subprocess.run(["tc", *args], capture_output=True, text=True, check=check)
 
-    def install(self, h: str):
+    def install(self):
+        """Subclasses: the class (`add_class`) and the filters (`add_filter`) of the traffic to shape."""
         raise NotImplementedError
 
+    def add_class(self, *htb: str, leaf_limit: int):
+        """Our class ROOT:N with `htb` parameters and a drop-tail leaf queue of `leaf_limit` bytes."""
+        self._tc("class", "add", "dev", "lo", "parent", f"{self.ROOT}:", "classid", self.classid, "htb", *htb)
+        self._tc("qdisc", "add", "dev", "lo", "parent", self.classid, "handle", f"{self.ROOT}{self.n}:",
+                 "bfifo", "limit", str(leaf_limit))
+
+    def change_class(self, *htb: str):
+        self._tc("class", "change", "dev", "lo", "parent", f"{self.ROOT}:", "classid", self.classid, "htb", *htb)
+
+    def add_filter(self, field: str, port: int):
+        """TCP/UDP traffic whose `field` (sport or dport) is `port` goes through our class."""
+        self._tc("filter", "add", "dev", "lo", "parent", f"{self.ROOT}:", "protocol", "ip", "prio", str(self.n),
+                 "u32", "match", "ip", field, str(port), "0xffff", "flowid", self.classid)
+
+    def bytes_sent(self) -> int:
+        out = self._tc("-s", "class", "show", "dev", "lo", "classid", self.classid).stdout
+        for line in out.splitlines():
+            line = line.strip()
+            if line.startswith("Sent "):
+                return int(line.split()[1])
+        return 0
+
+    def _locked(self):
+        import contextlib
+        import fcntl
+
+        @contextlib.contextmanager
+        def held():
+            self.STATE.mkdir(parents=True, exist_ok=True)
+            with open(self.LOCK, "w") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                yield
+        return held()
+
+    def _drop(self, n: int):
+        """Removes class N and its filters (the lock is held); the root too once no class is left."""
+        self._tc("filter", "del", "dev", "lo", "parent", f"{self.ROOT}:", "protocol", "ip", "prio", str(n), "u32",
+                 check=False)
+        self._tc("class", "del", "dev", "lo", "classid", f"{self.ROOT}:{n}", check=False)
+        (self.STATE / str(n)).unlink(missing_ok=True)
+        if not any(self.STATE.iterdir()):
+            self._tc("qdisc", "del", "dev", "lo", "root", "handle", f"{self.ROOT}:", check=False)
+
     def __enter__(self):
-        current = self._tc("qdisc", "show", "dev", "lo").stdout
-        if "htb" in current or "tbf" in current:
-            raise RuntimeError(f"lo already has a shaping qdisc: {current}")
-        h = self.HANDLE
-        try:
-            self._tc("qdisc", "add", "dev", "lo", "root", "handle", f"{h}:", "htb", "default", "1")
-            self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:1", "htb", "rate", "40gbit")
-            self.install(h)
-        except Exception:
-            self.remove()
-            raise
+        with self._locked():
+            for f in list(self.STATE.iterdir()):  # classes whose owner died
+                if not Path(f"/proc/{f.read_text().strip() or 0}").exists():
+                    self._drop(int(f.name))
+            current = self._tc("qdisc", "show", "dev", "lo").stdout
+            if f"qdisc htb {self.ROOT}: root" not in current:
+                if "htb" in current or "tbf" in current:
+                    raise RuntimeError(f"lo already has a shaping qdisc: {current}")
+                for f in list(self.STATE.iterdir()):  # the root is gone: so are its classes
+                    f.unlink()
+                self._tc("qdisc", "add", "dev", "lo", "root", "handle", f"{self.ROOT}:", "htb", "default", "1")
+                self._tc("class", "add", "dev", "lo", "parent", f"{self.ROOT}:", "classid", f"{self.ROOT}:1",
+                         "htb", "rate", "40gbit")
+            self.n = next(n for n in range(2, 100) if not (self.STATE / str(n)).exists())
+            self.classid = f"{self.ROOT}:{self.n}"
+            (self.STATE / str(self.n)).write_text(str(os.getpid()))
+            try:
+                self.install()
+            except Exception:
+                self._drop(self.n)
+                raise
         return self
 
     def remove(self):
-        self._tc("qdisc", "del", "dev", "lo", "root", "handle", f"{self.HANDLE}:", check=False)
+        with self._locked():
+            self._drop(self.n)
 
     def __exit__(self, *exc):
         self.remove()
@@ -297,34 +373,27 @@ class LoopbackQdisc:
 
 class ShapedBrokerPort(LoopbackQdisc):
     """Traffic to the broker's port on loopback through an htb class of `rate` (the rest of lo
-    unshaped), with a drop-tail queue of `queue_ms`."""
+    unshaped), with a drop-tail queue of `queue_ms`. The test holds its broker (`holds_broker`)."""
 
     def __init__(self, rate_kbit: int, port: int | None = None, queue_ms: int = 300):
         # The test broker's port (PULSAR_URL), never another broker's on this machine.
         from urllib.parse import urlparse
         port = port or urlparse(BROKER_URL).port or 6650
+        if port == (urlparse(BROKER_URL).port or 6650):
+            holds_broker("shaping the broker's port")
         self.rate_kbit, self.port, self.queue_ms = rate_kbit, port, queue_ms
 
-    def install(self, h: str):
+    def install(self):
         limit = max(64 << 10, self.rate_kbit * 1000 // 8 * self.queue_ms // 1000)
-        self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:2", "htb",
-                 "rate", f"{self.rate_kbit}kbit", "ceil", f"{self.rate_kbit}kbit", "burst", "64k", "cburst", "64k")
-        self._tc("qdisc", "add", "dev", "lo", "parent", f"{h}:2", "handle", f"{h}2:", "bfifo", "limit", str(limit))
-        self._tc("filter", "add", "dev", "lo", "parent", f"{h}:", "protocol", "ip", "prio", "1", "u32",
-                 "match", "ip", "dport", str(self.port), "0xffff", "flowid", f"{h}:2")
+        self.add_class(*self.rate(self.rate_kbit), leaf_limit=limit)
+        self.add_filter("dport", self.port)
+
+    @staticmethod
+    def rate(rate_kbit: int) -> tuple[str, ...]:
+        return ("rate", f"{rate_kbit}kbit", "ceil", f"{rate_kbit}kbit", "burst", "64k", "cburst", "64k")
 
     def set_rate(self, rate_kbit: int):
-        h = self.HANDLE
-        self._tc("class", "change", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:2", "htb",
-                 "rate", f"{rate_kbit}kbit", "ceil", f"{rate_kbit}kbit", "burst", "64k", "cburst", "64k")
-
-    def bytes_sent(self) -> int:
-        out = self._tc("-s", "class", "show", "dev", "lo", "classid", f"{self.HANDLE}:2").stdout
-        for line in out.splitlines():
-            line = line.strip()
-            if line.startswith("Sent "):
-                return int(line.split()[1])
-        return 0
+        self.change_class(*self.rate(rate_kbit))
 
 
 def received_seqs(topic: str, url: str = BROKER_URL, idle: float = 6) -> list[int]:

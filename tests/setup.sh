@@ -32,8 +32,9 @@ fi
 
 [ "${1:-}" = "--build-deps" ] && exit 0
 
-PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest" "prometheus_client" "mcap")
-if ! python3 -c 'import pulsar, PIL, pytest, prometheus_client, mcap' 2>/dev/null; then
+# pytest-xdist: the parallel workers of tests/lanes.py.
+PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest" "pytest-xdist" "prometheus_client" "mcap")
+if ! python3 -c 'import pulsar, PIL, pytest, xdist, prometheus_client, mcap' 2>/dev/null; then
   echo "setup: installing Python packages: ${PY_PKGS[*]}" >&2
   python3 -m pip install -q "${PY_PKGS[@]}" >&2
 fi

@@ -144,18 +144,14 @@ class DroppedConnections(LoopbackQdisc):
     1-byte drop-tail queue that u32 filters select): a client that dies behind it leaves its
     connection open at the broker, as a rig that loses power on a cellular link does."""
 
-    HANDLE = "8"
-
     def __init__(self, ports: list[int]):
         self.ports = ports
 
-    def install(self, h: str):
-        self._tc("class", "add", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:2", "htb", "rate", "8kbit")
-        self._tc("qdisc", "add", "dev", "lo", "parent", f"{h}:2", "handle", f"{h}2:", "bfifo", "limit", "1")
+    def install(self):
+        self.add_class("rate", "8kbit", leaf_limit=1)
         for p in self.ports:
             for field in ("sport", "dport"):
-                self._tc("filter", "add", "dev", "lo", "parent", f"{h}:", "protocol", "ip", "prio", "1", "u32",
-                         "match", "ip", field, str(p), "0xffff", "flowid", f"{h}:2")
+                self.add_filter(field, p)
 
 
 def local_ports_of(pid: int, remote_ports: set[int]) -> list[int]:

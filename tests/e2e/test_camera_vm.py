@@ -18,6 +18,8 @@ import pytest
 
 from harness import ROOT
 
+pytestmark = pytest.mark.vm  # a QEMU guest: the vm lane, one at a time
+
 SCRIPT = ROOT / "tests/vm/camera.sh"
 VM_PACKAGES = ["qemu-system-x86", "busybox-static", "cpio", "kmod"]
 

@@ -21,6 +21,8 @@ from test_camera_vm import ensure_qemu
 sys.path.insert(0, str(ROOT / "tests" / "ptp"))
 from ptpnet import host_clock_frequency, is_root, missing_tools  # noqa: E402
 
+pytestmark = pytest.mark.vm  # a QEMU guest: the vm lane, one at a time
+
 SCRIPT = ROOT / "tests/vm/clock.sh"
 CONSOLE = ROOT / "target/vm-clock/console.log"
 

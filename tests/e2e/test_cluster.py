@@ -21,6 +21,8 @@ import pytest
 from cluster_harness import CLUSTER_SH, Cluster, DroppedConnections, local_ports_of
 from harness import ROOT, Rigd, check_synthetic_jpeg, consume, unique
 
+pytestmark = pytest.mark.cluster  # the cluster's nodes: a lane of their own
+
 STILL_BYTES = 12 << 20  # 3 chunks at the broker's 5 MiB
 FIGURES = ROOT / "tests" / "artifacts" / "cluster-figures.json"
 SOURCES = ("cam", "gps", "still")

@@ -18,6 +18,8 @@ from PIL import Image
 from harness import (BROKER_URL, Rigd, check_synthetic_jpeg, consume, namespace_with_dedup,
                      nmea_valid, rigd_bin, unique)
 
+pytestmark = pytest.mark.xdist_group("offline")  # one worker builds the module's `spooled` spool once
+
 SOURCES = """
 [[source]]
 id = "cam"

@@ -6,6 +6,8 @@ exactly once (broker dedup on). Issue 14's headline scenario; docs/UPLINK.md "Sh
 import socket
 import time
 
+import pytest
+
 from harness import (BROKER_URL, FrozenBroker, Rigd, assert_once_each, namespace_with_dedup,
                      received_seqs, unique)
 
@@ -47,6 +49,7 @@ bind = "127.0.0.1:{{WEB_PORT}}"
 """
 
 
+@pytest.mark.holds_broker
 def test_frozen_broker_then_sigterm_stops_in_bound_and_loses_nothing(broker, tmp_path):
     ns = namespace_with_dedup(unique("silent"))
     rig = unique("frozen")

@@ -13,7 +13,8 @@ import pytest
 from harness import (BROKER_URL, Rigd, ShapedBrokerPort, assert_once_each, check_synthetic_jpeg, consume,
                      namespace_with_dedup, received_seqs, unique)
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tc needs root")
+# tc needs root; the shaped broker port is the test's own broker's (holds_broker).
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="tc needs root"), pytest.mark.holds_broker]
 
 
 def config(ns, rig, sources, extra=""):

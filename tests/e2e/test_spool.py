@@ -1,22 +1,14 @@
 """The spool across outages, power cuts, corruption and a full disk budget, against the real
-broker; the official Python client is the judge. These tests stop and restart the shared broker."""
+broker; the official Python client is the judge. The outage tests stop and restart their broker:
+they hold it alone (`holds_broker`: a broker of their worker's own, tests/lanes.py)."""
 
-import os
 import random
-import subprocess
 import time
-from pathlib import Path
 
 import pulsar
+import pytest
 
-from harness import BROKER_URL, ROOT, Rigd, consume, free_port, namespace_with_dedup, unique
-
-BROKER_SH = str(ROOT / "tests/pulsar/broker.sh")
-
-
-def broker_ctl(cmd):
-    r = subprocess.run([BROKER_SH, cmd], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
+from harness import BROKER_URL, Rigd, broker_ctl, consume, free_port, namespace_with_dedup, unique
 
 
 def config(rig, url, ns="public/default", mode="on-outage", extra_spool="", sources=None, drain=None):
@@ -63,6 +55,7 @@ def received_seqs(ns, rig, source, idle=8):
     return [int(m["properties"]["seq"]) for m in msgs]
 
 
+@pytest.mark.holds_broker
 def test_broker_outage_of_30s_spools_and_drains_everything_once_in_order(broker, tmp_path):
     ns = namespace_with_dedup(unique("outage"))
     rig = unique("out")
@@ -72,7 +65,7 @@ def test_broker_outage_of_30s_spools_and_drains_everything_once_in_order(broker,
         d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
         time.sleep(3)
         broker_stop_t = time.time()
-        subprocess.run([BROKER_SH, "stop"], check=True, capture_output=True)
+        broker_ctl("stop")
         s = d.wait_for(lambda s: not s["uplink"]["connected"] and s["spool"]["records"] > 50, timeout=30,
                        what="frames spooling during the outage")
         time.sleep(max(0, 30 - (time.time() - broker_stop_t)))
@@ -86,7 +79,7 @@ def test_broker_outage_of_30s_spools_and_drains_everything_once_in_order(broker,
         assert d.stop() == 0
     finally:
         d.close()
-        broker_ctl("start")  # leave the shared broker running whatever happened
+        broker_ctl("start")  # leave the broker running whatever happened
     for src in final["sources"]:
         seqs = received_seqs(ns, rig, src["id"])
         assert len(seqs) == len(set(seqs)), f"{src['id']}: duplicates"
@@ -95,6 +88,7 @@ def test_broker_outage_of_30s_spools_and_drains_everything_once_in_order(broker,
     assert final["spool"]["dropped"] == 0
 
 
+@pytest.mark.holds_broker
 def test_power_cuts_in_always_mode_during_outage_and_drain_lose_nothing(broker, tmp_path):
     ns = namespace_with_dedup(unique("cut"))
     rig = unique("cut")
@@ -103,7 +97,7 @@ def test_power_cuts_in_always_mode_during_outage_and_drain_lose_nothing(broker, 
     try:
         d.start()
         time.sleep(2)
-        subprocess.run([BROKER_SH, "stop"], check=True, capture_output=True)
+        broker_ctl("stop")
         for _ in range(3):  # power cuts during the outage
             time.sleep(rnd.uniform(0.5, 2.5))
             d.kill9()

@@ -21,7 +21,8 @@ import pytest
 
 from harness import BROKER_URL, Rigd, ShapedBrokerPort, assert_once_each, consume, namespace_with_dedup, unique
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tc needs root")
+# tc needs root; the shaped broker port is the test's own broker's (holds_broker).
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="tc needs root"), pytest.mark.holds_broker]
 
 BROKER_PORT = urlparse(BROKER_URL).port or 6650
 LINK_KBIT = 2000
@@ -32,9 +33,7 @@ class Link(ShapedBrokerPort):
     """The broker port's class, which can be cut (an outage) and restored."""
 
     def cut(self):
-        h = self.HANDLE
-        self._tc("class", "change", "dev", "lo", "parent", f"{h}:", "classid", f"{h}:2", "htb",
-                 "rate", "8bit", "ceil", "8bit", "burst", "1600", "cburst", "1600")
+        self.change_class("rate", "8bit", "ceil", "8bit", "burst", "1600", "cburst", "1600")
 
     def restore(self, rate_kbit=LINK_KBIT):
         self.set_rate(rate_kbit)

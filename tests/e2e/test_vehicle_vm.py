@@ -17,6 +17,8 @@ import pytest
 
 from harness import ROOT
 
+pytestmark = pytest.mark.vm  # a QEMU guest: the vm lane, one at a time
+
 SCRIPT = ROOT / "tests/vm/vehicle.sh"
 VM_PACKAGES = ["debootstrap", "qemu-system-x86", "qemu-utils", "e2fsprogs", "socat", "curl"]
 CHECKS = [

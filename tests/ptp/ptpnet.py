@@ -50,11 +50,15 @@ def run(*args: str, check=True) -> subprocess.CompletedProcess:
 
 
 def remove_stale() -> None:
-    """Namespaces left by an earlier run of these tests that was killed (only ours, by prefix)."""
+    """Namespaces left by a run of these tests that was killed: ours by prefix, and only those whose
+    owner (the pid in the name, `rigdptp-<pid>-<hex>-...`) is gone, never a test's running beside us."""
     out = run("ip", "netns", "list", check=False).stdout
     for line in out.splitlines():
         name = line.split()[0] if line.strip() else ""
-        if name.startswith(PREFIX):
+        if not name.startswith(PREFIX):
+            continue
+        owner = name[len(PREFIX):].split("-", 1)[0]
+        if not (owner.isdigit() and Path(f"/proc/{owner}").exists()):
             run("ip", "netns", "delete", name, check=False)
 
 
@@ -81,7 +85,7 @@ class PtpNet:
     bridge all three are plugged into."""
 
     def __init__(self, workdir: Path, transport: str = "udp4", bridged: bool = False):
-        self.tag = PREFIX + uuid.uuid4().hex[:6]
+        self.tag = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.transport = transport

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""The end-to-end suite in lanes that run side by side (tests/run.sh calls this; docs/TESTING.md).
+
+A lane is one pytest run over a set of tests that share what they hold:
+
+  shared      the tests that only need a namespace of their own on the shared broker (started by
+              tests/run.sh): pytest-xdist workers side by side
+  own-broker  the tests that stop, freeze, restart or shape their broker (`holds_broker`): each
+              worker starts a broker of its own (its data dir and ports), so they never meet the
+              shared one or each other; several workers side by side
+  vm          the QEMU guests (`vm`): CPU-bound TCG, one at a time, beside the broker-bound lanes
+  cluster     the multi-node cluster (`cluster`): its nodes are a lane's own; after `vm`, so their
+              JVMs never start beside a guest
+  matrix      the core uplink, spool and wire-format tests again against the Pulsar 4.0.x line,
+              each worker with a broker of that version of its own; after `own-broker`
+
+Within a lane the tests start longest first (tests/durations.json, kept by this runner), so a new
+test costs its own wait, not a serial slot behind everything. Every lane's output is printed whole
+when it ends, then the 15 slowest tests and each lane's wall time.
+
+  tests/lanes.py [pytest args]       all lanes (-k etc. go to every lane; a lane with nothing
+                                     selected passes)
+  RIGD_LANES=shared,vm               only these lanes
+  RIGD_LANE_WORKERS=shared=4         another number of workers for a lane
+  RIGD_MATRIX=0                      no matrix lane; RIGD_MATRIX_VERSION picks its version
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ART = ROOT / "tests" / "artifacts" / "lanes"
+DURATIONS = ROOT / "tests" / "durations.json"
+MATRIX_VERSION = os.environ.get("RIGD_MATRIX_VERSION", "4.0.7")
+MATRIX_TESTS = ["tests/e2e/test_uplink.py", "tests/e2e/test_spool.py", "tests/e2e/test_publish.py"]
+
+
+@dataclass
+class Lane:
+    name: str
+    paths: list[str]
+    marks: str | None
+    workers: int
+    env: dict[str, str] = field(default_factory=dict)
+    after: str | None = None  # starts once this lane has ended
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    ended: float = 0.0
+    rc: int | None = None
+
+    @property
+    def log(self) -> Path:
+        return ART / f"{self.name}.log"
+
+    @property
+    def results(self) -> Path:
+        return ART / f"{self.name}.json"
+
+
+def lanes() -> list[Lane]:
+    shared = {"RIGD_SHARED_BROKER": "1"}
+    own = lambda base, data: {"RIGD_OWN_BROKER_PORT_BASE": str(base), "RIGD_OWN_BROKER_DATA": str(data)}
+    out = [
+        Lane("shared", ["tests/e2e"], "not holds_broker and not vm and not cluster", 4, shared),
+        Lane("own-broker", ["tests/e2e"], "holds_broker and not vm and not cluster", 3,
+             own(6700, ROOT / "target" / "pulsar-data-own")),
+        Lane("vm", ["tests/e2e"], "vm", 1, shared),
+        Lane("cluster", ["tests/e2e"], "cluster", 1, shared, after="vm"),
+    ]
+    if os.environ.get("RIGD_MATRIX", "1") != "0":
+        out.append(Lane("matrix", MATRIX_TESTS, None, 2,
+                        {"PULSAR_VERSION": MATRIX_VERSION,
+                         **own(6800, ROOT / "target" / f"pulsar-data-{MATRIX_VERSION}")},
+                        after="own-broker"))
+    only = os.environ.get("RIGD_LANES")
+    if only:
+        names = set(only.split(","))
+        out = [lane for lane in out if lane.name in names]
+        for lane in out:
+            if lane.after not in names:
+                lane.after = None
+    for item in filter(None, os.environ.get("RIGD_LANE_WORKERS", "").split(",")):
+        name, n = item.split("=")
+        for lane in out:
+            if lane.name == name:
+                lane.workers = int(n)
+    return out
+
+
+def start(lane: Lane, args: list[str]):
+    cmd = [sys.executable, "-m", "pytest", *lane.paths, "-v", "-rs", "-p", "no:cacheprovider",
+           "--durations=0"]
+    if lane.marks:
+        cmd += ["-m", lane.marks]
+    if lane.workers > 1:
+        cmd += ["-n", str(lane.workers), "--dist", "loadgroup"]
+    cmd += args
+    env = {**os.environ, **lane.env, "RIGD_LANE": lane.name, "RIGD_LANE_RESULTS": str(lane.results)}
+    lane.results.unlink(missing_ok=True)
+    lane.log.write_text(f"$ {shlex.join(cmd)}\n")
+    with open(lane.log, "a") as log:
+        lane.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+    lane.started = time.time()
+    print(f"== lane {lane.name}: started ({lane.workers} worker{'s' * (lane.workers > 1)})", flush=True)
+
+
+def results(lane: Lane) -> list[tuple[str, float, str]]:
+    """(test id, seconds, outcome) of each test the lane ran (tests/conftest.py writes them)."""
+    if not lane.results.exists():
+        return []
+    return [(test, r["seconds"], r["outcome"]) for test, r in json.loads(lane.results.read_text()).items()]
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    ART.mkdir(parents=True, exist_ok=True)
+    todo = lanes()
+    t0 = time.time()
+    running: list[Lane] = []
+    done: list[Lane] = []
+    while todo or running:
+        for lane in [x for x in todo if x.after is None or any(d.name == x.after for d in done)]:
+            todo.remove(lane)
+            start(lane, args)
+            running.append(lane)
+        for lane in list(running):
+            if lane.proc.poll() is None:
+                continue
+            lane.rc, lane.ended = lane.proc.returncode, time.time()
+            running.remove(lane)
+            done.append(lane)
+            verdict = "passed" if lane.rc in (0, 5) else f"FAILED (pytest exit {lane.rc})"
+            print(f"\n== lane {lane.name}: {verdict} in {lane.ended - lane.started:.0f} s; its output:", flush=True)
+            sys.stdout.write(lane.log.read_text(errors="replace"))
+            print(f"== end of lane {lane.name}\n", flush=True)
+        time.sleep(1)
+
+    rows = [(lane.name, *r) for lane in done for r in results(lane)]
+    print("== 15 slowest tests (all lanes)")
+    for name, test, secs, outcome in sorted(rows, key=lambda r: -r[2])[:15]:
+        print(f"{secs:8.1f} s  {name:10} {test}{'' if outcome == 'passed' else f'  ({outcome})'}")
+    print(f"\n== lanes (wall {time.time() - t0:.0f} s)")
+    for lane in done:
+        n = [r for r in rows if r[0] == lane.name]
+        busy = sum(r[2] for r in n)
+        print(f"{lane.name:11} {lane.ended - lane.started:6.0f} s wall  {busy:6.0f} s of tests  "
+              f"{len(n):3} tests  {'ok' if lane.rc in (0, 5) else 'FAILED'}")
+    record(rows)
+    return 0 if all(lane.rc in (0, 5) for lane in done) else 1
+
+
+def record(rows):
+    """tests/artifacts/lanes/durations.json: each passed test's time in this run, merged into what
+    tests/durations.json held (copy it there to keep the longest-first order up to date)."""
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    for lane, test, secs, outcome in rows:
+        if outcome == "passed" and lane != "matrix":
+            known[test] = round(secs, 1)
+    (ART / "durations.json").write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
