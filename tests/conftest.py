@@ -11,19 +11,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def _own_broker_env() -> bool:
     """In a lane of tests/lanes.py whose tests hold their broker alone (RIGD_OWN_BROKER_PORT_BASE set),
-    each pytest-xdist worker gets a broker of its own: its data dir and a block of 10 ports from the
-    lane's base, gwN at base + 10 N. Set before harness is imported, which reads PULSAR_URL."""
+    each pytest-xdist worker gets a broker of its own (`lanes.own_broker_env`: its data dir and ports).
+    Set before harness is imported, which reads PULSAR_URL."""
     base = os.environ.get("RIGD_OWN_BROKER_PORT_BASE")
     if not base:
         return False
+    from lanes import own_broker_env
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-    port = int(base) + 10 * worker
-    data = os.environ.get("RIGD_OWN_BROKER_DATA", "target/pulsar-data-own")
-    os.environ.update({
-        "PULSAR_DATA": f"{data}-w{worker}",
-        "PULSAR_PORT": str(port), "PULSAR_HTTP_PORT": str(port + 1), "PULSAR_BOOKIE_PORT": str(port + 2),
-        "PULSAR_URL": f"pulsar://127.0.0.1:{port}", "PULSAR_ADMIN_URL": f"http://127.0.0.1:{port + 1}",
-    })
+    os.environ.update(own_broker_env(int(base), os.environ["RIGD_OWN_BROKER_DATA"], worker))
     return True
 
 

@@ -65,6 +65,15 @@ class Lane:
         return ART / f"{self.name}.json"
 
 
+def own_broker_env(base: int, data: str, worker: int) -> dict[str, str]:
+    """The broker of worker N in an own-broker lane: data dir `<data>-wN`, ports base + 10 N (+1 HTTP,
+    +2 bookie). tests/conftest.py points a worker's tests at it; `stop_own_brokers` stops it."""
+    port = base + 10 * worker
+    return {"PULSAR_DATA": f"{data}-w{worker}", "PULSAR_PORT": str(port), "PULSAR_HTTP_PORT": str(port + 1),
+            "PULSAR_BOOKIE_PORT": str(port + 2), "PULSAR_URL": f"pulsar://127.0.0.1:{port}",
+            "PULSAR_ADMIN_URL": f"http://127.0.0.1:{port + 1}"}
+
+
 def lanes() -> list[Lane]:
     shared = {"RIGD_SHARED_BROKER": "1"}
     own = lambda base, data: {"RIGD_OWN_BROKER_PORT_BASE": str(base), "RIGD_OWN_BROKER_DATA": str(data)}
@@ -101,7 +110,8 @@ def start(lane: Lane, args: list[str]):
     if lane.marks:
         cmd += ["-m", lane.marks]
     if lane.workers > 1:
-        cmd += ["-n", str(lane.workers), "--dist", "loadgroup"]
+        # in the order tests/conftest.py sorted them (longest first), not by group size
+        cmd += ["-n", str(lane.workers), "--dist", "loadgroup", "--no-loadscope-reorder"]
     cmd += args
     env = {**os.environ, **lane.env, "RIGD_LANE": lane.name, "RIGD_LANE_RESULTS": str(lane.results)}
     lane.results.unlink(missing_ok=True)
@@ -144,6 +154,8 @@ def main() -> int:
             print(f"== end of lane {lane.name}\n", flush=True)
         time.sleep(1)
 
+    for lane in done:
+        stop_own_brokers(lane)
     rows = [(lane.name, *r) for lane in done for r in results(lane)]
     print("== 15 slowest tests (all lanes)")
     for name, test, secs, outcome in sorted(rows, key=lambda r: -r[2])[:15]:
@@ -156,6 +168,18 @@ def main() -> int:
               f"{len(n):3} tests  {'ok' if lane.rc in (0, 5) else 'FAILED'}")
     record(rows)
     return 0 if all(lane.rc in (0, 5) for lane in done) else 1
+
+
+def stop_own_brokers(lane: Lane):
+    """A worker stops its own broker when it ends; one that died on the way leaves it running: stop
+    it here by its data dir (broker.sh ends only the pid it recorded there)."""
+    base = lane.env.get("RIGD_OWN_BROKER_PORT_BASE")
+    if not base:
+        return
+    for n in range(lane.workers):
+        env = {**os.environ, **lane.env, **own_broker_env(int(base), lane.env["RIGD_OWN_BROKER_DATA"], n)}
+        if Path(env["PULSAR_DATA"]).exists():
+            subprocess.run([str(ROOT / "tests/pulsar/broker.sh"), "stop"], env=env, capture_output=True)
 
 
 def record(rows):

@@ -18,7 +18,8 @@ export RIGD_PHASES=${RIGD_PHASES:-$(mktemp)}
 source tests/phase.sh
 
 phase setup tests/setup.sh
-phase build cargo build --release --locked --workspace
+# --all-targets: the tests and benches too, in one cargo run (cargo test and the bench smoke reuse them)
+phase build cargo build --release --locked --workspace --all-targets
 export RIGD_BIN="$ROOT/target/release/rigd"
 phase unit cargo test --release --locked --workspace
 

@@ -8,11 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 echo "$(nproc) cores, $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
+# The workspace's lib tests with its own features (turbojpeg is on by default): the build
+# `cargo test --release --workspace` made is reused; only the jpeg-simd rows need one more.
 run() {
-  cargo test --release --locked -q -p rigd-drivers --features "$1" --lib -- \
+  cargo test --release --locked -q --workspace --lib "$@" -- \
     --ignored --nocapture --test-threads 1 bench_raw_to_jpeg 2>/dev/null | grep '^|'
 }
-run turbojpeg
+run
 [ "${1:-}" = "--quick" ] && exit 0
 # jpeg-simd changes the built-in rows only; keep those.
-run turbojpeg,jpeg-simd | grep 'jpeg-simd'
+run --features rigd-drivers/jpeg-simd | grep 'jpeg-simd'

@@ -31,12 +31,23 @@ JAVA_HOME=${JAVA_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}
 mkdir -p target/bench-java
 "$JAVA_HOME/bin/javac" -d target/bench-java -cp "$LIB/*" tests/bench/java/JavaProducer.java
 run_id=$(date +%s)
+# Each section's wall time on stderr and, under .ci/run, in its phase list ($RIGD_PHASES).
+section_name=prepare section_t0=0 # setup, builds, the broker, javac: from the start
+section() {
+  if [ -n "$section_name" ]; then
+    echo "bench: $section_name took $((SECONDS - section_t0)) s" >&2
+    if [ -n "${RIGD_PHASES:-}" ]; then echo "  bench/$section_name $((SECONDS - section_t0)) s" >>"$RIGD_PHASES"; fi
+  fi
+  section_name=$1 section_t0=$SECONDS
+}
 
+section machine
 echo "## Machine"
 echo
 echo "$(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo
 
+section uplink
 echo "## Uplink publish: rigd vs the official Java client (same broker, same run)"
 echo
 echo "Batching: both sides with the Java defaults (1000 messages, 128 KiB, 1 ms), or both off."
@@ -64,6 +75,7 @@ PY
 done
 echo
 
+section encryption
 echo "## End-to-end encryption cost: rigd's uplink at 1 MiB frames, encryption off and on (same run, alternating after a warm-up; median of 5)"
 echo
 keydir=$(mktemp -d); openssl genrsa -out "$keydir/fleet.key.pem" 2048 2>/dev/null
@@ -93,6 +105,7 @@ print(f"| on (AES-256-GCM, RSA-2048 data key) | {med['on']:.1f} | {p99['on']:.1f
 PY
 echo
 
+section spool
 echo "## Spool write and drain vs raw sequential write with fdatasync (group commit 50 ms; medians of 3 rounds, raw and spool in turns)"
 echo
 echo "| frame | raw MB/s | spool MB/s | spool / raw | frames/s | disk bytes per byte | drain MB/s | left after drain |"
@@ -113,18 +126,21 @@ PY
 done
 echo
 
+section rig-profile
 echo "## Full rig profile: 1080p camera 30 fps (MJPEG, then raw YUYV encoded by rigd) + 48 kHz stereo + 100 Hz serial, publishing live; with MJPEG then a broker outage and the drain"
 echo
-secs=60; outage=30; [ $QUICK = 1 ] && secs=8 && outage=5
+secs=60; outage=30; [ $QUICK = 1 ] && secs=4 && outage=3
 python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs "$outage" --url "$URL" \
   --formats mjpeg,mjpeg+encrypted,yuyv "${fallback[@]}"
 echo
 
+section jpeg
 echo "## YUYV and NV12 to JPEG, every encoder side by side (ms per frame, one core)"
 echo
 if [ $QUICK = 1 ]; then tests/bench/jpeg.sh --quick; else tests/bench/jpeg.sh; fi
 echo
 
+section thin-link
 echo "## Thin link: a bandwidth budget through a shaped 2 Mbit/s link, an outage, live-first drain"
 echo
 if [ "$(id -u)" = 0 ]; then
@@ -134,6 +150,7 @@ else
 fi
 echo
 
+section startup
 echo "## Startup to READY (sd_notify), empty spool and a large one"
 echo
 spool_bytes=$((10 << 30)); [ $QUICK = 1 ] && spool_bytes=$((256 << 20))
@@ -142,6 +159,7 @@ filler=$(cargo bench --locked -q -p rigd --bench spool --no-run --message-format
 python3 tests/bench/startup.py --spool-bytes "$spool_bytes" --rigd target/release/rigd --filler "$filler"
 echo
 
+section fleet
 echo "## Fleet: rigs x 4 sources (camera, audio, gps, imu at 1/30 of a rig's rates), one rigd producer and connection each, namespace unloads mid-run; judged by the official client"
 echo
 # Against the standalone broker of this run; a sweep in the full run shows where it bends.
@@ -158,8 +176,8 @@ else
   python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 \
     --rigs 250 --bundles 16 --unload-scope bundle --rate-scale 0.003333 --secs 45 --unload-at 15,30 \
     --json target/bench/fleet-bundle.json | tail -n 1
-  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 --quick \
-    --json target/bench/fleet-rates.json | tail -n 1
+  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 --rigs 250 --secs 30 --unload-at 5 \
+    --drain-secs 30 --json target/bench/fleet-rates.json | tail -n 1
   # And on the multi-broker cluster when the harness is there: a broker kill -9 mid-run.
   if [ -x tests/pulsar/cluster.sh ]; then
     cluster_started=0
@@ -187,3 +205,4 @@ else
     if [ "$cluster_started" = 1 ]; then tests/pulsar/cluster.sh stop >&2 || true; fi
   fi
 fi
+section end
