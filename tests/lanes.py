@@ -12,7 +12,7 @@ A lane is one pytest run over a set of tests that share what they hold:
   cluster     the multi-node cluster (`cluster`): its nodes are a lane's own; after `vm`, so their
               JVMs never start beside a guest
   matrix      the core uplink, spool and wire-format tests again against the Pulsar 4.0.x line,
-              each worker with a broker of that version of its own; after `own-broker`
+              each worker with a broker of that version of its own; after `shared`
 
 Within a lane the tests start longest first (tests/durations.json, kept by this runner), so a new
 test costs its own wait, not a serial slot behind everything. Every lane's output is printed whole
@@ -78,7 +78,7 @@ def lanes() -> list[Lane]:
     shared = {"RIGD_SHARED_BROKER": "1"}
     own = lambda base, data: {"RIGD_OWN_BROKER_PORT_BASE": str(base), "RIGD_OWN_BROKER_DATA": str(data)}
     out = [
-        Lane("shared", ["tests/e2e"], "not holds_broker and not vm and not cluster", 4, shared),
+        Lane("shared", ["tests/e2e"], "not holds_broker and not vm and not cluster", 3, shared),
         Lane("own-broker", ["tests/e2e"], "holds_broker and not vm and not cluster", 3,
              own(6700, ROOT / "target" / "pulsar-data-own")),
         Lane("vm", ["tests/e2e"], "vm", 1, shared),
@@ -88,7 +88,7 @@ def lanes() -> list[Lane]:
         out.append(Lane("matrix", MATRIX_TESTS, None, 2,
                         {"PULSAR_VERSION": MATRIX_VERSION,
                          **own(6800, ROOT / "target" / f"pulsar-data-{MATRIX_VERSION}")},
-                        after="own-broker"))
+                        after="shared"))
     only = os.environ.get("RIGD_LANES")
     if only:
         names = set(only.split(","))

@@ -339,7 +339,10 @@ def test_tail_shows_every_modality_in_every_bucket_while_a_rig_publishes(broker,
     try:
         d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
         tail = subprocess.Popen([rigd_bin(), "tail", "--pulsar", broker, "--rig", rig, "--json",
-                                 "--topic", f"persistent://{ns}/{{rig}}-{{source}}", "--max-buckets", "150"],
+                                 "--topic", f"persistent://{ns}/{{rig}}-{{source}}", "--max-buckets", "150",
+                                 # a bucket is judged once frames 5 s newer arrived (default 1 s): on a
+                                 # busy machine one source's frames can reach the broker a second later
+                                 "--lag", "150"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             out, err = tail.communicate(timeout=90)

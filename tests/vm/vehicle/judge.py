@@ -89,13 +89,18 @@ def arrived(ns: str, rig: str, sources: list[str], timeout: float) -> int:
         if p.get("modality") == "camera":
             fig += f" {p.get('width')}x{p.get('height')}, {msgs[-1]['payload_len']} B"
         elif p.get("modality") == "audio":
-            fig += f", {max(rms_dbfs(m['payload']) for m in msgs):.1f} dBFS"
-            if max(rms_dbfs(m["payload"]) for m in msgs) < -60:
-                problems.append(f"{src}: only silence (the speaker-test tone did not come through)")
+            # The tone starts when speaker-test has the card, which on a busy host can be seconds
+            # after rigd's first blocks: look for it in the first 300 blocks (10 s).
+            tone = consume(BROKER_URL, [topic(ns, rig, src)], idle_timeout_s=3, max_messages=300,
+                           total_timeout_s=max(30.0, deadline - time.time()))
+            loudest = max(rms_dbfs(m["payload"]) for m in msgs + tone)
+            fig += f", {loudest:.1f} dBFS"
+            if loudest < -60:
+                problems.append(f"{src}: only silence in {len(msgs + tone)} blocks (the speaker-test tone did not come through)")
             # Paced capture: over about 2 s of blocks, the samples delivered per second of capture
             # time match the sample rate within 1% (snd-aloop runs on the guest's real clock).
             paced = consume(BROKER_URL, [topic(ns, rig, src)], idle_timeout_s=3, max_messages=70,
-                            total_timeout_s=max(5.0, deadline - time.time()))
+                            total_timeout_s=max(30.0, deadline - time.time()))
             if len(paced) >= 10:
                 caps = [int(m["properties"]["capture-ns"]) for m in paced]
                 samples = sum(int(m["properties"]["frames"]) for m in paced[:-1])
