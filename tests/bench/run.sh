@@ -129,7 +129,7 @@ echo
 section rig-profile
 echo "## Full rig profile: 1080p camera 30 fps (MJPEG, then raw YUYV encoded by rigd) + 48 kHz stereo + 100 Hz serial, publishing live; with MJPEG then a broker outage and the drain"
 echo
-secs=60; outage=30; [ $QUICK = 1 ] && secs=4 && outage=3
+secs=60; outage=30; [ $QUICK = 1 ] && secs=3 && outage=3
 python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs "$outage" --url "$URL" \
   --formats mjpeg,mjpeg+encrypted,yuyv "${fallback[@]}"
 echo

@@ -29,6 +29,7 @@ from test_thin_link import (BUDGET_KBIT, BROKER_PORT, LINK_KBIT, Link, by_id, co
 
 QUICK = "--quick" in sys.argv
 OUTAGE_S = 5 if QUICK else 40
+WARM = 5 if QUICK else 20  # frames each source has published before a measurement starts
 SOURCES = ["gps", "mic", "cam"]
 
 
@@ -55,11 +56,11 @@ def outage_and_drain(tmp: Path):
     try:
         with Link(LINK_KBIT, port=BROKER_PORT) as link:
             d.start()
-            d.wait_for(lambda s: s["uplink"]["connected"] and all(x["published"] > 20 for x in s["sources"]),
+            d.wait_for(lambda s: s["uplink"]["connected"] and all(x["published"] > WARM for x in s["sources"]),
                        timeout=60, what="publishing")
             time.sleep(2 if QUICK else 5)
             b0, t0 = uplink_bytes(d), time.time()
-            time.sleep(5 if QUICK else 20)
+            time.sleep(3 if QUICK else 20)
             out["live_rate"] = (uplink_bytes(d) - b0) / (time.time() - t0)
             link.cut()
             time.sleep(OUTAGE_S)
@@ -69,7 +70,7 @@ def outage_and_drain(tmp: Path):
             time.sleep(2 if QUICK else 5)
             b0, t0 = uplink_bytes(d), time.time()
             spooled = []
-            while time.time() - t0 < (10 if QUICK else 60):
+            while time.time() - t0 < (5 if QUICK else 60):
                 time.sleep(2.5 if QUICK else 5)
                 spooled.append(by_id(d.status(), "cam")["spooled_records"])
             out["drain_rate"] = (uplink_bytes(d) - b0) / (time.time() - t0)
@@ -84,7 +85,7 @@ def outage_and_drain(tmp: Path):
     since, until = int(t_back * 1e9), int(t_measured * 1e9)
     out["p99"] = {}
     for src in SOURCES:
-        msgs = received(ns, rig, src)
+        msgs = received(ns, rig, src, idle_s=3 if QUICK else 8)
         lat = latencies(msgs, since, until)
         out["p99"][src] = (p99(lat), len(lat))
     return out
@@ -93,7 +94,7 @@ def outage_and_drain(tmp: Path):
 def budgeting_cpu(tmp: Path):
     """CPU of the same live rig (below the budget: no backlog) with and without a budget."""
     res = {}
-    secs = 5 if QUICK else 60
+    secs = 3 if QUICK else 60
     for name, unlimited in [("unlimited", True), ("budget", False)]:
         ns, rig = namespace_with_dedup(unique("bench-cpu")), unique("bcpu")
         text = config(ns, rig)
@@ -102,7 +103,7 @@ def budgeting_cpu(tmp: Path):
         d = Rigd(tmp / name, text)
         try:
             d.start()
-            d.wait_for(lambda s: s["uplink"]["connected"] and all(x["published"] > 20 for x in s["sources"]),
+            d.wait_for(lambda s: s["uplink"]["connected"] and all(x["published"] > WARM for x in s["sources"]),
                        timeout=60, what="publishing")
             time.sleep(1 if QUICK else 3)
             res[name] = cpu_share(d, secs)

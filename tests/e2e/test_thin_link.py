@@ -77,8 +77,8 @@ bind = "127.0.0.1:{{WEB_PORT}}"
 """
 
 
-def received(ns, rig, source):
-    return consume(BROKER_URL, [f"persistent://{ns}/{rig}-{source}"], idle_timeout_s=8,
+def received(ns, rig, source, idle_s=8):
+    return consume(BROKER_URL, [f"persistent://{ns}/{rig}-{source}"], idle_timeout_s=idle_s,
                    consumer_type=pulsar.ConsumerType.Exclusive)
 
 
