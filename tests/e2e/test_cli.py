@@ -12,6 +12,10 @@ import pytest
 
 from harness import ROOT, Rigd, free_port, rigd_bin
 
+# `check` probes the web port of the config, the embedded default's 8088 where none is set, which
+# the embedded-default test binds: one worker runs them all (tests/lanes.py).
+pytestmark = pytest.mark.xdist_group("web-port-8088")
+
 BASE = '[rig]\nid = "cli"\n'
 
 BAD = {

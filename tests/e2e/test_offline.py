@@ -357,10 +357,26 @@ def test_tail_shows_every_modality_in_every_bucket_while_a_rig_publishes(broker,
     assert len(lines) == 150, (len(lines), err)
     buckets = [x["bucket"] for x in lines]
     assert buckets == sorted(buckets)
-    interior = lines[2:-2]  # the first and last buckets may be partial
+    # The first buckets may be partial (tail subscribes to each topic at its newest message, one
+    # after the other: on a busy machine a second apart), so may the last: judge the buckets from
+    # the first that holds every source, which comes early.
+    first = next((i for i, x in enumerate(lines) if set(x["sources"]) == {"cam", "mic", "gps"}), None)
+    assert first is not None and first < 50, f"no bucket with every source in the first 50: {lines[:3]}"
+    interior = lines[max(first, 2):-2]
     incomplete = [x for x in interior if not x["complete"]]
-    assert not incomplete, incomplete[:5]
-    for x in interior:
+    # On a busy machine a 50 Hz source's timer can slip past a whole 33 ms bucket: allowed rarely,
+    # and only where the topic truly holds no frame of that source in the bucket (the official
+    # client is the judge), so a frame tail missed or misplaced still fails.
+    assert len(incomplete) <= len(interior) // 50, incomplete[:5]
+    if incomplete:
+        captured = {src: [int(m["properties"]["capture-ns"]) for m in
+                          consume(broker, [f"persistent://{ns}/{rig}-{src}"], idle_timeout_s=3)]
+                    for src in ("cam", "mic", "gps")}
+        for x in incomplete:
+            lo, hi = x["bucket_start_ns"], x["bucket_start_ns"] + 33_000_000
+            for src in {"cam", "mic", "gps"} - set(x["sources"]):
+                assert not any(lo <= c < hi for c in captured[src]), f"tail left out a {src} frame: {x}"
+    for x in (x for x in interior if x["complete"]):
         assert x["modalities"] == ["audio", "camera", "serial"], x
         assert set(x["sources"]) == {"cam", "mic", "gps"}
         assert 0 <= x["skew_ns"] < 33_000_000

@@ -75,6 +75,8 @@ def test_unit_declares_the_service_contract():
     assert 'path = "/var/lib/rigd/spool"' in cfg
 
 
+# `check` of the packaged config probes its 127.0.0.1:8088: with test_cli's embedded-default test
+@pytest.mark.xdist_group("web-port-8088")
 def test_debian_package_contents_and_config(tmp_path):
     if not shutil.which("cargo-deb") and not (Path.home() / ".cargo/bin/cargo-deb").exists():
         pytest.skip("cargo-deb not installed (tests/setup.sh installs it)")
@@ -184,9 +186,11 @@ class NotifySocket:
                 continue
             except OSError:
                 return
-            self.messages.append((time.monotonic(), data))
+            t = time.monotonic()
             if "READY=1" in data.split("\n") and self.on_ready:
                 self.ready_check = self.on_ready()
+            # recorded once the check is done, so that a waiter that sees READY=1 sees its check
+            self.messages.append((t, data))
 
     def close(self):
         self._stop = True
