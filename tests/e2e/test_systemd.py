@@ -85,8 +85,9 @@ def test_debian_package_contents_and_config(tmp_path):
     binary = Path(rigd_bin()).resolve()
     target = binary.parent.parent
     t0 = time.time()
-    out = subprocess.run(["cargo", "deb", "-p", "rigd", "--no-build", "--fast", "--strip",
-                          "-o", str(tmp_path)],
+    # under the lock tests/vm/vehicle.sh takes too: cargo-deb stages in target/debian for both
+    out = subprocess.run(["flock", str(target / ".cargo-deb.lock"), "cargo", "deb", "-p", "rigd", "--no-build",
+                          "--fast", "--strip", "-o", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "CARGO_TARGET_DIR": str(target)})
     assert out.returncode == 0, out.stderr

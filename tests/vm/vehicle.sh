@@ -72,7 +72,9 @@ if [ ${#missing_pkgs[@]} -gt 0 ]; then
 fi
 
 # 2. The package: built here when missing or older than the release binary.
-DEB=$(ls -t "$ROOT"/target/debian/rigd_*.deb 2>/dev/null | head -1 || true)
+# Into target/vm/deb, and cargo-deb under a lock: test_systemd.py packages at the same time (its
+# staging dir is target/debian for both).
+DEB=$(ls -t "$WORK"/deb/rigd_*.deb 2>/dev/null | head -1 || true)
 if [ ! -x "$ROOT/target/release/rigd" ]; then
   log "building rigd (release)"
   cargo build --release --locked -p rigd >&2
@@ -82,8 +84,9 @@ if [ -z "$DEB" ] || [ "$ROOT/target/release/rigd" -nt "$DEB" ]; then
     log "installing cargo-deb"; cargo install cargo-deb --locked --version 3.8.0 >&2
   fi
   log "building the package"
-  (cd daemon && cargo deb -p rigd --no-build --fast --strip >&2)
-  DEB=$(ls -t "$ROOT"/target/debian/rigd_*.deb | head -1)
+  mkdir -p "$WORK/deb"
+  (cd daemon && flock "$ROOT/target/.cargo-deb.lock" cargo deb -p rigd --no-build --fast --strip -o "$WORK/deb" >&2)
+  DEB=$(ls -t "$WORK"/deb/rigd_*.deb | head -1)
 fi
 
 # 3. This run's guest: the base, the package, the rig's config and devices; an ext4 image made
