@@ -3,6 +3,8 @@ the broker's admin API, and synthetic-frame checks. Processes are ended by the p
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -317,17 +319,12 @@ class LoopbackQdisc:
                 return int(line.split()[1])
         return 0
 
+    @contextlib.contextmanager
     def _locked(self):
-        import contextlib
-        import fcntl
-
-        @contextlib.contextmanager
-        def held():
-            self.STATE.mkdir(parents=True, exist_ok=True)
-            with open(self.LOCK, "w") as f:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                yield
-        return held()
+        self.STATE.mkdir(parents=True, exist_ok=True)
+        with open(self.LOCK, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
 
     def _drop(self, n: int):
         """Removes class N and its filters (the lock is held); the root too once no class is left."""
@@ -378,8 +375,9 @@ class ShapedBrokerPort(LoopbackQdisc):
     def __init__(self, rate_kbit: int, port: int | None = None, queue_ms: int = 300):
         # The test broker's port (PULSAR_URL), never another broker's on this machine.
         from urllib.parse import urlparse
-        port = port or urlparse(BROKER_URL).port or 6650
-        if port == (urlparse(BROKER_URL).port or 6650):
+        own = urlparse(BROKER_URL).port or 6650
+        port = port or own
+        if port == own:
             holds_broker("shaping the broker's port")
         self.rate_kbit, self.port, self.queue_ms = rate_kbit, port, queue_ms
 

@@ -14,7 +14,8 @@ A lane is one pytest run over a set of tests that share what they hold:
   matrix      the core uplink, spool and wire-format tests again against the Pulsar 4.0.x line,
               each worker with a broker of that version of its own; after `shared`
 
-Within a lane the tests start longest first (tests/durations.json, kept by this runner), so a new
+Within a lane the tests start longest first (tests/durations.json; each run writes its own times
+to tests/artifacts/lanes/durations.json to copy there), so a new
 test costs its own wait, not a serial slot behind everything. Every lane's output is printed whole
 when it ends, then the 15 slowest tests and each lane's wall time.
 
@@ -23,6 +24,7 @@ when it ends, then the 15 slowest tests and each lane's wall time.
   RIGD_LANES=shared,vm               only these lanes
   RIGD_LANE_WORKERS=shared=4         another number of workers for a lane
   RIGD_MATRIX=0                      no matrix lane; RIGD_MATRIX_VERSION picks its version
+  RIGD_LANE_TIMEOUT=2400             a lane still running after this many seconds is stopped and fails
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -40,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ART = ROOT / "tests" / "artifacts" / "lanes"
 DURATIONS = ROOT / "tests" / "durations.json"
 MATRIX_VERSION = os.environ.get("RIGD_MATRIX_VERSION", "4.0.7")
+TIMEOUT_S = int(os.environ.get("RIGD_LANE_TIMEOUT", "2400"))
 MATRIX_TESTS = ["tests/e2e/test_uplink.py", "tests/e2e/test_spool.py", "tests/e2e/test_publish.py"]
 
 
@@ -117,10 +121,23 @@ def start(lane: Lane, args: list[str]):
     lane.results.unlink(missing_ok=True)
     lane.log.write_text(f"$ {shlex.join(cmd)}\n")
     with open(lane.log, "a") as log:
+        # its own process group, so that a lane past its deadline can be stopped whole
         lane.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
     lane.started = time.time()
     print(f"== lane {lane.name}: started ({lane.workers} worker{'s' * (lane.workers > 1)})", flush=True)
+
+
+def stop(lane: Lane):
+    """A lane past its deadline: SIGTERM to the process group it runs in (started by us, its pid
+    recorded in `lane.proc`), SIGKILL 30 s later; its result is then a failure."""
+    print(f"== lane {lane.name}: still running after {TIMEOUT_S} s, stopping it", flush=True)
+    os.killpg(lane.proc.pid, signal.SIGTERM)
+    try:
+        lane.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(lane.proc.pid, signal.SIGKILL)
+        lane.proc.wait()
 
 
 def results(lane: Lane) -> list[tuple[str, float, str]]:
@@ -144,6 +161,8 @@ def main() -> int:
             running.append(lane)
         for lane in list(running):
             if lane.proc.poll() is None:
+                if time.time() - lane.started > TIMEOUT_S:
+                    stop(lane)
                 continue
             lane.rc, lane.ended = lane.proc.returncode, time.time()
             running.remove(lane)
