@@ -363,19 +363,27 @@ def test_tail_shows_every_modality_in_every_bucket_while_a_rig_publishes(broker,
     first = next((i for i, x in enumerate(lines) if set(x["sources"]) == {"cam", "mic", "gps"}), None)
     assert first is not None and first < 50, f"no bucket with every source in the first 50: {lines[:3]}"
     interior = lines[max(first, 2):-2]
+    # Tail's property, judged for every interior bucket against the official client: the sources,
+    # frame counts and first/last capture times it shows are exactly what the topics hold for that
+    # bucket, and a bucket is "complete" exactly when every source has a frame in it.
+    topic = {}
+    for src in ("cam", "mic", "gps"):
+        for m in consume(broker, [f"persistent://{ns}/{rig}-{src}"], idle_timeout_s=3):
+            c = int(m["properties"]["capture-ns"])
+            topic.setdefault(c // 33_000_000, {}).setdefault(src, []).append(c)
+    for x in interior:
+        held = topic.get(x["bucket"], {})
+        assert set(x["sources"]) == set(held), f"tail's sources differ from the topics': {x} vs {held}"
+        for src, v in x["sources"].items():
+            assert (v["frames"], v["first_capture_ns"], v["last_capture_ns"]) == \
+                (len(held[src]), min(held[src]), max(held[src])), (src, x)
+        assert x["complete"] == (set(held) == {"cam", "mic", "gps"}), x
+    # The rig's side: buckets hold every modality. A starved process (two cores shared with QEMU
+    # guests and brokers in CI) can skip a camera or serial period now and then (the synthetic
+    # camera counts it as a dropped frame, as a camera would), which the check above proves is the
+    # topic's content and not tail's doing; most buckets must still be complete.
     incomplete = [x for x in interior if not x["complete"]]
-    # On a busy machine a 50 Hz source's timer can slip past a whole 33 ms bucket: allowed rarely,
-    # and only where the topic truly holds no frame of that source in the bucket (the official
-    # client is the judge), so a frame tail missed or misplaced still fails.
-    assert len(incomplete) <= len(interior) // 50, incomplete[:5]
-    if incomplete:
-        captured = {src: [int(m["properties"]["capture-ns"]) for m in
-                          consume(broker, [f"persistent://{ns}/{rig}-{src}"], idle_timeout_s=3)]
-                    for src in ("cam", "mic", "gps")}
-        for x in incomplete:
-            lo, hi = x["bucket_start_ns"], x["bucket_start_ns"] + 33_000_000
-            for src in {"cam", "mic", "gps"} - set(x["sources"]):
-                assert not any(lo <= c < hi for c in captured[src]), f"tail left out a {src} frame: {x}"
+    assert len(incomplete) <= len(interior) // 10, incomplete[:5]
     for x in (x for x in interior if x["complete"]):
         assert x["modalities"] == ["audio", "camera", "serial"], x
         assert set(x["sources"]) == {"cam", "mic", "gps"}
