@@ -404,6 +404,7 @@ impl Lane {
         };
         match disk(|| self.spool.append(frame)) {
             Ok(Appended::Stored) => true,
+            Ok(Appended::DroppedEarlier) => false,
             Ok(Appended::StoredDroppingOldest(n)) => {
                 self.log_drop(
                     last_drop_log,

@@ -155,6 +155,10 @@ impl rigd_web::StatusSource for Runtime {
             self.client_cert.as_ref(),
             uplink.last_error.as_deref(),
         );
+        uplink.policy = crate::uplink::identity::policy_refusal(
+            self.config.pulsar.encryption_key_file.is_some(),
+            uplink.last_error.as_deref(),
+        );
         uplink.publish_rate = observed.rate("", "published", t, uplink.published);
         uplink.budget_bytes_per_second = self
             .config

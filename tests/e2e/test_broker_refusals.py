@@ -12,7 +12,7 @@ import urllib.parse
 from harness import BROKER_URL, Rigd, admin, received_seqs, rigd_bin, unique
 
 
-def config(rig, cam_bytes):
+def config(rig, cam_bytes, fps=5):
     return f"""
 [rig]
 id = "{rig}"
@@ -22,7 +22,7 @@ id = "cam"
 kind = "synthetic-camera"
 width = 160
 height = 120
-fps = 5
+fps = {fps}
 frame-bytes = {cam_bytes}
 
 [[source]]
@@ -110,3 +110,33 @@ def test_a_terminated_topic_is_reported_its_frames_stay_spooled_and_the_rest_goe
                          capture_output=True, text=True, check=True)
     spooled = next(x for x in json.loads(out.stdout)["sources"] if x["id"] == "cam")
     assert spooled["records"] > 0, out.stdout
+
+
+def test_a_topic_terminated_under_frames_in_flight_takes_frames_again_once_recreated(broker, tmp_path):
+    """Issue 31.1: the termination arrives as SEND_ERRORs for frames in flight (1 MB frames at
+    10 fps keep the window full); an operator deletes the topic and it is created anew: the
+    camera publishes again without a restart (the terminated topic is looked at again every 60 s),
+    its spooled frames follow, and the recreated topic holds each of them once."""
+    rig = unique("reterm")
+    d = Rigd(tmp_path, config(rig, 1_000_000, fps=10))
+    try:
+        d.start()
+        d.wait_for(lambda s: source_status(s, "cam")["published"] >= 10, timeout=60, what="camera publishing")
+        admin("POST", topic_path(rig, "cam") + "/terminate")
+        s = d.wait_for(lambda s: s["uplink"]["terminated"] == ["cam"], timeout=30, what="the termination reported")
+        at_termination = source_status(s, "cam")["published"]
+        # It came as a SEND_ERROR for frames in flight, not as a refusal at producer creation.
+        err = s["uplink"].get("last_error") or ""
+        assert "TopicTerminatedError" in err and "PRODUCER_SUCCESS" not in err, s["uplink"]
+        admin("DELETE", topic_path(rig, "cam") + "?force=true")
+        s = d.wait_for(lambda s: s["uplink"]["terminated"] == [] and s["uplink"]["connected"]
+                       and source_status(s, "cam")["published"] >= at_termination + 20,
+                       timeout=150, what="the camera publishing to the recreated topic")
+        d.wait_for(lambda s: source_status(s, "cam")["spooled_records"] == 0, timeout=60,
+                   what="the camera's spooled frames drained")
+        assert d.stop() == 0
+    finally:
+        d.close()
+    cam = seqs_of(rig, "cam")
+    assert len(cam) == len(set(cam)), "each frame once"
+    assert len(cam) >= 20 and max(cam) > at_termination, (len(cam), at_termination)

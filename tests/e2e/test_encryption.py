@@ -163,6 +163,36 @@ def test_the_spool_holds_only_ciphertext_and_republishes_it_as_it_is(broker, tmp
                     {"cam": 4, "mic": 50, "gps": 100})
 
 
+def test_a_namespace_that_requires_encryption_takes_rigds_producers_and_names_the_policy_in_clear(broker, tmp_path):
+    """Issue 31.8: the producer says it encrypts (CommandProducer.encrypted), so a namespace whose
+    policy requires encryption takes it and every frame arrives, decrypted by the official client;
+    a rig publishing in clear there is refused, and its status names the policy, not an outage."""
+    pub, priv = fleet_key(tmp_path)
+    ns = namespace_with_dedup(unique("encreq"))
+    admin("POST", f"/admin/v2/namespaces/{ns}/encryptionRequired", True)
+    rig = unique("encreq")
+    d = Rigd(tmp_path, config(rig, pub, broker, ns), name="encrypting").start()
+    try:
+        d.wait_for(lambda s: all(x["published"] >= 4 for x in s["sources"]), timeout=90, what="published")
+        assert d.stop() == 0
+    finally:
+        d.close()
+    check_decrypted(broker, ns, rig, pulsar.CryptoKeyReader(str(pub), str(priv)),
+                    {"cam": 4, "mic": 50, "gps": 100})
+    clear = config(unique("clear"), pub, broker, ns, spool="clear-spool")
+    clear = "\n".join(x for x in clear.splitlines() if not x.startswith("encryption-key-"))
+    d = Rigd(tmp_path, clear, name="clear").start()
+    try:
+        s = d.wait_for(lambda s: s["uplink"].get("policy"), timeout=60, what="the policy refusal in status")
+        assert "encryption-key-file" in s["uplink"]["policy"], s["uplink"]
+        assert not s["uplink"]["connected"] and all(x["published"] == 0 for x in s["sources"])
+        texts = [a["text"] for a in s["alerts"]]
+        assert any("namespace policy" in t and "encryption" in t for t in texts), texts
+        assert d.stop() == 0
+    finally:
+        d.close()
+
+
 def _cert(tls: Path, name: str, *, days_valid=(-1, 365), ca=("ca.pem", "ca.key.pem")):
     """A client certificate signed by `ca`, valid from/to the given days relative to now."""
     from cryptography import x509

@@ -155,6 +155,13 @@ fn uplink_alerts(s: &Status, out: &mut Vec<Alert>) {
             ),
         ));
     }
+    if let Some(why) = u.policy.as_deref().filter(|_| u.configured) {
+        out.push(alert(
+            "error",
+            "uplink",
+            format!("The broker refuses the rig's producers by namespace policy: {why}. Frames stay in the spool ({waiting})"),
+        ));
+    }
     if !u.terminated.is_empty() {
         out.push(alert(
             "error",
@@ -415,6 +422,17 @@ mod tests {
         let t = a.iter().find(|a| a.text.contains("terminated")).unwrap();
         assert_eq!(t.level, "error");
         assert!(t.text.contains("for front") && t.text.contains("stay in the spool"));
+    }
+
+    #[test]
+    fn a_namespace_policy_refusal_is_named() {
+        let mut s = rig();
+        s.uplink.connected = false;
+        s.uplink.policy = Some("end-to-end encryption is required".into());
+        let a = alerts(&s);
+        assert!(a.iter().any(|a| a.level == "error"
+            && a.text
+                .contains("namespace policy: end-to-end encryption is required")));
     }
 
     #[test]

@@ -190,6 +190,9 @@ pub struct UplinkStatus {
     /// What is wrong with the rig's credentials: its client certificate expired (or not yet
     /// valid), or the broker refused the certificate or the token. Absent: nothing known wrong.
     pub credentials: Option<String>,
+    /// A namespace policy the broker refuses the rig's producers for (end-to-end encryption
+    /// required while the rig publishes in clear). Absent: nothing known.
+    pub policy: Option<String>,
     /// Sources whose topic the broker terminated: nothing more can be published there; their
     /// frames stay in the spool.
     pub terminated: Vec<String>,

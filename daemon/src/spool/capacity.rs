@@ -51,6 +51,14 @@ impl RecentDrops {
         }
     }
 
+    /// Whether `seq` was dropped (and not taken back since).
+    pub(super) fn contains(&self, source: &Arc<str>, seq: u64) -> bool {
+        self.ranges
+            .get(source)
+            .and_then(|m| m.range(..=seq).next_back())
+            .is_some_and(|(_, &end)| seq < end)
+    }
+
     /// Whether `seq` was dropped (and no longer is: each drop is taken back once).
     pub(super) fn take(&mut self, source: &Arc<str>, seq: u64) -> bool {
         let Some(m) = self.ranges.get_mut(source) else {
@@ -273,6 +281,11 @@ impl Spool {
         if self.recent_drops().take(source, seq) {
             sub(&self.stats(source).dropped, 1);
         }
+    }
+
+    /// Whether drop-oldest dropped `seq` of `source` while the uplink held it (no receipt since).
+    pub(super) fn dropped_in_flight(&self, source: &Arc<str>, seq: u64) -> bool {
+        self.recent_drops().contains(source, seq)
     }
 
     fn recent_drops(&self) -> std::sync::MutexGuard<'_, RecentDrops> {

@@ -99,13 +99,40 @@ pub(super) mod libc_errno {
 /// Replaces `dir/name` with `bytes` so that a power cut leaves the old file or the new one: to
 /// `name.tmp`, fsynced, renamed over `name`, the directory fsynced.
 pub(super) fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    replace_file_on(&Os, dir, name, bytes).map_err(|e| e.source)
+}
+
+/// An atomic replace that failed, and whether before or after its rename: before it, the old
+/// file stands; after it (the directory sync), the new file is in place but its name may not
+/// yet be durable.
+#[derive(Debug)]
+pub(super) struct ReplaceFailed {
+    pub renamed: bool,
+    pub op: &'static str,
+    pub source: std::io::Error,
+}
+
+/// [`replace_file`] through `disk` (so that tests can fail its syncs).
+pub(super) fn replace_file_on(
+    disk: &dyn Disk,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(), ReplaceFailed> {
     use std::io::Write;
+    let failed = |renamed, op| {
+        move |source| ReplaceFailed {
+            renamed,
+            op,
+            source,
+        }
+    };
     let tmp = dir.join(format!("{name}.tmp"));
     {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+        let mut f = File::create(&tmp).map_err(failed(false, "create"))?;
+        f.write_all(bytes).map_err(failed(false, "write"))?;
+        disk.sync_data(&f).map_err(failed(false, "sync"))?;
     }
-    std::fs::rename(&tmp, dir.join(name))?;
-    File::open(dir)?.sync_all()
+    std::fs::rename(&tmp, dir.join(name)).map_err(failed(false, "rename"))?;
+    disk.sync_dir(dir).map_err(failed(true, "sync directory"))
 }

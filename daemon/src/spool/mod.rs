@@ -144,13 +144,16 @@ pub enum Appended {
     /// Not stored: the spool is full under `when-full = drop-oldest` and only the segment being
     /// written is left, so this frame goes instead.
     DroppedNoRoom,
+    /// Not stored: a frame of the spool that drop-oldest dropped (and counted) while the uplink
+    /// held it, handed back without a receipt.
+    DroppedEarlier,
 }
 
 impl Appended {
     /// The log line for a frame loss of this kind (none for a stored frame).
     pub fn loss(&self) -> Option<&'static str> {
         match self {
-            Appended::Stored => None,
+            Appended::Stored | Appended::DroppedEarlier => None,
             Appended::StoredDroppingOldest(_) => {
                 Some("spool full: dropped the oldest frames (when-full = drop-oldest)")
             }
@@ -538,19 +541,36 @@ impl Spool {
                 return Err(self.io("fdatasync segment")(e));
             }
         }
-        let stale = {
-            let mut p = self.pending();
-            self.apply_removals(&mut p)?;
-            self.apply_pending(&mut p, watermark)?;
-            // The ledger follows the entries: these bytes are synced and their entries in sled.
-            let mut batch = sled::Batch::default();
-            for (id, len) in &due {
-                batch.insert(ledger::key(*id).as_bytes(), &len.to_le_bytes()[..]);
+        // The segments emptied so far: a removal is listed in `pending` before its record's
+        // segment is released, so the removals applied and flushed below include the last one of
+        // each of these. A segment emptied from here on waits for the next commit: deleting it
+        // now could leave a durable index entry pointing at a missing file.
+        let emptied = std::mem::take(&mut self.segs().emptied);
+        let applied = (|| {
+            let stale = {
+                let mut p = self.pending();
+                self.apply_removals(&mut p)?;
+                self.apply_pending(&mut p, watermark)?;
+                // The ledger follows the entries: these bytes are synced and their entries in sled.
+                let mut batch = sled::Batch::default();
+                for (id, len) in &due {
+                    batch.insert(ledger::key(*id).as_bytes(), &len.to_le_bytes()[..]);
+                }
+                self.meta.apply_batch(batch).map_err(self.ix())?;
+                std::mem::take(&mut p.stale_oldest)
+            };
+            self.index.flush().map_err(self.ix())?;
+            Ok(stale)
+        })();
+        let stale = match applied {
+            Ok(stale) => stale,
+            Err(e) => {
+                self.segs().emptied.extend(emptied);
+                return Err(e);
             }
-            self.meta.apply_batch(batch).map_err(self.ix())?;
-            std::mem::take(&mut p.stale_oldest)
         };
-        self.index.flush().map_err(self.ix())?;
+        #[cfg(test)]
+        tests::after_index_flush();
         self.durable.send_replace(e);
         // The removals are durable: segments they emptied can go.
         let mut segs = self.segs();
@@ -560,7 +580,7 @@ impl Spool {
             }
         }
         let mut deleted = Vec::new();
-        for id in std::mem::take(&mut segs.emptied) {
+        for id in emptied {
             if segs.info.get(&id).is_some_and(|i| i.1 == 0) && self.delete_segment(&mut segs, id) {
                 deleted.push(id);
             }
@@ -606,6 +626,12 @@ impl Spool {
         if self.already_stored(&frame.source, frame.seq)? {
             // Already stored (a spooled frame the uplink handed back at shutdown).
             return Ok(Appended::Stored);
+        }
+        if self.dropped_in_flight(&frame.source, frame.seq) {
+            // A spooled frame drop-oldest dropped while the uplink held it, handed back without
+            // a receipt (shutdown): it stays dropped, counted once, not stored again to be
+            // published next run while counted as lost.
+            return Ok(Appended::DroppedEarlier);
         }
         let head = record::header(frame);
         let len = (head.len() + frame.payload.len()) as u64;

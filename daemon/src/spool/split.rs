@@ -19,8 +19,7 @@
 //! returns only then), and its start is above every sequence already captured, so no frame of
 //! the new epoch was ever sent under an earlier epoch's name.
 
-use std::io::Write;
-
+use super::disk::replace_file_on;
 use super::{Spool, SpoolError};
 
 /// The start sequences of `source`'s epochs after the first (which starts at 0), ascending, as
@@ -66,7 +65,8 @@ impl Spool {
     }
 
     /// Records that `source`'s frames from `start` on go out under a new epoch's producer name.
-    /// Durable when it returns. `start` must be above every earlier start.
+    /// On disk when it returns, and not named by the list when it fails (module doc: the
+    /// invariant). `start` must be above every earlier start.
     pub fn add_epoch(&self, source: &str, start: u64) -> Result<(), SpoolError> {
         let mut starts = self.epochs(source)?;
         let path = self.epochs_path(source);
@@ -83,19 +83,22 @@ impl Spool {
         starts.push(start);
         let dir = self.path.join("epochs");
         std::fs::create_dir_all(&dir).map_err(io("create epochs directory"))?;
-        let tmp = dir.join(format!(".{source}.tmp"));
         let mut text = String::new();
         for s in &starts {
             text.push_str(&s.to_string());
             text.push('\n');
         }
-        let mut f = std::fs::File::create(&tmp).map_err(io("write epochs"))?;
-        f.write_all(text.as_bytes()).map_err(io("write epochs"))?;
-        f.sync_all().map_err(io("sync epochs"))?;
-        std::fs::rename(&tmp, &path).map_err(io("rename epochs"))?;
-        std::fs::File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io("sync epochs directory"))?;
+        match replace_file_on(self.disk.as_ref(), &dir, source, text.as_bytes()) {
+            Ok(()) => {}
+            // Renamed: the list names the split, and a later start honours what it names, so this
+            // run must honour it too (refusing it now would send frames >= start under the old
+            // name, which the next start maps to the new one: duplicates).
+            Err(e) if e.renamed => {
+                tracing::warn!(source, start, error = %e.source,
+                    "spool: the epochs directory could not be synced after a split; the split is in force");
+            }
+            Err(e) => return Err(io(e.op)(e.source)),
+        }
         Ok(())
     }
 }

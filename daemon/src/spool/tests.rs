@@ -340,6 +340,38 @@ fn a_frame_dropped_while_in_flight_and_delivered_after_all_is_not_counted_as_dro
 }
 
 #[test]
+fn a_frame_dropped_while_in_flight_and_handed_back_at_shutdown_stays_dropped_once() {
+    // Issue 31.10: the uplink hands back a spooled frame without a receipt at shutdown after
+    // drop-oldest dropped it: appended again, it was published next run and counted as dropped.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.max_bytes = ByteSize(8 << 20); // 1 MiB segments
+    let spool = Spool::open(&c).unwrap();
+    let cam: Arc<str> = "cam".into();
+    for seq in 0..60 {
+        spool.append(&frame("cam", seq, 100_000)).unwrap();
+    }
+    let in_flight = spool.read_from(&cam, 0, 3).unwrap();
+    let mut seq = 60;
+    while spool.stats(&cam).dropped.load(Ordering::Relaxed) < 3 {
+        spool.append(&frame("cam", seq, 100_000)).unwrap();
+        seq += 1;
+    }
+    let dropped = spool.stats(&cam).dropped.load(Ordering::Relaxed);
+    let records = spool.stats(&cam).records.load(Ordering::Relaxed);
+    for f in &in_flight {
+        assert_eq!(spool.append(f).unwrap(), Appended::DroppedEarlier);
+    }
+    assert!(!seqs(&spool, "cam").contains(&0));
+    assert_eq!(spool.stats(&cam).dropped.load(Ordering::Relaxed), dropped);
+    assert_eq!(spool.stats(&cam).records.load(Ordering::Relaxed), records);
+    // A frame handed back that the spool still holds stays as it is.
+    let held = spool.read_from(&cam, seq - 1, 1).unwrap();
+    assert_eq!(spool.append(&held[0]).unwrap(), Appended::Stored);
+    assert_eq!(spool.stats(&cam).records.load(Ordering::Relaxed), records);
+}
+
+#[test]
 fn recent_drops_are_ranges_taken_back_once() {
     let mut d = capacity::RecentDrops::default();
     let s: Arc<str> = "s".into();
@@ -713,6 +745,37 @@ impl Disk for FaultyDisk {
         }
         File::open(dir)?.sync_all()
     }
+}
+
+#[test]
+fn a_split_is_in_force_exactly_when_the_epochs_list_names_it() {
+    // Issue 31.6: a directory sync that fails after the rename used to fail `add_epoch`, so the
+    // lane went on under the old name while the list (read at the next start) named the split:
+    // duplicates. Now: Ok exactly when the list names the split, whichever step fails.
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    let disk = FaultyDisk::default();
+    {
+        let spool = Spool::open_with(&c, Box::new(disk.clone())).unwrap();
+        disk.fail_dir.store(true, Ordering::Relaxed);
+        spool.add_epoch("cam", 100).unwrap();
+        assert!(
+            matches!(disk.calls().last(), Some(Call::Dir(names)) if names.contains(&"cam".to_string())),
+            "the directory sync came after the rename: {:?}",
+            disk.calls()
+        );
+        assert_eq!(spool.epochs("cam").unwrap(), vec![100]);
+        disk.fail_dir.store(false, Ordering::Relaxed);
+        // A failure before the rename: refused, and the list does not name it.
+        disk.fail_data.store(true, Ordering::Relaxed);
+        assert!(spool.add_epoch("cam", 200).is_err());
+        assert_eq!(spool.epochs("cam").unwrap(), vec![100]);
+        disk.fail_data.store(false, Ordering::Relaxed);
+    }
+    let spool = Spool::open(&c).unwrap();
+    assert_eq!(spool.epochs("cam").unwrap(), vec![100]);
+    spool.add_epoch("cam", 300).unwrap();
+    assert_eq!(spool.epochs("cam").unwrap(), vec![100, 300]);
 }
 
 fn on_outage(dir: &Path) -> SpoolConfig {
@@ -1530,3 +1593,49 @@ mod faults {
 }
 
 mod crash;
+
+thread_local! {
+    /// Run inside `commit`, right after the index flush (the gap of issue 31.5).
+    static AFTER_INDEX_FLUSH: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        std::cell::RefCell::new(None);
+}
+
+pub(super) fn after_index_flush() {
+    if let Some(f) = AFTER_INDEX_FLUSH.with(|h| h.borrow_mut().take()) {
+        f();
+    }
+}
+
+#[test]
+fn a_segment_emptied_while_a_commit_flushes_is_deleted_only_after_its_removal_is_durable() {
+    // Issue 31.5: a receipt between a commit's index flush and its deletions emptied a sealed
+    // segment whose last removal was not yet in the index; the commit deleted the segment, and a
+    // crash before the next commit left an entry pointing at a missing file (quarantined).
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.max_bytes = ByteSize(8 << 20); // 1 MiB segments
+    {
+        let spool = Spool::open(&c).unwrap();
+        spool.append(&frame("cam", 0, 600_000)).unwrap();
+        spool.append(&frame("cam", 1, 600_000)).unwrap(); // segment 1 sealed with seq 0
+        spool.commit().unwrap();
+        assert_eq!(segment_files(dir.path()).len(), 2);
+        let s = spool.clone();
+        AFTER_INDEX_FLUSH.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move || s.remove(&"cam".into(), 0).unwrap()))
+        });
+        spool.commit().unwrap();
+        assert_eq!(
+            segment_files(dir.path()).len(),
+            2,
+            "the segment stays until its removal is durable"
+        );
+        // dropped without close: a crash before the next commit
+    }
+    let spool = Spool::open(&c).unwrap();
+    assert_eq!(spool.quarantined(), 0);
+    assert_eq!(seqs(&spool, "cam"), [0, 1]);
+    spool.remove(&"cam".into(), 0).unwrap();
+    spool.commit().unwrap();
+    assert_eq!(segment_files(dir.path()).len(), 1, "then it goes");
+}

@@ -317,6 +317,9 @@ pub struct Setup {
     next_host: usize,
     /// The service host the last setup went through (`pulsar://host:port`).
     pub service_host: Option<String>,
+    /// Every message is end-to-end encrypted: the producer says so, as a namespace whose policy
+    /// requires encryption refuses a producer that does not.
+    pub encrypted: bool,
 }
 
 impl Setup {
@@ -336,6 +339,7 @@ impl Setup {
             next_request: 1,
             next_host: 0,
             service_host: None,
+            encrypted: false,
         }
     }
 
@@ -621,6 +625,7 @@ impl Setup {
                 request_id: id,
                 producer_name: Some(self.producer_name.clone()),
                 user_provided_producer_name: Some(true),
+                encrypted: Some(self.encrypted),
                 ..Default::default()
             }),
             ..Default::default()

@@ -135,6 +135,16 @@ pub fn problem(cert: Option<&ClientCert>, last_error: Option<&str>) -> Option<St
         .then(|| format!("the broker refused them ({e})"))
 }
 
+/// A refusal of the rig's producers by a namespace policy, for the status page: the broker answers
+/// a producer without end-to-end encryption on a namespace that requires it with
+/// "Encryption is required in <topic>" (a MetadataError).
+pub fn policy_refusal(encrypting: bool, last_error: Option<&str>) -> Option<String> {
+    let e = last_error?;
+    (!encrypting && e.contains("Encryption is required")).then(|| {
+        format!("the namespace requires end-to-end encryption and [pulsar] encryption-key-file is not set ({e})")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +172,17 @@ mod tests {
         assert!(expired.invalid_at(2_000).unwrap().contains("expired"));
         assert!(expired.invalid_at(500).is_none());
         assert!(expired.invalid_at(-1).unwrap().contains("valid only from"));
+    }
+
+    #[test]
+    fn an_encryption_policy_refusal_is_told_when_rigd_publishes_in_clear() {
+        let e = Some("Encryption is required in persistent://public/x/t (MetadataError) instead of PRODUCER_SUCCESS");
+        assert!(policy_refusal(false, e)
+            .unwrap()
+            .contains("encryption-key-file"));
+        assert!(policy_refusal(true, e).is_none());
+        assert!(policy_refusal(false, Some("connection refused")).is_none());
+        assert!(policy_refusal(false, None).is_none());
     }
 
     #[test]

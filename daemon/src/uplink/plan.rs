@@ -28,6 +28,27 @@ pub fn capture_seq(sequence_id: u64) -> u64 {
     sequence_id >> (GENERATION_BITS + CHUNK_BITS)
 }
 
+/// What the broker holds of this producer at the first creation: its last persisted sequence id
+/// and, when that entry itself was read (the probe, [`super::probe`]), how many chunks its frame
+/// was cut into then. The broker's `maxMessageSize` may differ across a restart, so this run's cut
+/// of the same frame can have another number of chunks: completeness is judged by the entry's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrokerLast {
+    pub sequence_id: u64,
+    /// `num_chunks_from_msg` of the entry (None: not read, or not a chunk).
+    pub chunks: Option<usize>,
+}
+
+impl BrokerLast {
+    /// The broker's answer at producer creation: a sequence id alone.
+    pub fn id(sequence_id: u64) -> Self {
+        BrokerLast {
+            sequence_id,
+            chunks: None,
+        }
+    }
+}
+
 /// What a frame's send must do, given the broker's last persisted sequence id for the producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resend {
@@ -45,14 +66,18 @@ pub fn resend(
     seq: u64,
     generation: u64,
     chunks: usize,
-    broker_last: Option<u64>,
+    broker_last: Option<BrokerLast>,
     resuming: bool,
 ) -> Resend {
     let everything = Resend::From {
         generation,
         first: 0,
     };
-    let Some(last) = broker_last else {
+    let Some(BrokerLast {
+        sequence_id: last,
+        chunks: broker_chunks,
+    }) = broker_last
+    else {
         return everything;
     };
     if capture_seq(last) < seq {
@@ -63,9 +88,11 @@ pub fn resend(
     }
     let last_generation = (last >> CHUNK_BITS) & MAX_GENERATION;
     let last_chunk = (last & (MAX_CHUNKS as u64 - 1)) as usize;
-    if last_chunk + 1 >= chunks {
+    // The frame as the broker holds it: as many chunks as its entry says it was cut into.
+    let cut_into = broker_chunks.unwrap_or(chunks);
+    if last_chunk + 1 >= cut_into {
         Resend::Done
-    } else if resuming && last_generation == generation {
+    } else if resuming && last_generation == generation && cut_into == chunks {
         Resend::From {
             generation,
             first: last_chunk + 1,
@@ -106,38 +133,53 @@ mod tests {
     #[test]
     fn resend_decisions_follow_the_brokers_last_persisted_chunk() {
         let from = |generation, first| Resend::From { generation, first };
+        let last = |seq, generation, chunk| BrokerLast::id(sequence_id(seq, generation, chunk));
         // Nothing known, or the broker is behind: everything goes.
         assert_eq!(resend(7, 0, 3, None, false), from(0, 0));
-        assert_eq!(
-            resend(7, 0, 3, Some(sequence_id(6, 0, 0)), false),
-            from(0, 0)
-        );
+        assert_eq!(resend(7, 0, 3, Some(last(6, 0, 0)), false), from(0, 0));
         // Complete (last chunk persisted) or older: skipped, restart or not.
-        assert_eq!(
-            resend(7, 0, 3, Some(sequence_id(7, 0, 2)), false),
-            Resend::Done
-        );
-        assert_eq!(
-            resend(7, 0, 1, Some(sequence_id(7, 0, 0)), true),
-            Resend::Done
-        );
-        assert_eq!(
-            resend(7, 0, 3, Some(sequence_id(9, 0, 0)), false),
-            Resend::Done
-        );
+        assert_eq!(resend(7, 0, 3, Some(last(7, 0, 2)), false), Resend::Done);
+        assert_eq!(resend(7, 0, 1, Some(last(7, 0, 0)), true), Resend::Done);
+        assert_eq!(resend(7, 0, 3, Some(last(9, 0, 0)), false), Resend::Done);
         // Cut after two chunks: a reconnect resumes at chunk 2, a restart resends it all anew.
-        let cut = Some(sequence_id(7, 0, 1));
+        let cut = Some(last(7, 0, 1));
         assert_eq!(resend(7, 0, 3, cut, true), from(0, 2));
         assert_eq!(resend(7, 0, 3, cut, false), from(1, 0));
         // A frame already resent under generation 1: complete there, or cut there again.
+        assert_eq!(resend(7, 0, 3, Some(last(7, 1, 2)), false), Resend::Done);
+        assert_eq!(resend(7, 0, 3, Some(last(7, 1, 0)), false), from(2, 0));
+    }
+
+    #[test]
+    fn a_frame_the_broker_holds_in_part_is_not_done_because_this_run_cuts_it_into_fewer_chunks() {
+        // Issue 31.7: the probe read chunk 1 of a 3-chunk frame; the broker's maxMessageSize grew
+        // across the restart, so this run cuts the frame into 2. It was never completed.
+        let partial = BrokerLast {
+            sequence_id: sequence_id(7, 0, 1),
+            chunks: Some(3),
+        };
         assert_eq!(
-            resend(7, 0, 3, Some(sequence_id(7, 1, 2)), false),
-            Resend::Done
+            resend(7, 0, 2, Some(partial), false),
+            Resend::From {
+                generation: 1,
+                first: 0
+            }
         );
+        // A reconnect of the same process does not resume into another layout either.
         assert_eq!(
-            resend(7, 0, 3, Some(sequence_id(7, 1, 0)), false),
-            from(2, 0)
+            resend(7, 0, 2, Some(partial), true),
+            Resend::From {
+                generation: 1,
+                first: 0
+            }
         );
+        // The last chunk of that 3-chunk frame: complete, however this run would cut it.
+        let whole = BrokerLast {
+            sequence_id: sequence_id(7, 0, 2),
+            chunks: Some(3),
+        };
+        assert_eq!(resend(7, 0, 5, Some(whole), false), Resend::Done);
+        assert_eq!(resend(7, 0, 1, Some(whole), false), Resend::Done);
     }
 
     #[test]

@@ -15,9 +15,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::connect::Token;
+use super::plan::BrokerLast;
 
-/// The highest sequence id of the topic's last message (a batch's highest), or None for a topic
-/// without messages. Errors name what failed; the caller then trusts the broker's answer alone.
+/// The highest sequence id of the topic's last message (a batch's highest) and, for a chunk, the
+/// number of chunks of its frame; None for a topic without messages. Errors name what failed; the
+/// caller then trusts the broker's answer alone.
 /// A last message from another producer name (a source's epochs share the topic, see
 /// `spool::split`) says nothing about this producer's frames: an error.
 pub async fn last_sequence_id(
@@ -26,7 +28,7 @@ pub async fn last_sequence_id(
     producer_name: &str,
     token: &Token,
     tls_ca: Option<&Path>,
-) -> Result<Option<u64>, String> {
+) -> Result<Option<BrokerLast>, String> {
     let mut builder = Pulsar::builder(url.to_string(), TokioExecutor);
     if let Some(t) = token.current().map_err(|e| e.to_string())? {
         builder = builder.with_auth(Authentication {
@@ -70,7 +72,14 @@ pub async fn last_sequence_id(
             m.producer_name
         ));
     }
-    Ok(Some(m.highest_sequence_id.unwrap_or(m.sequence_id)))
+    Ok(Some(BrokerLast {
+        sequence_id: m.highest_sequence_id.unwrap_or(m.sequence_id),
+        // A chunk says how many its frame was cut into (the broker's limit then, not now).
+        chunks: m
+            .num_chunks_from_msg
+            .filter(|n| *n > 1 && m.chunk_id.is_some())
+            .map(|n| n as usize),
+    }))
 }
 
 async fn subscribe(

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use super::batch::BatchPolicy;
 use super::budget::Budget;
 use super::connect::{self, Link, LinkError, Setup, Token};
+use super::plan::BrokerLast;
 use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
 use crate::backoff::Backoff;
 use rigd_drivers::Frame;
@@ -240,13 +241,14 @@ impl Producer {
             last_refused_log: Mutex::new(None),
             rank: AtomicUsize::new(cfg.rank),
         });
-        let setup = Setup::new(
+        let mut setup = Setup::new(
             cfg.url.clone(),
             cfg.topic.clone(),
             cfg.producer_name.clone(),
             cfg.token.clone(),
             cfg.tls.clone(),
         );
+        setup.encrypted = cfg.encryption.is_some();
         let task = tokio::spawn(
             Session {
                 shared: shared.clone(),
@@ -373,7 +375,8 @@ impl Session {
                 _ = stopped(&mut self.shutdown, &shared) => break,
             };
             let result = match established {
-                Ok((mut link, mut broker_last)) => {
+                Ok((mut link, broker_id)) => {
+                    let mut broker_last = broker_id.map(BrokerLast::id);
                     if !self.created && broker_last.is_none() && !self.fresh {
                         broker_last = tokio::select! {
                             r = probe(&self.setup, self.tls_ca_file.as_deref()) => r,
@@ -597,6 +600,7 @@ impl Session {
     ) -> Result<(), LinkError> {
         use pulsar::proto::base_command::Type;
         let now = Instant::now();
+        let answer_first = answered_urgently(&cmd);
         if let Some(r) = cmd.send_receipt {
             let mut w = self.shared.window();
             w.on_receipt(r.sequence_id, now)
@@ -619,16 +623,26 @@ impl Session {
             link.answer_challenge()?;
         } else if cmd.r#type == Type::Ping as i32 {
             super::codec::encode_command(&connect::pong(), &mut link.out);
+        }
+        if answer_first {
             self.urgent = link.out.len();
         }
         Ok(())
     }
 }
 
+/// Whether the answer to a broker's command jumps the budget's queue (`Session::urgent`): the
+/// broker closes a connection whose keepalive (PING) or credential refresh (AUTH_CHALLENGE, within
+/// `authenticationRefreshCheckSeconds`) is not answered in time, however starved the producer.
+fn answered_urgently(cmd: &pulsar::proto::BaseCommand) -> bool {
+    use pulsar::proto::base_command::Type;
+    cmd.auth_challenge.is_some() || cmd.r#type == Type::Ping as i32
+}
+
 /// The broker keeps no deduplication state for the producer (forgotten after a long absence,
 /// or dedup off): ask the topic what it holds (see [`super::probe`]). Bounded; on failure the
 /// broker's answer stands (frames of an earlier run may then arrive twice, never lost).
-async fn probe(setup: &Setup, tls_ca: Option<&std::path::Path>) -> Option<u64> {
+async fn probe(setup: &Setup, tls_ca: Option<&std::path::Path>) -> Option<BrokerLast> {
     let r = tokio::time::timeout(
         PROBE_TIMEOUT,
         super::probe::last_sequence_id(
@@ -643,10 +657,11 @@ async fn probe(setup: &Setup, tls_ca: Option<&std::path::Path>) -> Option<u64> {
     .await
     .unwrap_or_else(|_| Err("timed out".into()));
     match r {
-        Ok(Some(id)) => {
-            tracing::info!(topic = %setup.topic, last_sequence_id = id, seq = super::plan::capture_seq(id),
+        Ok(Some(last)) => {
+            tracing::info!(topic = %setup.topic, last_sequence_id = last.sequence_id,
+                seq = super::plan::capture_seq(last.sequence_id), chunks = ?last.chunks,
                 "the broker has no deduplication state for this producer; the topic's last message decides what of an earlier run is already stored");
-            Some(id)
+            Some(last)
         }
         Ok(None) => None,
         Err(e) => {
@@ -716,6 +731,29 @@ fn abort_after_chunk() -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keepalive_and_credential_refresh_answers_jump_the_budget() {
+        // Issue 31.10: an AUTH_CHALLENGE's answer was queued at the producer's rank, so a producer
+        // the budget starved could miss the broker's auth-refresh deadline.
+        use pulsar::proto::{base_command::Type, BaseCommand, CommandAuthChallenge};
+        let ping = BaseCommand {
+            r#type: Type::Ping as i32,
+            ..Default::default()
+        };
+        let challenge = BaseCommand {
+            r#type: Type::AuthChallenge as i32,
+            auth_challenge: Some(CommandAuthChallenge::default()),
+            ..Default::default()
+        };
+        let pong = BaseCommand {
+            r#type: Type::Pong as i32,
+            ..Default::default()
+        };
+        assert!(answered_urgently(&ping));
+        assert!(answered_urgently(&challenge));
+        assert!(!answered_urgently(&pong));
+    }
 
     #[test]
     fn a_dead_owner_is_retried_soon_and_a_terminated_topic_rarely() {

@@ -197,7 +197,7 @@ pub struct Window {
     acks: VecDeque<Ack>,
     session: Option<Session>,
     /// The broker's last sequence id at this process's first producer creation.
-    broker_last: Option<u64>,
+    broker_last: Option<plan::BrokerLast>,
     created_once: bool,
     last_progress: Instant,
     /// No new frames: shutting down.
@@ -229,7 +229,7 @@ impl Window {
         &mut self,
         producer_id: u64,
         max_message_size: usize,
-        broker_last: Option<u64>,
+        broker_last: Option<plan::BrokerLast>,
         now: Instant,
     ) {
         if !self.created_once {
@@ -240,6 +240,9 @@ impl Window {
             producer_id,
             max_message_size,
         });
+        // The broker took a producer on the topic: whatever terminated it earlier (an operator
+        // deleted and recreated it) no longer holds.
+        self.terminated = None;
         let max_chunk = self.max_chunk(max_message_size);
         for m in &mut self.messages {
             m.written = m.receipts;

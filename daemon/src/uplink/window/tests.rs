@@ -42,7 +42,7 @@ fn frame(seq: u64, bytes: usize, bucket: i64) -> Frame {
 
 fn connected(c: WindowConfig, t0: Instant, broker_last: Option<u64>) -> Window {
     let mut w = Window::new(c, t0);
-    w.connected(1, 5 * MB, broker_last, t0);
+    w.connected(1, 5 * MB, broker_last.map(plan::BrokerLast::id), t0);
     w
 }
 
@@ -121,7 +121,12 @@ fn after_a_reconnect_everything_without_a_receipt_is_written_again_and_never_ass
     assert_eq!(acks(&mut w), vec![(0, Outcome::Persisted)]);
     w.disconnected();
     // The new connection's broker says it has pushed up to frame 2: no ack from that.
-    w.connected(2, 5 * MB, Some(plan::sequence_id(2, 0, 0)), t0);
+    w.connected(
+        2,
+        5 * MB,
+        Some(plan::BrokerLast::id(plan::sequence_id(2, 0, 0))),
+        t0,
+    );
     assert!(acks(&mut w).is_empty());
     let again = write_all(&mut w, t0);
     assert_eq!(
@@ -292,6 +297,38 @@ fn send_errors_are_handled_by_kind() {
 }
 
 #[test]
+fn a_topic_terminated_under_frames_in_flight_takes_frames_again_once_a_producer_is_created() {
+    // Issue 31.1: TopicTerminatedError as a SEND_ERROR, then the topic is deleted and recreated;
+    // the next producer creation must clear the termination.
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    w.submit(frame(0, 3 * MB, 1), t0).unwrap();
+    let ids = write_all(&mut w, t0);
+    let r = w.on_send_error(ids[0], ServerError::TopicTerminatedError as i32, "gone", t0);
+    assert!(matches!(r, OnSendError::Terminated(_)));
+    w.disconnected();
+    assert!(!w.accepts(t0));
+    w.connected(2, 5 * MB, None, t0);
+    assert!(w.terminated().is_none());
+    assert!(
+        w.accepts(t0),
+        "a new producer on the recreated topic takes frames"
+    );
+    // The frame held across it is written again and completes.
+    let ids = write_all(&mut w, t0);
+    assert_eq!(ids.len(), 1);
+    w.submit(frame(1, MB, 2), t0).unwrap();
+    let more = write_all(&mut w, t0);
+    for id in ids.iter().chain(&more) {
+        w.on_receipt(*id, t0).unwrap();
+    }
+    assert_eq!(
+        acks(&mut w),
+        vec![(0, Outcome::Persisted), (1, Outcome::Persisted)]
+    );
+}
+
+#[test]
 fn batches_stay_within_the_brokers_message_size() {
     // Item 5: batch-max-bytes above the broker's limit must not make a batch the broker refuses.
     let t0 = Instant::now();
@@ -411,7 +448,7 @@ proptest! {
                     wire.clear(); // lost in transit
                     w.disconnected();
                     session += 1;
-                    w.connected(session, 5 * MB, Some(u64::MAX >> 1), now);
+                    w.connected(session, 5 * MB, Some(plan::BrokerLast::id(u64::MAX >> 1)), now);
                 }
                 Step::BatchDue => w.close_batch_if_due(now + Duration::from_secs(1)),
             }
