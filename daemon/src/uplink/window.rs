@@ -243,20 +243,60 @@ impl Window {
         // The broker took a producer on the topic: whatever terminated it earlier (an operator
         // deleted and recreated it) no longer holds.
         self.terminated = None;
-        let max_chunk = self.max_chunk(max_message_size);
-        for m in &mut self.messages {
+        let mut i = 0;
+        while i < self.messages.len() {
+            let max_chunk = self.chunk_limit(max_message_size, &self.messages[i].envelope);
+            let m = &mut self.messages[i];
             m.written = m.receipts;
-            // A broker with a smaller message size than the chunks were cut for: cut again, under
-            // the next generation (new ids and uuid), so no consumer ever sees chunks of two
-            // layouts under one uuid; the earlier partial chunks expire at the consumers.
-            let too_big = m.chunks.iter().any(|c| c.len() > max_chunk);
-            if too_big && m.batch.is_empty() && m.sending() && m.generation < plan::MAX_GENERATION {
+            i += 1;
+            if !m.sending() {
+                continue;
+            }
+            if let Some(sealed) = &m.sealed {
+                // Pieces sealed in the spool cannot be cut again without the fleet's private key:
+                // one that no longer fits is refused (counted and logged by the lane), not resent
+                // to a broker whose decoder would close the connection each time.
+                if let Some(p) = sealed
+                    .pieces
+                    .iter()
+                    .find(|p| p.ciphertext.len() > max_chunk)
+                {
+                    let why = format!(
+                        "a sealed piece of {} bytes does not fit the broker's max message size ({max_message_size} bytes) after a reconnect",
+                        p.ciphertext.len()
+                    );
+                    m.state = State::Done(Outcome::Refused(why));
+                    self.sending -= 1;
+                }
+            } else if !m.batch.is_empty() {
+                // A batch is one message and cannot be chunked: one that no longer fits goes out
+                // as its frames, each a message of its own (their own sequence ids, in order).
+                if m.wire.len() > max_chunk {
+                    let m = self.messages.remove(i - 1).expect("index in range");
+                    let singles: Vec<Message> = std::iter::once(m.frame)
+                        .chain(m.batch)
+                        .map(|f| self.single(f, m.submitted, max_message_size))
+                        .collect();
+                    self.sending += singles.len() - 1;
+                    let at = i - 1;
+                    i = at + singles.len();
+                    for (k, single) in singles.into_iter().enumerate() {
+                        self.messages.insert(at + k, single);
+                    }
+                }
+            } else if m.chunks.iter().any(|c| c.len() > max_chunk)
+                && m.generation < plan::MAX_GENERATION
+            {
+                // A broker with a smaller message size than the chunks were cut for: cut again,
+                // under the next generation (new ids and uuid), so no consumer ever sees chunks
+                // of two layouts under one uuid; the earlier partial chunks expire at consumers.
                 m.generation += 1;
                 m.receipts = 0;
                 m.written = 0;
                 m.chunks = plan::chunk_ranges(m.wire.len(), max_chunk);
             }
         }
+        self.complete_front(now);
         self.last_progress = now;
     }
 
@@ -356,10 +396,7 @@ impl Window {
             return Ok(());
         }
         self.close_batch();
-        let max_chunk = self
-            .max_chunk(session.max_message_size)
-            .saturating_sub(envelope_size(&envelope))
-            .max(1024);
+        let max_chunk = self.chunk_limit(session.max_message_size, &envelope);
         let (compression, wire, uncompressed, chunks, sealed) = if frame.sealed {
             let s = match crate::seal::Sealed::parse(&frame.payload) {
                 Ok(s) => s,
@@ -429,6 +466,36 @@ impl Window {
         });
         self.sending += 1;
         Ok(())
+    }
+
+    /// The largest chunk (or sealed piece, or batch) of a message with `envelope` at the broker's
+    /// `max_message_size`.
+    fn chunk_limit(&self, max_message_size: usize, envelope: &Envelope) -> usize {
+        self.max_chunk(max_message_size)
+            .saturating_sub(envelope_size(envelope))
+            .max(1024)
+    }
+
+    /// A frame of a batch as a message of its own (its batch no longer fits the broker).
+    fn single(&self, frame: Frame, submitted: Instant, max_message_size: usize) -> Message {
+        let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
+        let (compression, wire) = compress::compress(self.cfg.compression, &frame.payload);
+        let chunks = plan::chunk_ranges(wire.len(), self.chunk_limit(max_message_size, &envelope));
+        Message {
+            uncompressed: frame.payload.len(),
+            frame,
+            batch: Vec::new(),
+            envelope,
+            generation: 0,
+            wire,
+            compression,
+            sealed: None,
+            chunks,
+            receipts: 0,
+            written: 0,
+            submitted,
+            state: State::Sending,
+        }
     }
 
     fn max_chunk(&self, max_message_size: usize) -> usize {

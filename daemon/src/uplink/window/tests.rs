@@ -574,3 +574,59 @@ fn a_sealed_frame_goes_out_as_its_pieces_and_is_never_batched() {
         assert_eq!(d.open(&key, &piece).unwrap().len(), 100);
     }
 }
+
+#[test]
+fn a_reconnect_to_a_smaller_broker_limit_splits_batches_and_refuses_sealed_pieces_that_no_longer_fit(
+) {
+    // Issue 31.9: a batch or a sealed piece written for a 5 MiB broker was resent as it was to one
+    // that takes 256 KiB: the broker's decoder closed the connection each time, forever.
+    let (public, _) = crate::seal::test_keys();
+    let enc = crate::seal::Encryptor::new(public, "fleet", Duration::from_secs(3600)).unwrap();
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.batch.max_bytes = 4 * MB;
+    c.batch.max_messages = 1000;
+    c.max_in_flight = 1000;
+    let mut w = connected(c, t0, None);
+    for seq in 0..20 {
+        w.submit(frame(seq, 60_000, 7), t0).unwrap(); // one batch of 1.2 MB
+    }
+    w.close_batch_if_due(t0 + Duration::from_secs(1));
+    w.submit(enc.seal_frame(Compression::None, frame(20, 3 * MB, 8)), t0)
+        .unwrap();
+    w.submit(frame(21, 100_000, 9), t0).unwrap();
+    w.close_batch_if_due(t0 + Duration::from_secs(2));
+    let first = write_all(&mut w, t0);
+    assert_eq!(
+        first[0],
+        plan::sequence_id(0, 0, 0),
+        "the batch went as one message"
+    );
+    w.disconnected();
+    w.connected(2, 256 << 10, None, t0);
+    let sent = sends(&mut w, t0);
+    let mut ids = Vec::new();
+    for (cmd, meta, payload) in &sent {
+        assert!(payload.len() <= 256 << 10, "{} bytes", payload.len());
+        assert_eq!(meta.num_messages_in_batch, None);
+        ids.push(cmd.send.as_ref().unwrap().sequence_id);
+    }
+    // The batch's frames one by one, in order, under their own ids; the sealed frame refused; the
+    // last frame alone.
+    let expected: Vec<u64> = (0..20)
+        .chain([21])
+        .map(|seq| plan::sequence_id(seq, 0, 0))
+        .collect();
+    assert_eq!(ids, expected);
+    for id in ids {
+        w.on_receipt(id, t0).unwrap();
+    }
+    let a = acks(&mut w);
+    assert_eq!(a.len(), 22);
+    assert!(a.iter().all(|(seq, o)| if *seq == 20 {
+        matches!(o, Outcome::Refused(why) if why.contains("sealed piece"))
+    } else {
+        *o == Outcome::Persisted
+    }));
+    assert!(w.idle());
+}
