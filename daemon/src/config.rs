@@ -1522,7 +1522,7 @@ impl Config {
         if let Some(b) = self.pulsar.max_bandwidth {
             if !(MIN_BANDWIDTH..=MAX_BANDWIDTH).contains(&b.0) {
                 p.push(format!(
-                    "pulsar.max-bandwidth: {} bit/s must be between 8kbit and 100gbit",
+                    "pulsar.max-bandwidth: {} bit/s must be between 64kbit and 100gbit (below, a 16 KiB grant and a chunk ahead of a keepalive answer can outlast the broker's keepalive)",
                     b.0
                 ));
             }
@@ -1602,7 +1602,9 @@ pub const MAX_BUCKET_MS: u32 = 60_000;
 const MAX_AUDIO_BLOCK: u64 = 4 << 20;
 const MIN_IN_FLIGHT_BYTES: u64 = 64 << 10;
 const MIN_FREE_RESERVE: u64 = 1 << 20;
-const MIN_BANDWIDTH: u64 = 8_000;
+/// The smallest budget: a grant (16 KiB) takes 2 s of it, so a keepalive answer behind a few
+/// grants and a chunk still goes out well within the broker's 30 s keepalive tick.
+const MIN_BANDWIDTH: u64 = 64_000;
 const MAX_BANDWIDTH: u64 = 100_000_000_000;
 
 /// A path or device name goes to the kernel as a C string: a NUL byte cuts it.
@@ -2138,7 +2140,7 @@ mod tests {
         let p = problems(&format!("{base}max-bandwidth = \"10bit\"\n"));
         assert_eq!(
             p,
-            ["t.toml:5: pulsar.max-bandwidth: 10 bit/s must be between 8kbit and 100gbit"]
+            ["t.toml:5: pulsar.max-bandwidth: 10 bit/s must be between 64kbit and 100gbit (below, a 16 KiB grant and a chunk ahead of a keepalive answer can outlast the broker's keepalive)"]
         );
         let src = "[[source]]\nid = \"g\"\nkind = \"synthetic-serial\"\n";
         let p = problems(&format!("{base}{src}priority = 10\n"));

@@ -33,6 +33,11 @@ const WRITE_AHEAD: usize = 1 << 20;
 /// ... under a bandwidth budget: little, so that a keepalive answer queued behind it goes out soon
 /// (it jumps the budget's queue, see `urgent`).
 const BUDGET_WRITE_AHEAD: usize = 64 << 10;
+/// Under a bandwidth budget, a chunk (or batch) and the write-ahead hold at most this much of the
+/// rate: a SEND takes a few seconds however large the frame, and a keepalive answer queued behind
+/// the write-ahead goes out within seconds (the broker closes a connection whose PING is not
+/// answered by its next keepalive tick, 30 s later by default).
+const BUDGET_SECONDS_AHEAD: u64 = 2;
 /// A link with no progress for this long while frames are outstanding is reported stalled
 /// (status: not connected; new frames spool).
 const STALL_AFTER: Duration = Duration::from_secs(5);
@@ -219,6 +224,10 @@ impl Producer {
                 progress_timeout: cfg.send_timeout.max(STALL_AFTER * 2),
                 stall_after: STALL_AFTER,
                 run: rigd_drivers::realtime_ns() as u64 / 1_000_000,
+                max_chunk_bytes: cfg
+                    .budget
+                    .as_ref()
+                    .map(|b| (b.rate() * BUDGET_SECONDS_AHEAD) as usize),
             },
             now,
         );
@@ -476,8 +485,8 @@ impl Session {
             let (batch_due, health, idle) = {
                 let mut w = shared.window();
                 w.close_batch_if_due(now);
-                let ahead = match self.budget {
-                    Some(_) => BUDGET_WRITE_AHEAD,
+                let ahead = match &self.budget {
+                    Some(b) => BUDGET_WRITE_AHEAD.min((b.rate() * BUDGET_SECONDS_AHEAD) as usize),
                     None => WRITE_AHEAD,
                 };
                 while link.out.len() < ahead && !abort_armed {

@@ -55,6 +55,10 @@ pub struct WindowConfig {
     pub stall_after: Duration,
     /// Distinguishes this process's chunk uuids from an earlier run's (ms since the epoch).
     pub run: u64,
+    /// Under a bandwidth budget: the largest chunk or batch, a few seconds of the rate, so that
+    /// one SEND never outlasts the broker's keepalive (None: the broker's limit alone). Pieces
+    /// sealed in the spool keep their size.
+    pub max_chunk_bytes: Option<usize>,
 }
 
 /// What became of a submitted frame.
@@ -246,6 +250,7 @@ impl Window {
         let mut i = 0;
         while i < self.messages.len() {
             let max_chunk = self.chunk_limit(max_message_size, &self.messages[i].envelope);
+            let max_piece = self.sealed_limit(max_message_size, &self.messages[i].envelope);
             let m = &mut self.messages[i];
             m.written = m.receipts;
             i += 1;
@@ -259,7 +264,7 @@ impl Window {
                 if let Some(p) = sealed
                     .pieces
                     .iter()
-                    .find(|p| p.ciphertext.len() > max_chunk)
+                    .find(|p| p.ciphertext.len() > max_piece)
                 {
                     let why = format!(
                         "a sealed piece of {} bytes does not fit the broker's max message size ({max_message_size} bytes) after a reconnect",
@@ -405,7 +410,8 @@ impl Window {
                     return Ok(());
                 }
             };
-            if let Some(p) = s.pieces.iter().find(|p| p.ciphertext.len() > max_chunk) {
+            let max_piece = self.sealed_limit(session.max_message_size, &envelope);
+            if let Some(p) = s.pieces.iter().find(|p| p.ciphertext.len() > max_piece) {
                 let why = format!(
                     "a sealed piece of {} bytes does not fit the broker's max message size ({} bytes)",
                     p.ciphertext.len(),
@@ -471,6 +477,18 @@ impl Window {
     /// The largest chunk (or sealed piece, or batch) of a message with `envelope` at the broker's
     /// `max_message_size`.
     fn chunk_limit(&self, max_message_size: usize, envelope: &Envelope) -> usize {
+        let broker = self
+            .max_chunk(max_message_size)
+            .saturating_sub(envelope_size(envelope))
+            .max(1024);
+        self.cfg
+            .max_chunk_bytes
+            .map_or(broker, |b| broker.min(b.max(1024)))
+    }
+
+    /// [`Window::chunk_limit`] for a piece sealed in the spool: the broker's limit alone (it
+    /// cannot be cut again).
+    fn sealed_limit(&self, max_message_size: usize, envelope: &Envelope) -> usize {
         self.max_chunk(max_message_size)
             .saturating_sub(envelope_size(envelope))
             .max(1024)
@@ -508,6 +526,7 @@ impl Window {
             .batch
             .max_bytes
             .min(max_message_size.saturating_sub(CHUNK_HEADROOM))
+            .min(self.cfg.max_chunk_bytes.unwrap_or(usize::MAX))
     }
 
     fn push_done(&mut self, frame: Frame, envelope: Envelope, outcome: Outcome, now: Instant) {

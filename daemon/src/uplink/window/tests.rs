@@ -21,6 +21,7 @@ fn cfg() -> WindowConfig {
         progress_timeout: Duration::from_secs(30),
         stall_after: Duration::from_secs(5),
         run: 1,
+        max_chunk_bytes: None,
     }
 }
 
@@ -629,4 +630,48 @@ fn a_reconnect_to_a_smaller_broker_limit_splits_batches_and_refuses_sealed_piece
         *o == Outcome::Persisted
     }));
     assert!(w.idle());
+}
+
+#[test]
+fn under_a_budget_chunks_and_batches_hold_a_few_seconds_of_it_and_sealed_pieces_keep_their_size() {
+    // Issue 31.2: at 200 kbit/s a 1.5 MB frame cut only by the broker's 5 MiB limit was one SEND
+    // of ~60 s, outlasting the broker's keepalive.
+    let (public, _) = crate::seal::test_keys();
+    let enc = crate::seal::Encryptor::new(public, "fleet", Duration::from_secs(3600)).unwrap();
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.max_chunk_bytes = Some(50_000); // 2 s of 200 kbit/s
+    c.batch.max_bytes = MB;
+    c.batch.max_messages = 1000;
+    let mut w = connected(c, t0, None);
+    w.submit(frame(0, 1_500_000, 1), t0).unwrap();
+    for seq in 1..40 {
+        w.submit(frame(seq, 5_000, 2), t0).unwrap();
+    }
+    w.close_batch_if_due(t0 + Duration::from_secs(1));
+    w.submit(enc.seal_frame(Compression::None, frame(40, 2 * MB, 3)), t0)
+        .unwrap();
+    let sent = sends(&mut w, t0);
+    let pieces = sent
+        .iter()
+        .filter(|(_, m, _)| m.encryption_param.is_some())
+        .count();
+    assert_eq!(
+        pieces, 2,
+        "the sealed frame as its 1 MiB pieces, not refused"
+    );
+    for (_, meta, payload) in &sent {
+        if meta.encryption_param.is_none() {
+            assert!(
+                payload.len() <= 50_000,
+                "{} bytes in one SEND",
+                payload.len()
+            );
+        }
+    }
+    let camera = sent
+        .iter()
+        .filter(|(_, m, _)| m.num_chunks_from_msg.is_some() && m.encryption_param.is_none())
+        .count();
+    assert!(camera >= 30, "{camera} chunks for 1.5 MB at 50 kB");
 }

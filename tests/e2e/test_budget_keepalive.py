@@ -1,0 +1,58 @@
+"""A thin budget and large frames keep their connection (issue 31.2): under `max-bandwidth`, chunks
+and the write-ahead hold a few seconds of the rate, so one SEND never outlasts the broker's
+keepalive (a PING every 30 s; no command back before the next tick closes the connection) and a
+PONG is never queued behind a minute of frame bytes. rigd's own budget, no tc: the shared broker.
+The official Python client judges what arrived."""
+
+from harness import BROKER_URL, Rigd, consume, namespace_with_dedup, unique, check_synthetic_jpeg
+
+FRAME = 2_000_000  # 80 s of a 200 kbit/s budget: before, one SEND; the broker closed it every time
+
+
+def test_2_mb_frames_under_a_200_kbit_budget_arrive_without_a_reconnect(tmp_path):
+    ns = namespace_with_dedup(unique("keepalive"))
+    rig = unique("ka")
+    config = f"""
+[rig]
+id = "{rig}"
+
+[[source]]
+id = "cam"
+kind = "synthetic-camera"
+width = 160
+height = 120
+fps = 1
+frame-bytes = {FRAME}
+
+[pulsar]
+url = "{BROKER_URL}"
+topic = "persistent://{ns}/{{rig}}-{{source}}"
+max-bandwidth = "200kbit"
+
+[spool]
+path = "spool"
+
+[web]
+bind = "127.0.0.1:{{WEB_PORT}}"
+"""
+    d = Rigd(tmp_path, config).start()
+    try:
+        s = d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
+        reconnects = s["uplink"]["reconnects"]
+        # The first frame takes ~85 s of the budget: at least two keepalive ticks of the broker.
+        s = d.wait_for(lambda s: s["sources"][0]["published"] >= 1, timeout=200,
+                       what="the first 2 MB frame published under the budget", interval=1)
+        assert s["uplink"]["reconnects"] == reconnects, ("the broker closed the connection", s["uplink"])
+        assert s["uplink"]["connected"], s["uplink"]
+        assert d.stop() == 0
+        log = d.log()
+    finally:
+        d.close()
+    assert "uplink down" not in log, log[-3000:]
+    msgs = consume(BROKER_URL, [f"persistent://{ns}/{rig}-cam"], idle_timeout_s=5)
+    assert len(msgs) >= 1
+    seqs = [int(m["properties"]["seq"]) for m in msgs]
+    assert seqs == list(range(len(seqs))), seqs
+    for m in msgs:
+        assert m["payload_len"] == FRAME
+        check_synthetic_jpeg(m["payload"])
