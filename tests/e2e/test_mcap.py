@@ -447,3 +447,54 @@ def test_embedded_descriptors_agree_with_foxglove_published_schemas(spooled, tmp
                 (sc.name, f.name)
         assert [(e.name, [(v.name, v.number) for v in e.value]) for e in ours.enum_type] == \
             [(e.name, [(v.name, v.number) for v in e.value]) for e in theirs_proto.enum_type]
+
+
+def test_an_encrypted_spool_needs_the_key_before_anything_is_written(tmp_path):
+    """A spool of sealed frames (end-to-end encryption on, no broker): without --decrypt-key the
+    export stops with exit 2 and creates no file; with the fleet's private key every frame is
+    decrypted into the same protobuf messages."""
+    priv, pub = tmp_path / "fleet.key.pem", tmp_path / "fleet.pem"
+    subprocess.run(["openssl", "genrsa", "-traditional", "-out", priv, "2048"], check=True, capture_output=True)
+    subprocess.run(["openssl", "rsa", "-in", priv, "-pubout", "-out", pub], check=True, capture_output=True)
+    d = Rigd(tmp_path, f"""
+[rig]
+id = "{RIG}"
+[[source]]
+id = "cam"
+kind = "synthetic-camera"
+width = 160
+height = 120
+fps = 10
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = 10
+[pulsar]
+encryption-key-file = "{pub}"
+encryption-key-name = "fleet-2026"
+[spool]
+path = "spool"
+[web]
+bind = "127.0.0.1:{{WEB_PORT}}"
+""").start()
+    try:
+        d.wait_for(lambda s: all(x["frames"] >= 10 for x in s["sources"]), timeout=60, what="spooled")
+        assert d.stop() == 0
+    finally:
+        d.close()
+    spool = tmp_path / "spool"
+    s = stat(spool)
+    path = tmp_path / "sealed.mcap"
+    r = rigd("replay", "--spool", spool, "--mcap", path)
+    assert r.returncode == 2 and "--decrypt-key" in r.stderr, r.stderr
+    assert not path.exists()
+    report = export_mcap(spool, path, "--decrypt-key", priv)
+    assert report["records"] == sum(x["records"] for x in s.values()) and not report["skipped"]
+    counts = {}
+    for schema, channel, message, proto in decoded(path):
+        counts[channel.topic] = counts.get(channel.topic, 0) + 1
+        if schema.name == "foxglove.CompressedImage":
+            check_synthetic_jpeg(bytes(proto.data))
+        elif channel.topic == "/gps":
+            assert nmea_valid(proto.message), proto.message
+    assert counts == {"/cam": s["cam"]["records"], "/gps": s["gps"]["records"], "/gps/fix": s["gps"]["records"]}
