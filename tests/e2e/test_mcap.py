@@ -498,3 +498,36 @@ bind = "127.0.0.1:{{WEB_PORT}}"
         elif channel.topic == "/gps":
             assert nmea_valid(proto.message), proto.message
     assert counts == {"/cam": s["cam"]["records"], "/gps": s["gps"]["records"], "/gps/fix": s["gps"]["records"]}
+
+
+WEB = Path(__file__).resolve().parent.parent / "web"
+
+
+def test_the_indexed_reader_foxglove_uses_reads_the_summary_and_seeks(spooled, tmp_path):
+    """@mcap/core's McapIndexedReader (npm, what Foxglove's app reads files with; tests/web has it):
+    the summary's counts equal the spool's, a time-range query returns what Python's reader
+    returns for that range, and a 1-second query reads at most two chunks."""
+    if shutil.which("node") is None or not (WEB / "node_modules" / "@mcap" / "core").is_dir():
+        pytest.skip("node or tests/web/node_modules missing (tests/setup.sh installs them)")
+    s = stat(spooled)
+    path = tmp_path / "indexed.mcap"
+    export_mcap(spooled, path)
+    summary, _ = summary_of(path)
+    chunk = sorted(summary.chunk_indexes, key=lambda c: c.message_start_time)[len(summary.chunk_indexes) // 2]
+    start, end = chunk.message_start_time, chunk.message_start_time + 10**9 - 1
+    r = subprocess.run(["node", WEB / "mcap_read.mjs", path, str(start), str(end)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    js = json.loads(r.stdout)
+    assert {x["name"] for x in js["schemas"]} == FOXGLOVE
+    assert all(x["encoding"] == "protobuf" for x in js["schemas"])
+    for source, x in s.items():
+        assert js["counts"][f"/{source}"] == x["records"], source
+    with open(path, "rb") as f:
+        expected = {}
+        for _, ch, m in make_reader(f).iter_messages(starting_at=start, ending_at=end):
+            expected[ch.topic] = expected.get(ch.topic, 0) + 1
+    assert js["rangeCounts"] == expected and sum(expected.values()) > 0
+    assert js["chunks"] >= 5
+    assert 1 <= js["chunksRead"] <= 2, js
+    assert {"foxglove", "rigd", "rigd.clock", "rigd.event"} <= set(js["metadata"])
