@@ -21,6 +21,9 @@
 //! clock state) and one `rigd.event` per technician marker (which also stay a Log channel of their
 //! own, `/events`).
 //!
+//! The spool is read on a thread of its own, a few frames ahead ([`READ_AHEAD`]), so that reading
+//! and checking records overlaps encoding and compression.
+//!
 //! An existing output file is kept unless `force`; an encrypted spool without a key is refused
 //! before the file is created; a failure part way removes the partial file (an interrupt does not:
 //! the file is closed properly and is a valid, shorter MCAP).
@@ -39,7 +42,7 @@ use super::progress::{Interrupt, Progress};
 use super::{capture_order, total_bytes, ReplayError, SourcePlan, Summary, Tally};
 use crate::foxglove::{self, COMPRESSED_IMAGE, LOCATION_FIX, LOG, RAW_AUDIO};
 use crate::nmea::{self, Fix, FixBuilder, Sentence};
-use crate::spool::snapshot::SpoolSnapshot;
+use crate::spool::snapshot::{Corrupt, Entry, SpoolSnapshot};
 
 /// Message encoding of the MCAP file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -415,6 +418,29 @@ fn check_readable(
     Ok(())
 }
 
+/// Frames read ahead of the writer.
+const READ_AHEAD: usize = 32;
+
+/// Reads the planned records in capture order on a thread of its own, [`READ_AHEAD`] frames ahead,
+/// so that reading the spool (page cache or disk, checksums) overlaps chunk compression. The
+/// thread stops when the receiver is dropped.
+fn read_ahead<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    snap: &'scope SpoolSnapshot,
+    plan: &'scope [SourcePlan],
+) -> std::sync::mpsc::Receiver<(usize, Entry, Result<Frame, Corrupt>)> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
+    scope.spawn(move || {
+        for (i, e) in capture_order(plan) {
+            let read = snap.read(&plan[i].source, &e);
+            if tx.send((i, e, read)).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 /// Writes the planned records to one MCAP file at `path`.
 pub fn export(
     snap: &SpoolSnapshot,
@@ -482,79 +508,83 @@ fn write(
     let mut bin = Vec::new();
     let mut text = String::new();
     let mut interrupted = false;
-    for (i, e) in capture_order(plan) {
-        if interrupt.is_set() {
-            interrupted = true;
-            break;
-        }
-        progress.inc(e.len as u64);
-        let p = &plan[i];
-        let frame = match snap.read(&p.source, &e) {
-            Ok(f) => f,
-            Err(c) => {
-                progress.println(&format!("skipped corrupt {}", super::inspect::describe(&c)));
-                tally.corrupt(c);
+    std::thread::scope(|scope| -> Result<(), ReplayError> {
+        let frames = read_ahead(scope, snap, plan);
+        for (i, e, read) in frames {
+            if interrupt.is_set() {
+                interrupted = true;
+                break;
+            }
+            progress.inc(e.len as u64);
+            let p = &plan[i];
+            let frame = match read {
+                Ok(f) => f,
+                Err(c) => {
+                    progress.println(&format!("skipped corrupt {}", super::inspect::describe(&c)));
+                    tally.corrupt(c);
+                    continue;
+                }
+            };
+            let frame = match super::readable(frame, key)? {
+                Ok(f) => f,
+                Err(why) => {
+                    tally.skipped(format!("{}/{}: {why}", p.source, e.seq));
+                    continue;
+                }
+            };
+            let name = schema_name(&frame.media);
+            let src = &mut sources[i];
+            let (channel, want) = match src.channel {
+                Some(c) => c,
+                None => {
+                    let metadata = channel_metadata(&frame, opts.bucket_ms);
+                    let id = out.channel(name, &format!("/{}", p.source), &metadata)?;
+                    *src.channel.insert((id, name))
+                }
+            };
+            if want != name {
+                tally.skipped(format!(
+                    "{}/{}: a {} frame on a {want} channel",
+                    p.source,
+                    e.seq,
+                    frame.modality().as_str()
+                ));
                 continue;
             }
-        };
-        let frame = match super::readable(frame, key)? {
-            Ok(f) => f,
-            Err(why) => {
-                tally.skipped(format!("{}/{}: {why}", p.source, e.seq));
-                continue;
+            src.clock.push(frame.capture_ns, frame.clock);
+            if *p.source == *crate::events::EVENTS_SOURCE {
+                out.metadata("rigd.event", marker(&frame))?;
+                out.report.markers += 1;
             }
-        };
-        let name = schema_name(&frame.media);
-        let src = &mut sources[i];
-        let (channel, want) = match src.channel {
-            Some(c) => c,
-            None => {
-                let metadata = channel_metadata(&frame, opts.bucket_ms);
-                let id = out.channel(name, &format!("/{}", p.source), &metadata)?;
-                *src.channel.insert((id, name))
-            }
-        };
-        if want != name {
-            tally.skipped(format!(
-                "{}/{}: a {} frame on a {want} channel",
-                p.source,
-                e.seq,
-                frame.modality().as_str()
-            ));
-            continue;
-        }
-        src.clock.push(frame.capture_ns, frame.clock);
-        if *p.source == *crate::events::EVENTS_SOURCE {
-            out.metadata("rigd.event", marker(&frame))?;
-            out.report.markers += 1;
-        }
-        match opts.encoding {
-            Encoding::Json => {
-                json::message(&frame, opts.bucket_ms, &mut text);
-                out.message(channel, frame.seq, frame.capture_ns, text.as_bytes())?;
-            }
-            Encoding::Protobuf => {
-                let sentence = match frame.media {
-                    Media::Serial { text: true } => nmea::parse(&frame.payload),
-                    _ => Ok(None),
-                };
-                let level = if sentence.is_err() {
-                    out.report.nmea_unparsed += 1;
-                    foxglove::LOG_WARNING
-                } else {
-                    foxglove::LOG_INFO
-                };
-                protobuf_message(&frame, level, &mut bin);
-                out.message(channel, frame.seq, frame.capture_ns, &bin)?;
-                if let Ok(Some(s @ (Sentence::Gga(_) | Sentence::Rmc(_)))) = &sentence {
-                    for fix in src.fixes.push(s, frame.capture_ns, frame.seq) {
-                        out.fix(src, &p.source, &fix, &mut bin)?;
+            match opts.encoding {
+                Encoding::Json => {
+                    json::message(&frame, opts.bucket_ms, &mut text);
+                    out.message(channel, frame.seq, frame.capture_ns, text.as_bytes())?;
+                }
+                Encoding::Protobuf => {
+                    let sentence = match frame.media {
+                        Media::Serial { text: true } => nmea::parse(&frame.payload),
+                        _ => Ok(None),
+                    };
+                    let level = if sentence.is_err() {
+                        out.report.nmea_unparsed += 1;
+                        foxglove::LOG_WARNING
+                    } else {
+                        foxglove::LOG_INFO
+                    };
+                    protobuf_message(&frame, level, &mut bin);
+                    out.message(channel, frame.seq, frame.capture_ns, &bin)?;
+                    if let Ok(Some(s @ (Sentence::Gga(_) | Sentence::Rmc(_)))) = &sentence {
+                        for fix in src.fixes.push(s, frame.capture_ns, frame.seq) {
+                            out.fix(src, &p.source, &fix, &mut bin)?;
+                        }
                     }
                 }
             }
+            tally.done(i, &e);
         }
-        tally.done(i, &e);
-    }
+        Ok(())
+    })?;
     for (p, src) in plan.iter().zip(sources.iter_mut()) {
         if let Some(fix) = src.fixes.finish() {
             out.fix(src, &p.source, &fix, &mut bin)?;
