@@ -560,6 +560,30 @@ mod tests {
         assert_eq!(b.finish(), None);
     }
 
+    proptest::proptest! {
+        /// Whatever a serial port delivers, parsing and merging never panic; with a `$` and a
+        /// checksum that matches, mangled fields are errors or sentences, never a crash.
+        #[test]
+        fn any_record_parses_or_fails_without_panicking(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..100),
+            fields in proptest::collection::vec("[0-9NSEWAV.,-]{0,12}", 0..14),
+            kind in "(GPGGA|GNRMC|GPGSV|P|)",
+        ) {
+            let mut b = FixBuilder::default();
+            let _ = parse(&bytes);
+            let body = format!("{kind},{}", fields.join(","));
+            for record in [sentence(&body), format!("${body}").into_bytes()] {
+                if let Ok(Some(s)) = parse(&record) {
+                    for fix in b.push(&s, 1, 1) {
+                        proptest::prop_assert!(fix.latitude.abs() <= 90.0);
+                        proptest::prop_assert!(fix.longitude.abs() <= 180.0);
+                    }
+                }
+            }
+            let _ = b.finish();
+        }
+    }
+
     #[test]
     fn rmc_only_sources_get_a_fix_per_valid_sentence() {
         let mut b = FixBuilder::default();
