@@ -590,7 +590,7 @@ fn write(
             out.fix(src, &p.source, &fix, &mut bin)?;
         }
     }
-    let range = |entries: &mut dyn Iterator<Item = &crate::spool::snapshot::Entry>| {
+    let range = |entries: &mut dyn Iterator<Item = &Entry>| {
         entries.fold(None, |r: Option<(i64, i64)>, e| {
             Some(r.map_or((e.capture_ns, e.capture_ns), |(a, b)| {
                 (a.min(e.capture_ns), b.max(e.capture_ns))
