@@ -32,9 +32,12 @@ fi
 
 [ "${1:-}" = "--build-deps" ] && exit 0
 
-# pytest-xdist: the parallel workers of tests/lanes.py.
-PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest" "pytest-xdist" "prometheus_client" "mcap")
-if ! python3 -c 'import pulsar, PIL, pytest, xdist, prometheus_client, mcap' 2>/dev/null; then
+# pytest-xdist: the parallel workers of tests/lanes.py. mcap-protobuf-support decodes the MCAP
+# export's protobuf messages, pynmea2 is the NMEA reference, foxglove-schemas-protobuf Foxglove's
+# own descriptors (tests/e2e/test_mcap.py).
+PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest" "pytest-xdist" "prometheus_client" "mcap"
+         "mcap-protobuf-support" "pynmea2" "foxglove-schemas-protobuf")
+if ! python3 -c 'import pulsar, PIL, pytest, xdist, prometheus_client, mcap, mcap_protobuf, pynmea2, foxglove_schemas_protobuf' 2>/dev/null; then
   echo "setup: installing Python packages: ${PY_PKGS[*]}" >&2
   python3 -m pip install -q "${PY_PKGS[@]}" >&2
 fi

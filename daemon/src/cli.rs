@@ -137,9 +137,19 @@ struct ReplayArgs {
     /// Export to files under DIR: JPEG per camera frame, WAV per audio source, NDJSON per serial source.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Export to one MCAP file (a channel per source, Foxglove schemas).
+    /// Export to one MCAP file (a channel per source, Foxglove schemas, indexed for seeking).
     #[arg(long, value_name = "FILE")]
     mcap: Option<PathBuf>,
+    /// With --mcap: message encoding (protobuf: Foxglove's protobuf schemas; json: Foxglove's
+    /// JSON schemas, bytes as base64). Default: protobuf.
+    #[arg(long, value_enum)]
+    encoding: Option<crate::replay::mcap::Encoding>,
+    /// With --mcap: chunk compression. Default: zstd.
+    #[arg(long, value_enum)]
+    compression: Option<crate::replay::mcap::Compression>,
+    /// With --mcap: overwrite FILE when it exists (else exit 2).
+    #[arg(long)]
+    force: bool,
     /// Republish to this Pulsar cluster (pulsar://host:port) with the rig's own topics, keys,
     /// properties, producer names and sequence ids: a broker with deduplication drops what it holds.
     #[arg(long, value_name = "URL")]
@@ -337,6 +347,13 @@ fn spool(command: SpoolCommand) -> ExitCode {
 fn replay(args: ReplayArgs) -> ExitCode {
     use crate::replay::{files, inspect, mcap, progress::Interrupt, republish, Selection};
     init_quiet_logging();
+    if args.mcap.is_none() && (args.encoding.is_some() || args.compression.is_some() || args.force)
+    {
+        say(format_args!(
+            "rigd: --encoding, --compression and --force go with --mcap FILE"
+        ));
+        return ExitCode::from(2);
+    }
     let interrupt = Interrupt::install();
     let snap = match inspect::open(&args.spool, args.scan) {
         Ok(s) => s,
@@ -377,7 +394,14 @@ fn replay(args: ReplayArgs) -> ExitCode {
     let result = if let Some(dir) = &args.out {
         files::export(&snap, &plan, dir, rig.bucket_ms, key.as_ref(), &interrupt)
     } else if let Some(file) = &args.mcap {
-        mcap::export(&snap, &plan, file, rig.bucket_ms, key.as_ref(), &interrupt)
+        let opts = mcap::Options {
+            encoding: args.encoding.unwrap_or_default(),
+            compression: args.compression.unwrap_or_default(),
+            force: args.force,
+            rig: rig.rig.clone(),
+            bucket_ms: rig.bucket_ms,
+        };
+        mcap::export(&snap, &plan, file, &opts, key.as_ref(), &interrupt)
     } else if let Some(url) = &args.pulsar {
         let token = match read_token(args.token_file.as_ref()) {
             Ok(t) => t,

@@ -39,6 +39,8 @@ pub enum ReplayError {
         path: PathBuf,
         source: ::mcap::McapError,
     },
+    #[error("{path} exists; say --force to overwrite it")]
+    OutputExists { path: PathBuf },
     #[error("{path}: {why}")]
     Unsupported { path: PathBuf, why: String },
     #[error("pulsar {url}: {why}")]
@@ -78,6 +80,7 @@ impl ReplayError {
                 | ReplayError::Spool(SpoolError::NotSpool { .. })
                 | ReplayError::NoRig { .. }
                 | ReplayError::Encrypted { .. }
+                | ReplayError::OutputExists { .. }
         )
     }
 
@@ -233,6 +236,8 @@ pub struct Summary {
     pub skipped: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub published: Option<Published>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcap: Option<mcap::McapReport>,
     pub interrupted: bool,
     pub seconds: f64,
     pub mb_per_s: f64,
@@ -290,6 +295,7 @@ impl Tally {
             corrupt: self.corrupt,
             skipped: self.skipped,
             published: None,
+            mcap: None,
             interrupted,
             seconds,
             mb_per_s: if seconds > 0.0 {
@@ -329,6 +335,20 @@ impl Summary {
             err,
                 "  broker: {} persisted, {} already held (deduplicated), {} refused, {} unacknowledged",
                 p.persisted, p.already_persisted, p.refused, p.unacknowledged
+            );
+        }
+        if let Some(m) = &self.mcap {
+            let _ = writeln!(
+                err,
+                "  mcap: {} messages ({}, {} chunks), {:.1} MB written; {} location fixes, {} NMEA \
+                 sentences unparsed (kept as Log lines), {} markers",
+                m.messages,
+                m.encoding,
+                m.compression,
+                m.output_bytes as f64 / 1e6,
+                m.location_fixes,
+                m.nmea_unparsed,
+                m.markers
             );
         }
         if !self.corrupt.is_empty() {

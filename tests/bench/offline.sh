@@ -2,7 +2,7 @@
 # Export speed of the offline tools on a spool of about 1 GiB (docs/OFFLINE.md holds a run's output):
 #   tests/bench/offline.sh [SIZE_MIB]     default 1024
 # Makes the spool with a real rigd run (synthetic 512 KiB camera frames at 60 fps, a microphone and a
-# GPS, no broker, so everything spools), then times `rigd replay --out` and `--mcap` on it, each with a
+# GPS, no broker, so everything spools), then times `rigd replay --out` and `--mcap` (protobuf+zstd, lz4, none, and JSON) on it, each with a
 # cold page cache (when run as root) and a warm one. MB/s = spool bytes read / wall time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,18 +58,23 @@ echo
 echo
 echo "| export | cache | records | spool MB | output MB | seconds | MB/s |"
 echo "|---|---|---|---|---|---|---|"
-for kind in out mcap; do
+# --mcap variants: the default (protobuf + zstd), lz4, uncompressed, and JSON without compression
+# (what --mcap wrote before issue 28).
+variants=("out" "mcap" "mcap --compression lz4" "mcap --compression none" "mcap --encoding json --compression none")
+for variant in "${variants[@]}"; do
+  read -r kind extra <<<"$variant"
   for pass in 1 2; do
     cache=$([ $pass = 1 ] && cold || echo warm)
     rm -rf "$WORK/export" "$WORK/spool.mcap"
     target=$([ $kind = out ] && echo "$WORK/export" || echo "$WORK/spool.mcap")
-    "$RIGD" replay --spool "$WORK/spool" --$kind "$target" --json >"$WORK/summary.json" 2>/dev/null
+    # shellcheck disable=SC2086
+    "$RIGD" replay --spool "$WORK/spool" --$kind "$target" $extra --json >"$WORK/summary.json" 2>/dev/null
     sync
     out_mb=$(du -sb "$target" | awk '{printf "%.0f", $1/1e6}')
-    python3 - "$WORK/summary.json" "$kind" "$cache" "$out_mb" <<'PY'
+    python3 - "$WORK/summary.json" "--$variant" "$cache" "$out_mb" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
-print(f"| --{sys.argv[2]} | {sys.argv[3]} | {s['records']} | {s['bytes']/1e6:.0f} | {sys.argv[4]} | {s['seconds']:.1f} | {s['mb_per_s']:.0f} |")
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {s['records']} | {s['bytes']/1e6:.0f} | {sys.argv[4]} | {s['seconds']:.1f} | {s['mb_per_s']:.0f} |")
 PY
   done
 done
