@@ -187,7 +187,8 @@ def test_export_filters_by_source_and_capture_time(spooled, tmp_path):
 def test_export_to_mcap_reads_back_with_the_reference_reader(spooled, tmp_path):
     s = {x["id"]: x for x in stat_json(spooled)["sources"]}
     path = tmp_path / "spool.mcap"
-    r = rigd("replay", "--spool", spooled, "--mcap", path)
+    # The JSON encoding (the default is protobuf: tests/e2e/test_mcap.py)
+    r = rigd("replay", "--spool", spooled, "--mcap", path, "--encoding", "json")
     assert r.returncode == 0, r.stderr
     with open(path, "rb") as f:
         reader = make_reader(f)
