@@ -21,7 +21,7 @@ id = "cam"
 kind = "synthetic-camera"
 width = 160
 height = 120
-fps = 1
+fps = 0.5
 frame-bytes = {FRAME}
 
 [pulsar]

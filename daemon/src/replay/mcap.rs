@@ -11,7 +11,7 @@
 //!
 //! Encodings: `protobuf` (default; each schema's data is a `FileDescriptorSet`, [`crate::foxglove`])
 //! or `json` (Foxglove's JSON schemas, [`json`]; no `/fix` channels). Chunks are compressed with
-//! zstd (default), lz4 or not at all, and close at 4 MiB or 1 s of capture time, with message
+//! zstd (default), lz4 or not at all, and close after 1 s of capture time (or 64 MiB), with message
 //! indexes, chunk indexes, statistics and the summary, so readers seek without scanning.
 //!
 //! Times: log time = publish time = capture time (ns, the rig clock), message sequence = the
@@ -102,9 +102,11 @@ pub struct Options {
     pub bucket_ms: u32,
 }
 
-/// A chunk closes once it holds this many (uncompressed) bytes ...
-pub const CHUNK_BYTES: u64 = 4 << 20;
-/// ... or a message is this much later than the chunk's first.
+/// A chunk closes once a message is [`CHUNK_NS`] later than the chunk's first, or, for a second of
+/// capture larger than this (uncompressed), earlier: a 30 MB/s rig's second is one chunk, so a
+/// reader's 1 s range query reads at most two.
+pub const CHUNK_BYTES: u64 = 64 << 20;
+/// The time a chunk covers at most.
 pub const CHUNK_NS: u64 = 1_000_000_000;
 /// zstd level 1: JPEG and PCM gain little from higher levels, which cost several times the CPU.
 const ZSTD_LEVEL: u32 = 1;

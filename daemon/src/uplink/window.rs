@@ -250,7 +250,7 @@ impl Window {
         let mut i = 0;
         while i < self.messages.len() {
             let max_chunk = self.chunk_limit(max_message_size, &self.messages[i].envelope);
-            let max_piece = self.sealed_limit(max_message_size, &self.messages[i].envelope);
+            let max_piece = self.broker_limit(max_message_size, &self.messages[i].envelope);
             let m = &mut self.messages[i];
             m.written = m.receipts;
             i += 1;
@@ -410,7 +410,7 @@ impl Window {
                     return Ok(());
                 }
             };
-            let max_piece = self.sealed_limit(session.max_message_size, &envelope);
+            let max_piece = self.broker_limit(session.max_message_size, &envelope);
             if let Some(p) = s.pieces.iter().find(|p| p.ciphertext.len() > max_piece) {
                 let why = format!(
                     "a sealed piece of {} bytes does not fit the broker's max message size ({} bytes)",
@@ -474,21 +474,18 @@ impl Window {
         Ok(())
     }
 
-    /// The largest chunk (or sealed piece, or batch) of a message with `envelope` at the broker's
-    /// `max_message_size`.
+    /// The largest chunk (or batch) of a message with `envelope`: the broker's limit, and under a
+    /// budget [`WindowConfig::max_chunk_bytes`].
     fn chunk_limit(&self, max_message_size: usize, envelope: &Envelope) -> usize {
-        let broker = self
-            .max_chunk(max_message_size)
-            .saturating_sub(envelope_size(envelope))
-            .max(1024);
+        let broker = self.broker_limit(max_message_size, envelope);
         self.cfg
             .max_chunk_bytes
             .map_or(broker, |b| broker.min(b.max(1024)))
     }
 
-    /// [`Window::chunk_limit`] for a piece sealed in the spool: the broker's limit alone (it
-    /// cannot be cut again).
-    fn sealed_limit(&self, max_message_size: usize, envelope: &Envelope) -> usize {
+    /// The largest message payload with `envelope` at the broker's `max_message_size` (a piece
+    /// sealed in the spool is held to this alone: it cannot be cut again).
+    fn broker_limit(&self, max_message_size: usize, envelope: &Envelope) -> usize {
         self.max_chunk(max_message_size)
             .saturating_sub(envelope_size(envelope))
             .max(1024)
