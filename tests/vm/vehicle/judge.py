@@ -97,10 +97,14 @@ def arrived(ns: str, rig: str, sources: list[str], timeout: float) -> int:
             fig += f", {loudest:.1f} dBFS"
             if loudest < -60:
                 problems.append(f"{src}: only silence in {len(msgs + tone)} blocks (the speaker-test tone did not come through)")
-            # Paced capture: over about 2 s of blocks, the samples delivered per second of capture
-            # time match the sample rate within 1% (snd-aloop runs on the guest's real clock).
-            paced = consume(BROKER_URL, [topic(ns, rig, src)], idle_timeout_s=3, max_messages=70,
-                            total_timeout_s=max(30.0, deadline - time.time()))
+            # Paced capture: over about 10 s of blocks, the samples delivered per second of capture
+            # time match the sample rate within 1% (snd-aloop runs on the guest's real clock). The
+            # first 100 blocks (3 s) are left out: rigd starts while the guest is still booting
+            # (its userspace takes 35-110 s under TCG), and a period that late re-anchors the
+            # block timeline (counted as device drops); three CI runs in a row measured 62-82 % of
+            # the rate over the first 70 blocks.
+            paced = consume(BROKER_URL, [topic(ns, rig, src)], idle_timeout_s=3, max_messages=400,
+                            total_timeout_s=max(60.0, deadline - time.time()))[100:]
             if len(paced) >= 10:
                 caps = [int(m["properties"]["capture-ns"]) for m in paced]
                 samples = sum(int(m["properties"]["frames"]) for m in paced[:-1])
@@ -108,7 +112,7 @@ def arrived(ns: str, rig: str, sources: list[str], timeout: float) -> int:
                 rate = int(p["sample-rate"])
                 measured = samples / span if span > 0 else 0
                 fig += f", {samples} samples in {span:.2f} s of capture = {measured:.0f}/s (rate {rate})"
-                if span < 1.5 or abs(measured - rate) > rate / 100:
+                if span < 5 or abs(measured - rate) > rate / 100:
                     problems.append(f"{src}: {measured:.0f} samples/s over {span:.2f} s, not {rate} within 1%")
             else:
                 problems.append(f"{src}: only {len(paced)} audio blocks for the pacing check")
