@@ -129,8 +129,20 @@ def test_a_topic_terminated_under_frames_in_flight_takes_frames_again_once_recre
         d.wait_for(lambda s: source_status(s, "cam")["published"] >= 20, timeout=60, what="camera publishing")
         admin("POST", topic_path(rig, "cam") + "/terminate")
         # The broker fences the topic while it terminates it (ServiceNotReady to a new producer):
-        # on a loaded machine that took over 30 s with 100 fps of 200 kB frames in flight.
-        s = d.wait_for(lambda s: s["uplink"]["terminated"] == ["cam"], timeout=90, what="the termination reported")
+        # on a loaded machine that took over 30 s with 100 fps of 200 kB frames in flight. A write
+        # that fails under the termination can also leave the topic fenced until it is unloaded
+        # (apache/pulsar#5284, #20526: the broker's own fault; CI met it once, the topic still
+        # fenced after 90 s). The operator's remedy then is the same as for a terminated topic
+        # (unload it, delete it): rigd must recover either way, which is what this test is about.
+        try:
+            s = d.wait_for(lambda s: s["uplink"]["terminated"] == ["cam"], timeout=90,
+                           what="the termination reported")
+        except AssertionError:
+            s = d.status()
+            if "TopicFenced" not in (s["uplink"].get("last_error") or ""):
+                raise
+            print("the broker kept the topic fenced (apache/pulsar#5284): unloading it", s["uplink"])
+            admin("PUT", topic_path(rig, "cam") + "/unload")
         at_termination = source_status(s, "cam")["published"]
         admin("DELETE", topic_path(rig, "cam") + "?force=true")
         d.wait_for(lambda s: s["uplink"]["terminated"] == [] and s["uplink"]["connected"]

@@ -341,12 +341,13 @@ def test_tail_shows_every_modality_in_every_bucket_while_a_rig_publishes(broker,
         d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
         tail = subprocess.Popen([rigd_bin(), "tail", "--pulsar", broker, "--rig", rig, "--json",
                                  "--topic", f"persistent://{ns}/{{rig}}-{{source}}", "--max-buckets", "150",
-                                 # a bucket is judged once frames 5 s newer arrived (default 1 s): on a
-                                 # busy machine one source's frames can reach the broker a second later
-                                 "--lag", "150"],
+                                 # a bucket is judged once frames 20 s newer arrived (default 1 s): on a
+                                 # busy machine (CI: three brokers and a QEMU guest on two cores) one
+                                 # source's frames can reach the broker seconds after another's
+                                 "--lag", "600"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            out, err = tail.communicate(timeout=90)
+            out, err = tail.communicate(timeout=150)
         except subprocess.TimeoutExpired:
             tail.send_signal(signal.SIGINT)
             out, err = tail.communicate(timeout=20)
@@ -376,17 +377,17 @@ def test_tail_shows_every_modality_in_every_bucket_while_a_rig_publishes(broker,
             topic.setdefault(c // 33_000_000, {}).setdefault(src, []).append(c)
     for x in interior:
         held = topic.get(x["bucket"], {})
-        assert set(x["sources"]) == set(held), f"tail's sources differ from the topics': {x} vs {held}"
+        assert set(x["sources"]) == set(held), f"tail's sources differ from the topics': {x} vs {held}; {err}"
         for src, v in x["sources"].items():
             assert (v["frames"], v["first_capture_ns"], v["last_capture_ns"]) == \
-                (len(held[src]), min(held[src]), max(held[src])), (src, x)
+                (len(held[src]), min(held[src]), max(held[src])), (src, x, err)
         assert x["complete"] == (set(held) == {"cam", "mic", "gps"}), x
     # The rig's side: buckets hold every modality. A starved process (two cores shared with QEMU
     # guests and brokers in CI) can skip a camera or serial period now and then (the synthetic
     # camera counts it as a dropped frame, as a camera would), which the check above proves is the
     # topic's content and not tail's doing; most buckets must still be complete.
     incomplete = [x for x in interior if not x["complete"]]
-    assert len(incomplete) <= len(interior) // 10, incomplete[:5]
+    assert len(incomplete) <= len(interior) // 10, (len(incomplete), len(interior), incomplete[:5])
     for x in (x for x in interior if x["complete"]):
         assert x["modalities"] == ["audio", "camera", "serial"], x
         assert set(x["sources"]) == {"cam", "mic", "gps"}
