@@ -1,6 +1,6 @@
 //! `rigd replay --pulsar URL`: a spool republished with the daemon's own producer, so the topics,
 //! keys, event times, properties, producer names (`rigd-{rig}-{source}`) and sequence ids
-//! (`seq * 8 + generation`) are exactly what the rig itself would have sent. A broker with
+//! (`seq << 11 | generation << 8 | chunk`, `uplink::plan::sequence_id`) are exactly what the rig itself would have sent. A broker with
 //! deduplication on therefore drops every frame it already holds (the producer even skips sending
 //! them, from the last sequence id the broker reports); without deduplication delivery is at
 //! least once.
