@@ -71,6 +71,9 @@ struct TailArgs {
     /// File holding the Pulsar token.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// CA certificates (PEM) for a pulsar+ssl:// URL (default: the Mozilla roots).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
 }
 
 fn rig_id(s: &str) -> Result<String, String> {
@@ -452,6 +455,7 @@ fn tail(args: TailArgs) -> ExitCode {
         topic: args.topic,
         sources: args.sources,
         token,
+        tls_ca: args.tls_ca,
         json: args.json,
         from_earliest: args.from_earliest,
         max_buckets: args.max_buckets,

@@ -10,7 +10,7 @@
 use futures::StreamExt;
 use pulsar::consumer::{ConsumerOptions, InitialPosition};
 use pulsar::message::proto::command_subscribe::SubType;
-use pulsar::{Authentication, Consumer, Pulsar, TokioExecutor};
+use pulsar::{Consumer, Pulsar, TokioExecutor};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Write;
@@ -46,6 +46,8 @@ pub struct TailConfig {
     /// and expect every source seen so far.
     pub sources: Vec<String>,
     pub token: Option<String>,
+    /// CA certificates (PEM) for a `pulsar+ssl://` URL (default: the Mozilla roots).
+    pub tls_ca: Option<std::path::PathBuf>,
     pub json: bool,
     /// Start from the oldest message the topics hold instead of the newest.
     pub from_earliest: bool,
@@ -293,13 +295,8 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
         url: cfg.url.clone(),
         why,
     };
-    let mut builder = Pulsar::builder(cfg.url.clone(), TokioExecutor);
-    if let Some(t) = &cfg.token {
-        builder = builder.with_auth(Authentication {
-            name: "token".into(),
-            data: t.clone().into_bytes(),
-        });
-    }
+    let builder = crate::uplink::probe::client(&cfg.url, cfg.token.clone(), cfg.tls_ca.as_deref())
+        .map_err(|e| perr(format!("--tls-ca {e}")))?;
     let pulsar: Pulsar<TokioExecutor> = tokio::select! {
         r = builder.build() => r.map_err(|e| perr(format!("cannot connect: {e}")))?,
         _ = interrupt.wait() => return Ok(TailSummary::default()),

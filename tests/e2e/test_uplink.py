@@ -1,13 +1,15 @@
 """The uplink against the real broker: Pulsar-native chunking, deduplication across kill -9,
 Key_Shared routing. The official Python client is the judge."""
 
+import json
 import re
+import subprocess
 import threading
 import time
 
 import pulsar
 
-from harness import BROKER_URL, Rigd, admin, check_synthetic_jpeg, consume, namespace_with_dedup, unique
+from harness import BROKER_URL, Rigd, admin, check_synthetic_jpeg, consume, namespace_with_dedup, rigd_bin, unique
 
 
 def topics(ns, rig, sources):
@@ -243,6 +245,16 @@ def test_tls_and_token_authentication_against_a_broker_that_requires_them(tmp_pa
             s = good.status()
             assert s["uplink"]["connected"] and s["uplink"]["published"] > before + 50, s["uplink"]
             assert s["uplink"]["reconnects"] == reconnects, "the challenge was answered on the same connection"
+            # rigd tail follows the rig on the same broker: its certificate is signed by the CA made
+            # here, so tail needs --tls-ca (the Mozilla roots refuse it) and the token.
+            tail = [rigd_bin(), "tail", "--pulsar", url, "--rig", rig, "--source", "gps", "--json",
+                    "--max-buckets", "5", "--token-file", str(tmp_path / "good.token")]
+            r = subprocess.run(tail + ["--tls-ca", str(tls / "ca.pem")], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            lines = [json.loads(x) for x in r.stdout.splitlines()]
+            assert len(lines) == 5 and all("gps" in x["sources"] for x in lines), r.stdout
+            r = subprocess.run(tail, capture_output=True, text=True, timeout=60)
+            assert r.returncode != 0 and "cannot connect" in r.stderr, (r.returncode, r.stderr)
             assert good.stop() == 0
         finally:
             good.close()

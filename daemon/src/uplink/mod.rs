@@ -9,7 +9,7 @@ pub(crate) mod compress;
 mod connect;
 pub mod identity;
 pub mod plan;
-mod probe;
+pub(crate) mod probe;
 mod producer;
 pub mod window;
 

@@ -10,12 +10,34 @@ use futures::StreamExt;
 use pulsar::consumer::{ConsumerOptions, InitialPosition};
 use pulsar::message::proto::command_subscribe::SubType;
 use pulsar::message::proto::MessageIdData;
-use pulsar::{Authentication, Consumer, Pulsar, TokioExecutor};
+use pulsar::{Authentication, Consumer, Pulsar, PulsarBuilder, TokioExecutor};
 use std::path::Path;
 use std::time::Duration;
 
 use super::connect::Token;
 use super::plan::BrokerLast;
+
+/// A client of the `pulsar` crate (the probe's and `rigd tail`'s): the token, if any, and for
+/// `pulsar+ssl://` the CA certificates to trust (default: the Mozilla roots).
+pub fn client(
+    url: &str,
+    token: Option<String>,
+    tls_ca: Option<&Path>,
+) -> Result<PulsarBuilder<TokioExecutor>, String> {
+    let mut builder = Pulsar::builder(url.to_string(), TokioExecutor);
+    if let Some(t) = token {
+        builder = builder.with_auth(Authentication {
+            name: "token".into(),
+            data: t.into_bytes(),
+        });
+    }
+    if let Some(ca) = tls_ca {
+        builder = builder
+            .with_certificate_chain_file(ca)
+            .map_err(|e| format!("{}: {e}", ca.display()))?;
+    }
+    Ok(builder)
+}
 
 /// The highest sequence id of the topic's last message (a batch's highest) and, for a chunk, the
 /// number of chunks of its frame; None for a topic without messages. Errors name what failed; the
@@ -29,19 +51,11 @@ pub async fn last_sequence_id(
     token: &Token,
     tls_ca: Option<&Path>,
 ) -> Result<Option<BrokerLast>, String> {
-    let mut builder = Pulsar::builder(url.to_string(), TokioExecutor);
-    if let Some(t) = token.current().map_err(|e| e.to_string())? {
-        builder = builder.with_auth(Authentication {
-            name: "token".into(),
-            data: t.into_bytes(),
-        });
-    }
-    if let Some(ca) = tls_ca {
-        builder = builder
-            .with_certificate_chain_file(ca)
-            .map_err(|e| format!("{}: {e}", ca.display()))?;
-    }
-    let pulsar: Pulsar<TokioExecutor> = builder.build().await.map_err(|e| e.to_string())?;
+    let token = token.current().map_err(|e| e.to_string())?;
+    let pulsar: Pulsar<TokioExecutor> = client(url, token, tls_ca)?
+        .build()
+        .await
+        .map_err(|e| e.to_string())?;
     let subscription = format!(
         "rigd-probe-{}-{:x}",
         std::process::id(),
