@@ -353,6 +353,16 @@ impl Lane {
         let next = frame.seq + 1;
         s.next_seq = s.next_seq.max(next);
         self.stats.preview.offer(&frame);
+        // A number at or past the durable floor could have been handed out before a crash:
+        // such a frame is neither published nor stored (counted by the spool).
+        if !self.spool.admit_seq(&self.source, frame.seq) {
+            self.log_drop(
+                last_drop_log,
+                1,
+                "spool: the sequence floor (SEQ) cannot be moved past this frame's number; frame dropped",
+            );
+            return;
+        }
         let paused = self.paused.load(Ordering::Relaxed);
         let e = &mut s.live;
         let open = e.producer.is_some() && !paused;

@@ -15,7 +15,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from harness import BROKER_URL, Rigd, consume, free_port, namespace_with_dedup, rigd_bin, unique
+from harness import BROKER_URL, Rigd, consume, free_port, namespace_with_dedup, received_seqs, rigd_bin, unique
 
 SOURCES = """
 [[source]]
@@ -337,6 +337,72 @@ def test_a_full_filesystem_loses_nothing_spooled_and_counters_stay_sane(tmp_path
         assert {x["id"]: x["records"] for x in st["sources"]} == after, (st, after)
         v = rigd("spool", "verify", "--spool", disk / "spool", "--json")
         assert v.returncode == 0, v.stdout[-2000:]
+
+
+GPS_50HZ = """
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = 50
+"""
+
+
+def fill(path: Path) -> None:
+    """Writes `path` until the filesystem has not one block left (ENOSPC)."""
+    import errno
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (1 << 20, 4096, 1):
+            while True:
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+                    break
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_after_a_crash_rigd_starts_and_publishes_on_a_full_or_unwritable_spool(live_broker, tmp_path):
+    """Issue 31.3. After a kill -9 in `on-outage` mode the next start owes a sequence jump and
+    moves the floor in `SEQ` past it. On a full filesystem, or with `SEQ.tmp` a directory so that
+    no file can replace `SEQ`, that write was fatal ("reading the sequence number"): systemd
+    restart-looped a rig that captured nothing. Now the floor is rewritten in place: each start
+    comes up, publishes live, and the official client finds every acknowledged frame once, each
+    crashed run's numbers left behind by a jump."""
+    ns = namespace_with_dedup(unique("fullcrash"))
+    rig = unique("fullcrash")
+    disk = tmp_path / "disk"
+    spool = disk / "spool"
+    cfg = config(rig, spool=str(spool), url=BROKER_URL, ns=ns, extra_spool='free-reserve = "1MiB"',
+                 sources=GPS_50HZ)
+    acked = 0
+    with Tmpfs(disk, "16m"):
+        for name in ("first", "full", "unwritable"):
+            if name == "full":
+                fill(disk / "fill")
+                assert os.statvfs(disk).f_bavail == 0
+            if name == "unwritable":
+                (disk / "fill").unlink()
+                (spool / "SEQ.tmp").mkdir()
+            d = Rigd(tmp_path, cfg, name=name).start()
+            try:
+                s = d.wait_for(lambda s: s["uplink"]["published"] >= 100, timeout=60,
+                               what=f"{name}: frames published live")
+                assert s["spool"]["dropped"] == 0, s["spool"]
+                acked += d.status()["uplink"]["published"]
+                d.kill9()
+            finally:
+                d.close()
+            if name == "full":
+                assert "cannot move the sequence floor" not in d.log(), d.log()[-3000:]
+    seqs = sorted(received_seqs(f"persistent://{ns}/{rig}-gps"))
+    assert len(seqs) == len(set(seqs)), "a frame arrived twice"
+    assert len(seqs) >= acked, (len(seqs), acked)
+    jumps = sum(1 for a, b in zip(seqs, seqs[1:]) if b - a >= 1 << 19)
+    print(f"crash starts on a full/unwritable spool: {len(seqs)} frames received, {acked} acknowledged, {jumps} jumps")
+    assert jumps == 2, f"each start after a crash numbers past the crashed run: {jumps} jumps"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="lowering a running child's RLIMIT_NOFILE with prlimit needs root")

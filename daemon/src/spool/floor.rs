@@ -7,14 +7,22 @@
 //! numbers, and the broker's deduplication would drop every such frame as a duplicate: silent
 //! loss. So the spool reserves numbers ahead, durably, in a file of its own (hi-lo): the floor is
 //! moved [`STEP`] past the next number before frames get within `STEP / 2` of it, and a frame is
-//! numbered only below a durable floor. After index damage, numbering resumes at the floor.
+//! numbered only below a durable floor ([`Spool::admit_seq`]: a frame past it is dropped, counted).
+//! After index damage, numbering resumes at the floor.
 //!
-//! The file is written to `SEQ.tmp`, fsynced, renamed over `SEQ` and the directory fsynced, so a
-//! power cut leaves the old floors or the new ones, both valid. A `SEQ` that does not parse is
-//! ignored (logged) and rewritten at the next reservation.
+//! The file holds two slots of equal size, written in place in turn (the LMDB meta-page way):
+//! each slot is a header line `rigd-seq-floor 2 <generation> <crc32c> <length>` and that many
+//! bytes of `floor<TAB>source` lines, zero-padded. A reservation overwrites the older slot and
+//! fdatasyncs; a power cut mid-write tears that slot only, whose checksum then fails, and the
+//! reader takes the other. Overwriting blocks the file already has needs no free space, so the
+//! floor moves on a full disk (issue 31.3: after a crash, rigd starts and captures there). The
+//! file is created (or grown, or converted from version 1, a single text slot) by the atomic
+//! replace of [`super::disk::replace_file`]; while that fails, the floor stays where it is.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,82 +33,223 @@ pub const FILE: &str = "SEQ";
 /// How far ahead of the next number a reservation reaches: at 1 kHz, a write every ~9 minutes.
 pub const STEP: u64 = CRASH_SEQ_MARGIN;
 
-/// After a failed write of `SEQ` (a full disk), the next attempt waits this long.
+/// After a failed write of `SEQ`, the next attempt waits this long.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// The floors in memory, as last written (or read).
+/// The smallest slot, and the unit slots grow by.
+const SLOT: usize = 4096;
+
+const HEADER_V1: &str = "rigd-seq-floor 1";
+const HEADER_V2: &str = "rigd-seq-floor 2 ";
+
+/// The floors in memory, as last made durable (or read).
 #[derive(Default)]
 pub(super) struct Floors {
     pub(super) reserved: BTreeMap<Arc<str>, u64>,
-    pub(super) failed_at: Option<Instant>,
+    /// When the last write failed, while it has not succeeded since.
+    failed_at: Option<Instant>,
+    /// `SEQ` (version 2) open for in-place writes, and its slot size.
+    slots: Option<(File, usize)>,
+    /// The generation of the slot written last.
+    generation: u64,
 }
 
 /// Reads `SEQ` from a spool directory: source -> floor (empty when absent; `Err` when it does not
 /// parse).
 pub fn read(dir: &Path) -> Result<BTreeMap<String, u64>, String> {
+    read_slots(dir).map(|(floors, _, _)| floors)
+}
+
+/// The floors, the generation they were written with and the slot size (0: not version 2).
+fn read_slots(dir: &Path) -> Result<(BTreeMap<String, u64>, u64, usize), String> {
     let path = dir.join(FILE);
-    let text = match std::fs::read_to_string(&path) {
+    let bytes = match std::fs::read(&path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((BTreeMap::new(), 0, 0)),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    decode(&text).map_err(|e| format!("{}: {e}", path.display()))
+    decode(&bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// `SEQ`'s format: a header line, then one `floor<TAB>source` line per source (a source id
-/// holds no tab or newline: config refuses them).
-fn encode(floors: &BTreeMap<Arc<str>, u64>) -> String {
-    let mut out = String::from("rigd-seq-floor 1\n");
-    for (source, floor) in floors {
-        out.push_str(&format!("{floor}\t{source}\n"));
+fn decode(bytes: &[u8]) -> Result<(BTreeMap<String, u64>, u64, usize), String> {
+    if !bytes.starts_with(HEADER_V1.as_bytes()) {
+        if bytes.is_empty() || bytes.len() % (2 * SLOT) != 0 {
+            return Err(format!("{} bytes: not two slots", bytes.len()));
+        }
+        let slot = bytes.len() / 2;
+        let mut best: Option<(u64, BTreeMap<String, u64>)> = None;
+        let mut why = Vec::new();
+        for (i, s) in bytes.chunks(slot).enumerate() {
+            match decode_slot(s) {
+                Ok((g, floors)) => {
+                    if best.as_ref().is_none_or(|(b, _)| g > *b) {
+                        best = Some((g, floors));
+                    }
+                }
+                Err(e) => why.push(format!("slot {i}: {e}")),
+            }
+        }
+        let (generation, floors) = best.ok_or_else(|| why.join("; "))?;
+        return Ok((floors, generation, slot));
     }
-    out
-}
-
-fn decode(text: &str) -> Result<BTreeMap<String, u64>, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| e.to_string())?;
     let mut lines = text.lines();
-    if lines.next() != Some("rigd-seq-floor 1") {
+    if lines.next() != Some(HEADER_V1) {
         return Err("not a sequence floor file (header)".into());
     }
+    Ok((decode_lines(lines)?, 0, 0))
+}
+
+/// One slot: `(generation, floors)`.
+fn decode_slot(slot: &[u8]) -> Result<(u64, BTreeMap<String, u64>), String> {
+    let end = slot
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or("no header line")?;
+    let header = std::str::from_utf8(&slot[..end]).map_err(|_| "header not text")?;
+    let fields: Vec<&str> = header
+        .strip_prefix(HEADER_V2)
+        .ok_or("no header")?
+        .split(' ')
+        .collect();
+    let [generation, crc, len] = fields[..] else {
+        return Err("header fields".into());
+    };
+    let generation: u64 = generation.parse().map_err(|_| "generation")?;
+    let crc = u32::from_str_radix(crc, 16).map_err(|_| "checksum field")?;
+    let len: usize = len.parse().map_err(|_| "length")?;
+    let body = slot
+        .get(end + 1..end + 1 + len)
+        .ok_or("length past the slot")?;
+    if crc32c::crc32c(body) != crc {
+        return Err("checksum (a torn write)".into());
+    }
+    let text = std::str::from_utf8(body).map_err(|_| "body not text")?;
+    Ok((generation, decode_lines(text.lines())?))
+}
+
+/// `floor<TAB>source` lines (a source id holds no tab or newline: config refuses them).
+fn decode_lines<'a>(lines: impl Iterator<Item = &'a str>) -> Result<BTreeMap<String, u64>, String> {
     let mut out = BTreeMap::new();
     for (n, line) in lines.enumerate() {
         let (floor, source) = line
             .split_once('\t')
-            .ok_or_else(|| format!("line {}: no tab", n + 2))?;
+            .ok_or_else(|| format!("line {}: no tab", n + 1))?;
         let floor = floor
             .parse::<u64>()
-            .map_err(|e| format!("line {}: {e}", n + 2))?;
+            .map_err(|e| format!("line {}: {e}", n + 1))?;
         out.insert(source.to_string(), floor);
     }
     Ok(out)
 }
 
+/// A slot's bytes, `slot` long; None when the floors do not fit in it.
+fn encode_slot(generation: u64, floors: &BTreeMap<Arc<str>, u64>, slot: usize) -> Option<Vec<u8>> {
+    let mut body = String::new();
+    for (source, floor) in floors {
+        body.push_str(&format!("{floor}\t{source}\n"));
+    }
+    let crc = crc32c::crc32c(body.as_bytes());
+    let mut out = format!("{HEADER_V2}{generation} {crc:08x} {}\n{body}", body.len()).into_bytes();
+    if out.len() > slot {
+        return None;
+    }
+    out.resize(slot, 0);
+    Some(out)
+}
+
 impl Spool {
     /// Makes sure every number below `next + STEP / 2` of `source` is under its durable floor,
-    /// moving the floor to `next + STEP` (one file write) when it is not. Called with each
-    /// source's next number before the frame that takes it can be published.
+    /// moving the floor to `next + STEP` (one write) when it is not. Called with each source's
+    /// next number before the frame that takes it can be published. Ok when `next` is below
+    /// the durable floor, whether or not a due write succeeded; Err (the write's error) when it
+    /// is not: the frame that would take `next` must not be numbered ([`Spool::admit_seq`]).
     pub(super) fn reserve_seq(&self, source: &Arc<str>, next: u64) -> Result<(), SpoolError> {
         let mut f = self.floors.lock().unwrap_or_else(|p| p.into_inner());
         let floor = f.reserved.get(source).copied().unwrap_or(0);
         if next.saturating_add(STEP / 2) < floor {
             return Ok(());
         }
+        let gate = |floor: u64, e: Option<std::io::Error>| {
+            if next < floor {
+                Ok(())
+            } else {
+                let e = e.unwrap_or_else(|| {
+                    std::io::Error::other("an earlier write failed; retried within a second")
+                });
+                Err(self.io("write the sequence floor (SEQ)")(e))
+            }
+        };
         if f.failed_at.is_some_and(|t| t.elapsed() < RETRY) {
-            return Ok(());
+            return gate(floor, None);
         }
         let mut new = f.reserved.clone();
         new.insert(source.clone(), next.saturating_add(STEP));
-        match super::disk::replace_file(&self.path, FILE, encode(&new).as_bytes()) {
+        match self.write_floors(&mut f, &new) {
             Ok(()) => {
+                if f.failed_at.take().is_some() {
+                    tracing::info!(spool = %self.path.display(),
+                        "spool: the sequence floor (SEQ) is written again; numbering goes on");
+                }
                 f.reserved = new;
-                f.failed_at = None;
                 Ok(())
             }
             Err(e) => {
+                if f.failed_at.is_none() {
+                    tracing::error!(spool = %self.path.display(), error = %e, source = %source, floor,
+                        "spool: cannot move the sequence floor (SEQ); frames are numbered up to it, past it they are dropped (counted) until it can be written");
+                }
                 f.failed_at = Some(Instant::now());
-                Err(self.io("write the sequence floor (SEQ)")(e))
+                gate(floor, Some(e))
             }
         }
+    }
+
+    /// One durable write of the floors: in place into the older slot when `SEQ` is version 2
+    /// and they fit, else a new file by atomic replace.
+    fn write_floors(
+        &self,
+        f: &mut Floors,
+        floors: &BTreeMap<Arc<str>, u64>,
+    ) -> std::io::Result<()> {
+        let generation = f.generation + 1;
+        let at = |slot: usize| (generation % 2) * slot as u64;
+        if let Some((file, slot)) = &f.slots {
+            if let Some(bytes) = encode_slot(generation, floors, *slot) {
+                let mut done = 0;
+                while done < bytes.len() {
+                    let n = self
+                        .disk
+                        .write_at(file, &bytes[done..], at(*slot) + done as u64)?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::WriteZero.into());
+                    }
+                    done += n;
+                }
+                self.disk.sync_data(file)?;
+                f.generation = generation;
+                return Ok(());
+            }
+        }
+        // Room for twice what is there now, so that new sources rarely need a new file.
+        let mut slot = SLOT;
+        let fits = |slot| encode_slot(generation, floors, slot);
+        while fits(slot / 2).is_none() {
+            slot *= 2;
+        }
+        let mut bytes = vec![0; 2 * slot];
+        let s = fits(slot).expect("sized to fit");
+        let start = at(slot) as usize;
+        bytes[start..start + slot].copy_from_slice(&s);
+        super::disk::replace_file_on(self.disk.as_ref(), &self.path, FILE, &bytes)
+            .map_err(|e| e.source)?;
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(self.path.join(FILE))?;
+        f.slots = Some((file, slot));
+        f.generation = generation;
+        Ok(())
     }
 
     /// The durable floor of a source (0: none recorded).
@@ -109,15 +258,27 @@ impl Spool {
         f.reserved.get(source).copied().unwrap_or(0)
     }
 
+    /// Whether a frame of `source` may take the number `seq`: it is below the durable floor
+    /// (moved first when due). A frame that may not is dropped by the caller; it is counted here.
+    pub fn admit_seq(&self, source: &Arc<str>, seq: u64) -> bool {
+        if self.reserve_seq(source, seq).is_ok() {
+            return true;
+        }
+        self.stats(source).dropped.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
     /// At open: the floors from `SEQ`. `index_lost`: the index was blank or rebuilt, so its
     /// notes may be behind what was handed out; every source resumes at least at its floor.
+    /// A `SEQ` that is absent or of version 1 is written as version 2 now, while there may
+    /// still be room for it (failing that, at the next reservation).
     pub(super) fn load_floors(&self, index_lost: bool) -> Result<(), SpoolError> {
-        let floors = match read(&self.path) {
+        let (floors, generation, slot) = match read_slots(&self.path) {
             Ok(f) => f,
             Err(e) => {
                 tracing::error!(spool = %self.path.display(), error = %e,
                     "spool: the sequence floor does not parse; ignored, rewritten at the next reservation");
-                BTreeMap::new()
+                (BTreeMap::new(), 0, 0)
             }
         };
         let mut raised = 0;
@@ -140,6 +301,29 @@ impl Spool {
             .into_iter()
             .map(|(s, n)| (Arc::from(s.as_str()), n))
             .collect();
+        f.generation = generation;
+        let file = (slot > 0)
+            .then(|| {
+                File::options()
+                    .read(true)
+                    .write(true)
+                    .open(self.path.join(FILE))
+            })
+            .transpose();
+        match file {
+            Ok(Some(file)) => f.slots = Some((file, slot)),
+            Ok(None) => {
+                let floors = f.reserved.clone();
+                if let Err(e) = self.write_floors(&mut f, &floors) {
+                    tracing::warn!(spool = %self.path.display(), error = %e,
+                        "spool: cannot write the sequence floor (SEQ) yet; tried again at the next reservation");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(spool = %self.path.display(), error = %e,
+                    "spool: cannot open the sequence floor (SEQ) for writing; it is replaced at the next reservation");
+            }
+        }
         Ok(())
     }
 }

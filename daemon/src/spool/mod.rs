@@ -475,11 +475,16 @@ impl Spool {
         if noted.is_none() {
             // First use: a durable note makes the source known to the next start even if this run
             // crashes before its first commit (it may publish meanwhile). The note holds only what
-            // is durable already, so it is never ahead of the data.
-            self.meta
+            // is durable already, so it is never ahead of the data. Without it (a full disk),
+            // the floor in `SEQ` covers the source in the next start's jump.
+            let noted = self
+                .meta
                 .insert(format!("seq:{source}"), &stored.to_le_bytes()[..])
-                .map_err(self.ix())?;
-            self.index.flush().map_err(self.ix())?;
+                .and_then(|_| self.index.flush());
+            if let Err(e) = noted {
+                tracing::warn!(spool = %self.path.display(), source = %source, error = %e,
+                    "spool: cannot note a new source in the index; the sequence floor stands for it");
+            }
         }
         // A jump owed by a crashed run was paid at open, into the notes.
         let next = noted
@@ -487,8 +492,9 @@ impl Spool {
             .max(stored)
             .max(pending_note)
             .max(pending_last);
-        // Before anything is numbered from it: the floor is durably ahead.
-        self.reserve_seq(source, next)?;
+        // Before anything is numbered from it: the floor is durably ahead (if it cannot be
+        // moved, frames past it are refused by `admit_seq`).
+        let _ = self.reserve_seq(source, next);
         Ok(next)
     }
 
@@ -501,7 +507,9 @@ impl Spool {
             let serial = p.serial;
             p.seq_notes.insert(source.clone(), (next, serial));
         }
-        self.reserve_seq(source, next)
+        // A floor that cannot be moved is logged there and enforced by `admit_seq`.
+        let _ = self.reserve_seq(source, next);
+        Ok(())
     }
 
     /// The commit epoch an append made now becomes durable in.

@@ -81,6 +81,10 @@ impl Spool {
                 sources.insert(String::from_utf8_lossy(source).into());
             }
         }
+        // A source the index never noted (a full disk at its first use) has its floor.
+        let floors = self.floors.lock().unwrap_or_else(|p| p.into_inner());
+        sources.extend(floors.reserved.keys().cloned());
+        drop(floors);
         for source in &sources {
             // Two bounds on what the crashed run handed out: the margin past its last durable
             // note (a guess: less than that between two commits), and the floor (a guarantee

@@ -951,6 +951,8 @@ fn the_segments_directory_is_fsynced_after_a_segment_is_created_and_deleted() {
     c.max_bytes = ByteSize(8 << 20); // 1 MiB segments
     let disk = FaultyDisk::default();
     let spool = Spool::open_with(&c, Box::new(disk.clone())).unwrap();
+    // `SEQ`, written at open, is not what this test watches.
+    disk.calls.lock().unwrap().clear();
     let name = |id: u64| format!("{id:016x}.seg");
     spool.append(&frame("cam", 0, 600_000)).unwrap();
     // The new name is durable before any data sync could make an index entry point into it.
@@ -1161,6 +1163,92 @@ fn the_floor_is_durable_ahead_of_every_number_handed_out() {
         floor::read(&c.path).is_ok(),
         "rewritten at the next reservation"
     );
+}
+
+#[test]
+fn no_number_at_or_past_the_durable_floor_is_admitted_while_seq_cannot_be_written() {
+    // Issue 31.3: after a failed write of `SEQ`, `reserve_seq` used to answer Ok for a second
+    // without a reservation, so a long failure numbered frames past the durable floor.
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    let disk = FaultyDisk::default();
+    let gps: Arc<str> = "gps".into();
+    let spool = Spool::open_with(&c, Box::new(disk.clone())).unwrap();
+    let first = spool.next_seq(&gps).unwrap();
+    let floor = floor::read(&c.path).unwrap()["gps"];
+    disk.fail_data.store(true, Ordering::Relaxed);
+    // Below the floor: admitted, although the due write fails.
+    assert!(spool.admit_seq(&gps, floor - 1));
+    spool.note_seq(&gps, floor).unwrap();
+    // At and past it: refused and counted, now and within the retry second.
+    assert!(!spool.admit_seq(&gps, floor));
+    assert!(!spool.admit_seq(&gps, floor + 5));
+    assert_eq!(spool.stats(&gps).dropped.load(Ordering::Relaxed), 2);
+    assert_eq!(spool.floor(&gps), floor, "no write was durable");
+    // Writable again: the next attempt (after the retry pause) moves the floor and admits.
+    disk.fail_data.store(false, Ordering::Relaxed);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert!(spool.admit_seq(&gps, floor + 6));
+    assert!(floor::read(&c.path).unwrap()["gps"] > floor + 6 + floor::STEP / 2);
+    assert!(first < floor);
+}
+
+#[test]
+fn seq_is_written_in_place_and_a_torn_slot_leaves_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    let gps: Arc<str> = "gps".into();
+    let path = c.path.join(floor::FILE);
+    let spool = Spool::open(&c).unwrap();
+    let first = spool.next_seq(&gps).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(&path).unwrap().ino();
+    let len = std::fs::metadata(&path).unwrap().len();
+    let mut next = first;
+    let mut floors = Vec::new();
+    for _ in 0..3 {
+        next += floor::STEP / 2 + 1;
+        spool.note_seq(&gps, next).unwrap();
+        floors.push(floor::read(&c.path).unwrap()["gps"]);
+    }
+    // Rewritten in place (no new file, no new blocks: it works on a full disk).
+    assert_eq!(std::fs::metadata(&path).unwrap().ino(), ino);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+    spool.close().unwrap();
+    drop(spool);
+    // A power cut in the middle of the last write: that slot's checksum fails, the other slot
+    // (the write before) is read.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let slot = bytes.len() / 2;
+    let newest = (0..2)
+        .find(|i| {
+            String::from_utf8_lossy(&bytes[i * slot..i * slot + 200])
+                .contains(&format!("{}\tgps", floors[2]))
+        })
+        .unwrap();
+    bytes[newest * slot + 30] ^= 0x55;
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(floor::read(&c.path).unwrap()["gps"], floors[1]);
+    // Both torn: does not parse.
+    bytes[(1 - newest) * slot + 30] ^= 0x55;
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(floor::read(&c.path).is_err());
+}
+
+#[test]
+fn a_version_1_seq_is_read_and_rewritten_as_two_slots_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    std::fs::create_dir_all(&c.path).unwrap();
+    drop(Spool::open(&c).unwrap());
+    std::fs::write(c.path.join(floor::FILE), "rigd-seq-floor 1\n7340032\tgps\n").unwrap();
+    assert_eq!(floor::read(&c.path).unwrap()["gps"], 7340032);
+    let spool = Spool::open(&c).unwrap();
+    let bytes = std::fs::read(c.path.join(floor::FILE)).unwrap();
+    assert!(bytes.starts_with(b"rigd-seq-floor 2 ") || bytes.contains(&0));
+    assert_eq!(bytes.len() % 8192, 0);
+    assert_eq!(floor::read(&c.path).unwrap()["gps"], 7340032);
+    drop(spool);
 }
 
 #[test]
