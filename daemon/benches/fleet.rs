@@ -197,7 +197,6 @@ async fn main() {
                     max_frame_bytes: defaults.max_frame_bytes.0 as usize,
                     send_timeout: Duration::from_millis(defaults.send_timeout_ms),
                     tls: None,
-                    tls_ca_file: None,
                     compression: rigd::config::Compression::None,
                     encryption: None,
                     batch: BatchPolicy::from(&defaults),

@@ -50,7 +50,6 @@ async fn main() {
             max_frame_bytes: 64 << 20,
             send_timeout: Duration::from_secs(60),
             tls: None,
-            tls_ca_file: None,
             budget: None,
             rank: 0,
             stats: None,

@@ -154,7 +154,6 @@ impl LaneWiring<'_> {
                 max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
                 send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
                 tls: self.tls.clone(),
-                tls_ca_file: config.pulsar.tls_ca_file.clone(),
                 compression: config.pulsar.compression,
                 encryption: self.encryption.clone(),
                 batch: BatchPolicy::from(&config.pulsar),

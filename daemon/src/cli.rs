@@ -239,14 +239,19 @@ pub fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Check { config: path } => match load(Some(&path)) {
-            Ok(_) => {
-                use std::io::Write;
-                let ok = writeln!(std::io::stdout(), "{}: ok", path.display());
-                output(ok).err().unwrap_or(ExitCode::SUCCESS)
+        Command::Check { config: path } => {
+            match Config::load_with(&path, crate::preflight::check_problems) {
+                Ok(config) => {
+                    use std::io::Write;
+                    for w in crate::preflight::warnings(&config) {
+                        say(format_args!("{}: warning: {w}", path.display()));
+                    }
+                    let ok = writeln!(std::io::stdout(), "{}: ok", path.display());
+                    output(ok).err().unwrap_or(ExitCode::SUCCESS)
+                }
+                Err(e) => report(&e),
             }
-            Err(e) => report(&e),
-        },
+        }
         Command::Spool { command } => spool(command),
         Command::Replay(args) => replay(args),
         Command::Tail(args) => tail(args),

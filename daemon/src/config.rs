@@ -715,12 +715,12 @@ impl AlsaSourceConfig {
         }
     }
 
-    fn problems(&self, p: &mut Vec<String>, key: &str, bucket_ms: u32) {
+    fn problems(&self, p: &mut Vec<String>, key: &str) {
         if self.device.is_empty() {
             p.push(format!("{key}.device: must not be empty"));
         }
         no_nul(p, &format!("{key}.device"), &self.device);
-        sample_rate_problems(p, key, self.sample_rate, bucket_ms);
+        sample_rate_problems(p, key, self.sample_rate);
         if !(1..=32).contains(&self.channels) {
             p.push(format!(
                 "{key}.channels: {} must be between 1 and 32",
@@ -846,14 +846,13 @@ impl V4lSourceConfig {
     }
 }
 
-fn sample_rate_problems(p: &mut Vec<String>, key: &str, rate: u32, bucket_ms: u32) {
+/// Any rate in range: one that does not give a whole number of samples per bucket (44.1 kHz at
+/// 33 ms) makes blocks of two lengths, each inside its bucket
+/// (`rigd_drivers::audio::frames_in_bucket`).
+fn sample_rate_problems(p: &mut Vec<String>, key: &str, rate: u32) {
     if !(8_000..=384_000).contains(&rate) {
         p.push(format!(
             "{key}.sample-rate: {rate} must be between 8000 and 384000"
-        ));
-    } else if (rate as u64 * bucket_ms as u64) % 1000 != 0 {
-        p.push(format!(
-            "{key}.sample-rate: {rate} Hz does not give a whole number of samples per {bucket_ms} ms bucket"
         ));
     }
 }
@@ -1371,7 +1370,7 @@ impl Config {
                     }
                 }
                 SourceConfig::SyntheticAudio(c) => {
-                    sample_rate_problems(&mut p, &key, c.sample_rate, self.rig.bucket_ms);
+                    sample_rate_problems(&mut p, &key, c.sample_rate);
                     if !(1..=32).contains(&c.channels) {
                         p.push(format!(
                             "{key}.channels: {} must be between 1 and 32",
@@ -1381,7 +1380,7 @@ impl Config {
                     positive(&mut p, &key, "tone-hz", c.tone_hz);
                 }
                 SourceConfig::Serial(c) => c.problems(&mut p, &key),
-                SourceConfig::Alsa(c) => c.problems(&mut p, &key, self.rig.bucket_ms),
+                SourceConfig::Alsa(c) => c.problems(&mut p, &key),
                 SourceConfig::V4l(c) => c.problems(&mut p, &key),
                 SourceConfig::SyntheticSerial(c) => {
                     positive(&mut p, &key, "rate-hz", c.rate_hz);
@@ -1392,10 +1391,23 @@ impl Config {
             }
         }
         if let Some(url) = &self.pulsar.url {
-            if !(url.starts_with("pulsar://") || url.starts_with("pulsar+ssl://")) {
-                p.push(format!(
-                    "pulsar.url: `{url}` must start with pulsar:// or pulsar+ssl://"
-                ));
+            match crate::uplink::service_url(url) {
+                Err(why) => p.push(format!("pulsar.url: {why}")),
+                // TLS settings with a clear link: the operator believes the link is encrypted
+                // (and authenticated by certificate) while it is not.
+                Ok(false) => {
+                    let tls = [
+                        ("pulsar.tls-cert-file", self.pulsar.tls_cert_file.is_some()),
+                        ("pulsar.tls-key-file", self.pulsar.tls_key_file.is_some()),
+                        ("pulsar.tls-ca-file", self.pulsar.tls_ca_file.is_some()),
+                    ];
+                    if let Some((key, _)) = tls.iter().find(|(_, set)| *set) {
+                        p.push(format!(
+                            "{key}: set with a clear pulsar:// URL, so the link would be neither encrypted nor authenticated by certificate; use pulsar+ssl://"
+                        ));
+                    }
+                }
+                Ok(true) => {}
             }
         }
         let mut rest = self.pulsar.topic.as_str();
@@ -1574,7 +1586,7 @@ impl Config {
             SourceConfig::Alsa(c) => (c.sample_rate, c.channels),
             _ => return None,
         };
-        Some(rate as u64 * channels as u64 * 2 * self.rig.bucket_ms as u64 / 1000)
+        Some((rate as u64 * self.rig.bucket_ms as u64).div_ceil(1000) * channels as u64 * 2)
     }
 
     pub fn web_bind(&self) -> SocketAddr {
@@ -1918,7 +1930,7 @@ mod tests {
         let p = problems(
             "[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\ndevice = \"\"\nbaud = 0\n\
              stop-bits = 3\nmax-record-bytes = \"2MiB\"\n[[source]]\nid = \"mic\"\nkind = \"alsa\"\n\
-             sample-rate = 44100\nchannels = 0\n",
+             sample-rate = 4000\nchannels = 0\n",
         );
         assert_eq!(p.len(), 6, "{p:?}");
         for key in [

@@ -12,6 +12,16 @@ use crate::config::{read_token, Config};
 
 /// Every problem of the host with `config` (none: the daemon can start).
 pub fn problems(config: &Config) -> Vec<String> {
+    host_problems(config, false)
+}
+
+/// [`problems`] for `rigd check`: the web port held by the running rigd of the config's own
+/// spool is no problem there (see [`warnings`]).
+pub fn check_problems(config: &Config) -> Vec<String> {
+    host_problems(config, true)
+}
+
+fn host_problems(config: &Config, check: bool) -> Vec<String> {
     let mut p = Vec::new();
     if let Some(path) = &config.pulsar.token_file {
         if let Err(e) = read_token(path) {
@@ -45,15 +55,65 @@ pub fn problems(config: &Config) -> Vec<String> {
         p.push(e.to_string());
     }
     spool_problems(config, &mut p);
-    let bind = config.web_bind();
-    if config.web.bind.parse::<std::net::SocketAddr>().is_ok() {
-        if let Err(e) = std::net::TcpListener::bind(bind) {
-            p.push(format!(
-                "web.bind: cannot listen on {bind}: {e} (another process, or a running rigd, holds it)"
-            ));
+    if let Some(e) = web_port_taken(config) {
+        if !(check && spool_in_use(&config.spool.path)) {
+            p.push(e);
         }
     }
     p
+}
+
+/// What `rigd check` says beside the problems, without failing: what `run` copes with but an
+/// operator should know before a restart. The web port held by the running rigd of this very
+/// spool is one (the check of a live rig's edited config must pass, issue 32); the others are
+/// a web token file that cannot be read (control actions disabled) and device paths that do not
+/// exist (yet: a USB device may appear later).
+pub fn warnings(config: &Config) -> Vec<String> {
+    let mut w = Vec::new();
+    if web_port_taken(config).is_some() && spool_in_use(&config.spool.path) {
+        w.push(format!(
+            "web.bind: {} is held by the running rigd of this spool (free again once it stops)",
+            config.web_bind()
+        ));
+    }
+    if let Some(path) = &config.web.token_file {
+        if let Err(e) = read_token(path) {
+            w.push(format!(
+                "web.token-file: {e} (control actions stay disabled until it can be read)"
+            ));
+        }
+    }
+    for (i, s) in config.sources.iter().enumerate() {
+        let device = match s {
+            crate::config::SourceConfig::Serial(c) => &c.device,
+            crate::config::SourceConfig::V4l(c) => &c.device,
+            _ => continue,
+        };
+        if device.starts_with('/') && std::fs::metadata(device).is_err() {
+            w.push(format!(
+                "source[{i}].device: {device} does not exist (yet: the source retries until it appears)"
+            ));
+        }
+    }
+    w
+}
+
+/// Why the web port cannot be bound, if it cannot.
+fn web_port_taken(config: &Config) -> Option<String> {
+    let bind = config.web_bind();
+    config.web.bind.parse::<std::net::SocketAddr>().ok()?;
+    std::net::TcpListener::bind(bind).err().map(|e| {
+        format!(
+            "web.bind: cannot listen on {bind}: {e} (another process, or a running rigd, holds it)"
+        )
+    })
+}
+
+/// Whether a running rigd has the spool at `path` open (it holds `LOCK` exclusively).
+pub fn spool_in_use(path: &Path) -> bool {
+    std::fs::File::open(path.join("LOCK")).is_ok_and(|f| {
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockShared).is_err()
+    })
 }
 
 fn spool_problems(config: &Config, p: &mut Vec<String>) {

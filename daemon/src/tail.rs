@@ -10,7 +10,7 @@
 use futures::StreamExt;
 use pulsar::consumer::{ConsumerOptions, InitialPosition};
 use pulsar::message::proto::command_subscribe::SubType;
-use pulsar::{Consumer, Pulsar, TokioExecutor};
+use pulsar::{Authentication, Consumer, Pulsar, PulsarBuilder, TokioExecutor};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Write;
@@ -295,7 +295,7 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
         url: cfg.url.clone(),
         why,
     };
-    let builder = crate::uplink::probe::client(&cfg.url, cfg.token.clone(), cfg.tls_ca.as_deref())
+    let builder = client(&cfg.url, cfg.token.clone(), cfg.tls_ca.as_deref())
         .map_err(|e| perr(format!("--tls-ca {e}")))?;
     let pulsar: Pulsar<TokioExecutor> = tokio::select! {
         r = builder.build() => r.map_err(|e| perr(format!("cannot connect: {e}")))?,
@@ -407,6 +407,28 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
     summary.late = asm.late;
     let _ = consumer.close().await;
     Ok(summary)
+}
+
+/// A client of the `pulsar` crate: the token, if any, and for `pulsar+ssl://` the CA
+/// certificates to trust (default: the Mozilla roots).
+fn client(
+    url: &str,
+    token: Option<String>,
+    tls_ca: Option<&std::path::Path>,
+) -> Result<PulsarBuilder<TokioExecutor>, String> {
+    let mut builder = Pulsar::builder(url.to_string(), TokioExecutor);
+    if let Some(t) = token {
+        builder = builder.with_auth(Authentication {
+            name: "token".into(),
+            data: t.into_bytes(),
+        });
+    }
+    if let Some(ca) = tls_ca {
+        builder = builder
+            .with_certificate_chain_file(ca)
+            .map_err(|e| format!("{}: {e}", ca.display()))?;
+    }
+    Ok(builder)
 }
 
 #[cfg(test)]

@@ -51,13 +51,24 @@ pub struct Block {
     pub samples: Vec<i16>,
 }
 
+/// Sample frames in bucket `bucket` at `rate` Hz: those whose nominal index, counted from the
+/// epoch, falls in it: `floor((b+1)·w·r/1000) − floor(b·w·r/1000)` for a bucket of `w` ms. When a
+/// bucket holds a whole number of samples that is it; otherwise it is the floor or the ceiling,
+/// in the proportion that keeps every block inside its bucket (44.1 kHz at 33 ms: 1455 or 1456,
+/// 1455.3 on average), and a block's `frames` property says which.
+pub fn frames_in_bucket(rate: u32, bucket_ms: u32, bucket: i64) -> u32 {
+    let start = |b: i64| (b as i128 * bucket_ms as i128 * rate as i128).div_euclid(1000);
+    (start(bucket + 1) - start(bucket)) as u32
+}
+
 /// Cuts a stream of timestamped periods into bucket-aligned blocks; pure.
 #[derive(Debug)]
 pub struct BlockAligner {
     channels: usize,
     frame_ns: f64,
     bucket_ns: i64,
-    frames_per_block: i64,
+    sample_rate: u32,
+    bucket_ms: u32,
     max_skew_ns: f64,
     /// Frames a block start may sit off its bucket start before a block is lengthened or shortened.
     deadband: f64,
@@ -75,12 +86,13 @@ pub struct BlockAligner {
 
 impl BlockAligner {
     pub fn new(sample_rate: u32, channels: u16, bucket_ms: u32, max_skew_ms: u32) -> Self {
-        let frames_per_block = (sample_rate as u64 * bucket_ms as u64 / 1000) as i64;
+        let frames_per_block = (sample_rate as u64 * bucket_ms as u64).div_ceil(1000) as usize;
         Self {
             channels: channels.max(1) as usize,
             frame_ns: 1e9 / sample_rate.max(1) as f64,
             bucket_ns: bucket_ms.max(1) as i64 * 1_000_000,
-            frames_per_block,
+            sample_rate,
+            bucket_ms: bucket_ms.max(1),
             max_skew_ns: max_skew_ms as f64 * 1e6,
             deadband: sample_rate as f64 / 2000.0,
             next_ns: None,
@@ -88,12 +100,8 @@ impl BlockAligner {
             skip: 0,
             bucket: 0,
             target: 0,
-            block: Vec::with_capacity(frames_per_block.max(1) as usize * channels as usize + 8),
+            block: Vec::with_capacity(frames_per_block.max(1) * channels as usize + 8),
         }
-    }
-
-    pub fn frames_per_block(&self) -> u32 {
-        self.frames_per_block as u32
     }
 
     /// Forgets the timeline (after an xrun): the next period re-anchors. Returns the drops.
@@ -176,7 +184,7 @@ impl BlockAligner {
     fn block_len(&self, first_ns: f64) -> usize {
         let start = (self.bucket * self.bucket_ns) as f64;
         let phase = (first_ns + self.skew_ns - start) / self.frame_ns;
-        let n = self.frames_per_block;
+        let n = frames_in_bucket(self.sample_rate, self.bucket_ms, self.bucket) as i64;
         (if phase >= 1.0 + self.deadband {
             n - 1
         } else if phase < -self.deadband {
@@ -515,6 +523,48 @@ mod tests {
             assert_eq!(b.samples.len(), 1584);
             assert_eq!(b.samples[0], (1104 + i * 1584) as i16, "block {i}");
         }
+    }
+
+    #[test]
+    fn at_44_1_khz_every_block_holds_its_bucket_s_samples_and_none_is_lost_or_repeated() {
+        // Issue 32: 44.1 kHz (most USB microphones) gives 1455.3 samples per 33 ms bucket and was
+        // refused. 60 s of 441-frame periods, timed exactly; a realistic capture start (a
+        // sample-clock phase off the bucket grid).
+        let rate = 44_100u32;
+        let mut a = BlockAligner::new(rate, 1, 33, 50);
+        let start = 5_000 * W + 12_345_678;
+        let mut out = Vec::new();
+        let period = 441usize;
+        for p in 0..6_000usize {
+            let first = (p * period) as i64;
+            let t = start + first * 1_000_000_000 / rate as i64;
+            let samples: Vec<i16> = (first..first + period as i64).map(|i| i as i16).collect();
+            assert_eq!(a.push(t, &samples, &mut out), 0);
+        }
+        assert!(out.len() >= 1815, "{}", out.len());
+        let mut sizes = std::collections::BTreeSet::new();
+        for (i, b) in out.iter().enumerate() {
+            assert_eq!(b.bucket, out[0].bucket + i as i64, "block {i}");
+            assert_eq!(b.stamp_ns, b.bucket * W);
+            // Inside its bucket: its length is the bucket's share of samples.
+            assert_eq!(b.frames, frames_in_bucket(rate, 33, b.bucket), "block {i}");
+            assert_eq!(b.samples.len(), b.frames as usize);
+            sizes.insert(b.frames);
+            // Contiguous: no sample lost or repeated between blocks.
+            if i > 0 {
+                let prev = &out[i - 1];
+                assert_eq!(
+                    b.samples[0],
+                    prev.samples[prev.samples.len() - 1].wrapping_add(1),
+                    "block {i}"
+                );
+            }
+        }
+        assert_eq!(sizes.into_iter().collect::<Vec<_>>(), vec![1455, 1456]);
+        // The first block starts at the first sample of its bucket.
+        let first_ns = out[0].bucket * W - start;
+        let first_sample = (first_ns as f64 * rate as f64 / 1e9).ceil() as i64;
+        assert!((out[0].samples[0] as i64 - first_sample as i16 as i64).abs() <= 1);
     }
 
     #[test]

@@ -433,15 +433,15 @@ impl SyntheticAudio {
         }
     }
 
-    /// Sample frames in one bucket.
-    pub fn frames_per_block(&self) -> u32 {
-        (self.sample_rate as u64 * self.bucket_ms as u64 / 1000) as u32
+    /// Sample frames in bucket `bucket` (see [`crate::audio::frames_in_bucket`]).
+    pub fn frames_in(&self, bucket: i64) -> u32 {
+        crate::audio::frames_in_bucket(self.sample_rate, self.bucket_ms, bucket)
     }
 
     /// The PCM block of bucket `bucket`: the tone's phase follows absolute time, so blocks of
     /// consecutive buckets join without a click.
     pub fn block(&self, bucket: i64) -> Vec<u8> {
-        let frames = self.frames_per_block() as i64;
+        let frames = self.frames_in(bucket) as i64;
         let mut out = Vec::with_capacity(frames as usize * self.channels as usize * 2);
         let first = bucket * self.bucket_ms as i64 * self.sample_rate as i64 / 1000;
         for i in 0..frames {
@@ -464,11 +464,6 @@ impl Source for SyntheticAudio {
         let width_ns = self.bucket_ms as i64 * 1_000_000;
         let now = self.clock.now();
         let mut bucket = now.ns.div_euclid(width_ns) + 1;
-        let media = Media::Audio {
-            sample_rate: self.sample_rate,
-            channels: self.channels,
-            frames: self.frames_per_block(),
-        };
         loop {
             // A block is complete at the end of its bucket.
             let end = (bucket + 1) * width_ns;
@@ -487,7 +482,12 @@ impl Source for SyntheticAudio {
                 state: now.state,
             };
             let block = self.block(bucket);
-            sink.emit(stamp, media.clone(), Bytes::from(block))
+            let media = Media::Audio {
+                sample_rate: self.sample_rate,
+                channels: self.channels,
+                frames: self.frames_in(bucket),
+            };
+            sink.emit(stamp, media, Bytes::from(block))
                 .map_err(|_| closed(&self.id))?;
             bucket += 1;
             // Fell behind by more than a bucket (suspended process): the lost blocks are drops.
@@ -697,8 +697,15 @@ mod tests {
     #[test]
     fn audio_block_has_one_bucket_of_samples() {
         let a = SyntheticAudio::new("a", 48_000, 2, 440.0, 33, Arc::new(SystemClock));
-        assert_eq!(a.frames_per_block(), 1584);
+        assert_eq!(a.frames_in(1000), 1584);
         assert_eq!(a.block(1000).len(), 1584 * 2 * 2);
+        // 44.1 kHz: 1455.3 samples per 33 ms bucket, so 1455 or 1456, and ten buckets hold
+        // exactly the samples of 330 ms.
+        let b = SyntheticAudio::new("b", 44_100, 1, 440.0, 33, Arc::new(SystemClock));
+        let n: Vec<u32> = (1000..1010).map(|k| b.frames_in(k)).collect();
+        assert!(n.iter().all(|&k| k == 1455 || k == 1456), "{n:?}");
+        assert_eq!(n.iter().sum::<u32>(), 14553);
+        assert_eq!(b.block(1001).len(), n[1] as usize * 2);
     }
 
     #[test]

@@ -100,7 +100,8 @@ MALFORMED = {
     "v4l formats not a list": (BASE + '[[source]]\nid = "cam"\nkind = "v4l"\nformats = "MJPG"\n', [("source[0].formats", 6)]),
     "v4l odd width": (BASE + '[[source]]\nid = "cam"\nkind = "v4l"\nwidth = 641\n', [("source[0].width", 6)]),
     "alsa channels a float": (BASE + '[[source]]\nid = "mic"\nkind = "alsa"\nchannels = 2.5\n', [("source[0].channels", 6)]),
-    "audio rate not whole per bucket": (BASE + '[[source]]\nid = "mic"\nkind = "synthetic-audio"\nsample-rate = 44100\n', [("source[0].sample-rate", 6)]),
+    # 44.1 kHz is accepted since issue 32 (blocks of 1455 or 1456 samples at 33 ms); below 8 kHz is not.
+    "audio rate too low": (BASE + '[[source]]\nid = "mic"\nkind = "synthetic-audio"\nsample-rate = 4000\n', [("source[0].sample-rate", 6)]),
     "clock domain out of range": (BASE + "[clock]\ndomain = 300\n", [("clock.domain", 4)]),
     "clock transport": (BASE + '[clock]\ntransport = "udp6"\n', [("clock.transport", 4)]),
     "clock target phc": (BASE + '[clock]\ninterface = "eth0"\ntarget = "phc"\n', [("clock.target", 5)]),
@@ -108,6 +109,14 @@ MALFORMED = {
     "spool fsync-ms zero": (BASE + '[spool]\npath = "{tmp}/spool"\nfsync-ms = 0\n', [("spool.fsync-ms", 5)]),
     "compression": (BASE + '[pulsar]\ncompression = "gzip"\n', [("pulsar.compression", 4)]),
     "url scheme": (BASE + '[pulsar]\nurl = "http://broker:6650"\n', [("pulsar.url", 4)]),
+    # Issue 32: accepted by `check`, then refused by the uplink at run time, retried forever.
+    "url without a host": (BASE + '[pulsar]\nurl = "pulsar://"\n', [("pulsar.url", 4)]),
+    "url port not a number": (BASE + '[pulsar]\nurl = "pulsar://broker:66a50"\n', [("pulsar.url", 4)]),
+    "url with a path": (BASE + '[pulsar]\nurl = "pulsar://broker:8080/admin"\n', [("pulsar.url", 4)]),
+    "client certificate with a clear url": (BASE + '[pulsar]\nurl = "pulsar://broker:6650"\ntls-cert-file = "/etc/rigd/rig.pem"\n'
+                                            'tls-key-file = "/etc/rigd/rig.key.pem"\n',
+                                            [("pulsar.tls-cert-file: set with a clear pulsar:// URL", 5),
+                                             ("pulsar.tls-cert-file: /etc/rigd/rig.pem", 5)]),
     "topic without source": (BASE + '[pulsar]\ntopic = "persistent://a/b/{rig}"\n', [("pulsar.topic", 4)]),
     "frame-bytes above max-frame-bytes": (BASE + CAM.format(id="c") + 'frame-bytes = "60MiB"\n', [("source[0].frame-bytes", 6)]),
     "synthetic camera format": (BASE + CAM.format(id="c") + 'format = "h264"\n', [("source[0].format: unknown variant `h264`", 6)]),
@@ -418,3 +427,36 @@ bind = "127.0.0.1:{port}"
         if r is not None:
             os.close(r)
         d.close()
+
+
+def test_check_passes_the_config_of_the_running_rig_and_warns_what_run_copes_with(tmp_path):
+    """Issue 32: `check` bound the web port, so on a live rig it exited 2 ("a running rigd holds
+    it") and an operator could not check an edited config before the restart. The port held by
+    the running rigd of the config's own spool is a warning now; held by anything else it is
+    still a problem. A web token file that cannot be read and a device path that does not
+    exist are warnings: `run` copes with both."""
+    text = (BASE + '[[source]]\nid = "gps"\nkind = "synthetic-serial"\n[spool]\npath = "spool"\n'
+            '[web]\nbind = "127.0.0.1:{WEB_PORT}"\n')
+    d = Rigd(tmp_path, text).start()
+    try:
+        r = subprocess.run([rigd_bin(), "check", "--config", str(d.config_path)], capture_output=True, text=True,
+                           timeout=10, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert f"warning: web.bind: 127.0.0.1:{d.port} is held by the running rigd of this spool" in r.stderr
+        assert r.stdout.strip().endswith(": ok")
+        # Another spool: the port is someone else's.
+        other = tmp_path / "other.toml"
+        other.write_text(d.config_path.read_text().replace('path = "spool"', 'path = "other-spool"'))
+        r = subprocess.run([rigd_bin(), "check", "--config", str(other)], capture_output=True, text=True,
+                           timeout=10, cwd=tmp_path)
+        assert r.returncode == 2 and "web.bind: cannot listen" in r.stderr, r.stderr
+    finally:
+        assert d.stop() == 0
+        d.close()
+    cfg = tmp_path / "warn.toml"
+    cfg.write_text(BASE + '[[source]]\nid = "gps"\nkind = "serial"\ndevice = "/dev/serial/by-id/usb-u-blox-not-here"\n'
+                   f'[spool]\npath = "{tmp_path}/spool"\n[web]\nbind = "127.0.0.1:0"\n'
+                   f'token-file = "{tmp_path}/no-web.token"\n')
+    r = subprocess.run([rigd_bin(), "check", "--config", str(cfg)], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    assert "warning: web.token-file" in r.stderr and "warning: source[0].device" in r.stderr, r.stderr

@@ -259,12 +259,26 @@ def test_mutual_tls_the_broker_takes_the_rigs_certificate_and_refuses_others(tmp
                 assert d.stop() == 0
             finally:
                 d.close()
-        good = Rigd(tmp_path, cfg("client"), name="client").start()
+        # `always` mode and kill -9 twice: each start finds frames the broker acknowledged still in
+        # the spool, and this broker keeps no deduplication state (off), so the probe reads the
+        # topic's last entry, over mutual TLS with the rig's certificate (issue 31.4: it had
+        # none, never connected, and every such frame arrived twice).
+        always = cfg("client").replace('path = "spool-client"', 'path = "spool-client"\nmode = "always"')
+        good = Rigd(tmp_path, always, name="client")
         try:
-            s = good.wait_for(lambda s: s["uplink"]["connected"] and s["uplink"]["published"] > 40, timeout=60,
-                              what="publishing with the client certificate")
-            assert s["uplink"]["credentials"] is None
-            assert good.stop() == 0
+            for secs in (1.3, 2.1, None):
+                good.start()
+                s = good.wait_for(lambda s: s["uplink"]["connected"] and s["uplink"]["published"] > 40,
+                                  timeout=60, what="publishing with the client certificate")
+                assert s["uplink"]["credentials"] is None
+                if secs is None:
+                    assert good.stop() == 0
+                else:
+                    time.sleep(secs)
+                    good.kill9()
+            log = good.log()
+            assert log.count("the topic's last message decides") == 2, log[-4000:]
+            assert "cannot read the topic's last message" not in log, log[-4000:]
         finally:
             good.close()
         token = run("token", "admin")

@@ -124,7 +124,6 @@ async fn republish(
                 max_frame_bytes: record_limit(),
                 send_timeout: Duration::from_secs(30),
                 tls: tls.clone(),
-                tls_ca_file: target.tls_ca.clone(),
                 budget: None,
                 rank: 0,
                 stats: None,

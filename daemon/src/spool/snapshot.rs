@@ -124,14 +124,22 @@ impl SpoolSnapshot {
         let sizes = snap.segment_sizes()?;
         let segments: Vec<u64> = sizes.keys().copied().collect();
         let from_index = if scan {
-            Err("asked for (--scan)".to_string())
+            Err(Unlisted::Damaged("asked for (--scan)".to_string()))
         } else {
             snap.list_from_index(&sizes)
         };
-        if let Err(reason) = from_index {
-            if !scan {
-                snap.index_damage = Some(reason.clone());
-            }
+        if let Err(unlisted) = from_index {
+            let reason = match unlisted {
+                // Not damage: the index is not this user's to read (a copy from another
+                // machine or user); the segments answer instead.
+                Unlisted::Unreadable(why) => format!("the index cannot be read ({why})"),
+                Unlisted::Damaged(why) => {
+                    if !scan {
+                        snap.index_damage = Some(why.clone());
+                    }
+                    why
+                }
+            };
             snap.read_back = 0;
             snap.sources.clear();
             snap.listing_corrupt.clear();
@@ -254,20 +262,35 @@ impl SpoolSnapshot {
         Ok(ids)
     }
 
-    /// Lists from a private copy of the sled index; `Err(reason)` when it cannot be used.
-    fn list_from_index(&mut self, sizes: &BTreeMap<u64, u64>) -> Result<(), String> {
-        let segments: Vec<u64> = sizes.keys().copied().collect();
+    /// Lists from a private copy of the sled index; `Err` when it cannot be used.
+    fn list_from_index(&mut self, sizes: &BTreeMap<u64, u64>) -> Result<(), Unlisted> {
         let index = self.path.join("index");
         if !index.is_dir() {
-            return Err("the spool has no index/ directory".into());
+            return Err(Unlisted::Damaged(
+                "the spool has no index/ directory".into(),
+            ));
         }
         let copy = tempfile::Builder::new()
             .prefix("rigd-spool-index-")
             .tempdir()
-            .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
-        copy_dir(&index, copy.path())
-            .map_err(|e| format!("cannot copy the index to {}: {e}", copy.path().display()))?;
-        let db = open_copy(copy.path())?;
+            .map_err(|e| {
+                Unlisted::Unreadable(format!("cannot create a temporary directory: {e}"))
+            })?;
+        copy_dir(&index, copy.path()).map_err(|e| {
+            let why = format!("cannot copy the index to {}: {e}", copy.path().display());
+            if e.kind() == std::io::ErrorKind::PermissionDenied || super::disk::no_room(&e) {
+                Unlisted::Unreadable(why)
+            } else {
+                Unlisted::Damaged(why)
+            }
+        })?;
+        self.list_from_copy(copy.path(), sizes)
+            .map_err(Unlisted::Damaged)
+    }
+
+    fn list_from_copy(&mut self, copy: &Path, sizes: &BTreeMap<u64, u64>) -> Result<(), String> {
+        let segments: Vec<u64> = sizes.keys().copied().collect();
+        let db = open_copy(copy)?;
         let meta = db
             .open_tree("meta")
             .map_err(|e| format!("index meta: {e}"))?;
@@ -467,8 +490,21 @@ fn open_copy(path: &Path) -> Result<sled::Db, String> {
     }
 }
 
+/// Why the index could not list the spool.
+enum Unlisted {
+    /// It does not describe the segments, or does not open: damage, reported as such.
+    Damaged(String),
+    /// It could not be read or copied (permissions, no room for the private copy).
+    Unreadable(String),
+}
+
+/// Copies the index to a private directory sled may write in: the copy is the user's own,
+/// whatever the modes of the original (a read-only copy of a spool keeps 0444 files, which sled
+/// cannot open).
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(to)?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700))?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let target = to.join(entry.file_name());
@@ -476,6 +512,7 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
             copy_dir(&entry.path(), &target)?;
         } else {
             std::fs::copy(entry.path(), &target)?;
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600))?;
         }
     }
     Ok(())

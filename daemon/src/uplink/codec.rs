@@ -1,9 +1,11 @@
-//! Pulsar binary-protocol framing: commands and SEND frames out, commands in. Pure: no I/O.
+//! Pulsar binary-protocol framing: commands and SEND frames out, commands (and a MESSAGE's
+//! metadata) in. Pure: no I/O.
 //!
 //! Simple frame: `[total u32][cmd size u32][BaseCommand]`. A SEND adds
 //! `[magic 0x0e01][crc32c u32][metadata size u32][MessageMetadata][payload]`, the checksum covering
 //! everything after itself. The payload is written straight from the frame's buffer (no copy of a
-//! message into an intermediate Vec).
+//! message into an intermediate Vec). A MESSAGE from the broker may put
+//! `[magic 0x0e02][size u32][BrokerEntryMetadata]` before the magic.
 
 use bytes::{BufMut, BytesMut};
 use prost::Message as _;
@@ -69,9 +71,24 @@ pub fn encode_send(
     dst[crc_at..crc_at + 4].copy_from_slice(&crc.to_be_bytes());
 }
 
-/// Takes one complete command frame off the front of `src`, if there is one. Payloads (which a
-/// producer connection never receives) are skipped.
+/// One frame from the broker: the command and, for a frame with a payload (a MESSAGE), the
+/// message's metadata. The payload itself is not decoded: compressed, encrypted, a batch or one
+/// chunk of a message, its metadata says what it is (the probe reads nothing else).
+#[derive(Debug)]
+pub struct Inbound {
+    pub cmd: BaseCommand,
+    pub metadata: Option<MessageMetadata>,
+}
+
+/// The command of the next frame (tests read back what a session wrote).
+#[cfg(test)]
 pub fn decode(src: &mut BytesMut) -> Result<Option<BaseCommand>, CodecError> {
+    Ok(decode_frame(src)?.map(|f| f.cmd))
+}
+
+/// Takes one complete frame off the front of `src`, if there is one; a payload's checksum is
+/// verified and its metadata decoded.
+pub fn decode_frame(src: &mut BytesMut) -> Result<Option<Inbound>, CodecError> {
     if src.len() < 8 {
         return Ok(None);
     }
@@ -92,7 +109,42 @@ pub fn decode(src: &mut BytesMut) -> Result<Option<BaseCommand>, CodecError> {
     let frame = src.split_to(total + 4);
     let cmd = BaseCommand::decode(&frame[8..8 + cmd_size])
         .map_err(|e| CodecError::Malformed(e.to_string()))?;
-    Ok(Some(cmd))
+    let rest = &frame[8 + cmd_size..];
+    let metadata = if rest.is_empty() {
+        None
+    } else {
+        Some(payload_metadata(rest)?)
+    };
+    Ok(Some(Inbound { cmd, metadata }))
+}
+
+/// The metadata of a payload: `[0x0e02 size broker-entry-metadata]? 0x0e01 crc32c size metadata
+/// payload`, the checksum covering everything after itself.
+fn payload_metadata(mut rest: &[u8]) -> Result<MessageMetadata, CodecError> {
+    let bad = |why: &str| CodecError::Malformed(format!("payload: {why}"));
+    let u32_at = |b: &[u8], at: usize| -> Result<usize, CodecError> {
+        b.get(at..at + 4)
+            .map(|x| u32::from_be_bytes([x[0], x[1], x[2], x[3]]) as usize)
+            .ok_or_else(|| bad("truncated"))
+    };
+    if rest.starts_with(&[0x0e, 0x02]) {
+        let skip = 6 + u32_at(rest, 2)?;
+        rest = rest
+            .get(skip..)
+            .ok_or_else(|| bad("broker entry metadata"))?;
+    }
+    if !rest.starts_with(&[0x0e, 0x01]) {
+        return Err(bad("no magic"));
+    }
+    let crc = u32_at(rest, 2)? as u32;
+    if crc32c::crc32c(&rest[6..]) != crc {
+        return Err(bad("checksum"));
+    }
+    let size = u32_at(rest, 6)?;
+    let meta = rest
+        .get(10..10 + size)
+        .ok_or_else(|| bad("metadata size"))?;
+    MessageMetadata::decode(meta).map_err(|e| bad(&e.to_string()))
 }
 
 #[cfg(test)]
@@ -150,6 +202,41 @@ mod tests {
             decode(&mut buf).unwrap().unwrap().send.unwrap().sequence_id,
             9
         );
+    }
+
+    #[test]
+    fn a_message_frame_yields_its_metadata_and_a_bad_checksum_is_an_error() {
+        // A MESSAGE is laid out like a SEND; the broker may put its entry metadata first.
+        let cmd = BaseCommand {
+            r#type: Type::Message as i32,
+            ..Default::default()
+        };
+        let meta = MessageMetadata {
+            producer_name: "rigd-van-cam".into(),
+            sequence_id: 7 << 11,
+            num_chunks_from_msg: Some(3),
+            chunk_id: Some(1),
+            ..Default::default()
+        };
+        let mut send = BytesMut::new();
+        encode_send(&cmd, &meta, b"not decoded", &mut send);
+        let got = decode_frame(&mut send.clone()).unwrap().unwrap();
+        assert_eq!(got.metadata.as_ref(), Some(&meta));
+        // With broker entry metadata (2 bytes of it) between the command and the magic.
+        let cmd_end = 8 + cmd.encoded_len();
+        let mut with_entry = BytesMut::new();
+        with_entry.put_u32((send.len() - 4 + 8) as u32);
+        with_entry.put_slice(&send[4..cmd_end]);
+        with_entry.put_slice(&[0x0e, 0x02, 0, 0, 0, 2, 0x08, 0x01]);
+        with_entry.put_slice(&send[cmd_end..]);
+        let got = decode_frame(&mut with_entry).unwrap().unwrap();
+        assert_eq!(got.metadata, Some(meta));
+        let last = send.len() - 1;
+        send[last] ^= 1;
+        assert!(matches!(
+            decode_frame(&mut send),
+            Err(CodecError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -96,7 +96,7 @@ impl Token {
 /// commands from a reader task.
 pub struct Link {
     pub writer: tokio::io::WriteHalf<Box<dyn Conn>>,
-    pub inbound: mpsc::Receiver<Result<BaseCommand, LinkError>>,
+    pub inbound: mpsc::Receiver<Result<codec::Inbound, LinkError>>,
     reader: tokio::task::JoinHandle<()>,
     pub out: BytesMut,
     pub max_message_size: usize,
@@ -113,7 +113,7 @@ impl Drop for Link {
 
 impl Link {
     /// Writes a command and whatever is buffered, within the request deadline.
-    async fn command(&mut self, cmd: BaseCommand) -> Result<(), LinkError> {
+    pub(super) async fn command(&mut self, cmd: BaseCommand) -> Result<(), LinkError> {
         codec::encode_command(&cmd, &mut self.out);
         tokio::time::timeout(REQUEST_TIMEOUT, self.writer.write_all(&self.out))
             .await
@@ -130,17 +130,27 @@ impl Link {
     }
 
     /// Waits for the response to a request, answering pings and challenges meanwhile.
-    async fn response(
+    pub(super) async fn response(
         &mut self,
         what: &'static str,
         matches: impl Fn(&BaseCommand) -> bool,
     ) -> Result<BaseCommand, LinkError> {
+        Ok(self.frame(what, matches).await?.cmd)
+    }
+
+    /// [`Link::response`] with the metadata of the frame's payload, if it has one.
+    pub(super) async fn frame(
+        &mut self,
+        what: &'static str,
+        matches: impl Fn(&BaseCommand) -> bool,
+    ) -> Result<codec::Inbound, LinkError> {
         let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
         loop {
-            let cmd = tokio::time::timeout_at(deadline, self.inbound.recv())
+            let frame = tokio::time::timeout_at(deadline, self.inbound.recv())
                 .await
                 .map_err(|_| LinkError::Timeout(what.to_string()))?
                 .ok_or(LinkError::Closed)??;
+            let cmd = &frame.cmd;
             if cmd.r#type == Type::Ping as i32 {
                 self.command(pong()).await?;
                 continue;
@@ -161,8 +171,8 @@ impl Link {
                 }
                 return Err(LinkError::refused(Some(e.error), why));
             }
-            if matches(&cmd) {
-                return Ok(cmd);
+            if matches(cmd) {
+                return Ok(frame);
             }
         }
     }
@@ -343,7 +353,7 @@ impl Setup {
         }
     }
 
-    fn request_id(&mut self) -> u64 {
+    pub(super) fn request_id(&mut self) -> u64 {
         self.next_request += 1;
         self.next_request
     }
@@ -403,7 +413,7 @@ impl Setup {
                         return;
                     }
                     Ok(_) => loop {
-                        match codec::decode(&mut buf) {
+                        match codec::decode_frame(&mut buf) {
                             Ok(Some(cmd)) => {
                                 if tx.send(Ok(cmd)).await.is_err() {
                                     return;
@@ -511,6 +521,13 @@ impl Setup {
 
     /// Connects, looks the topic up (following redirects), and creates the producer.
     pub async fn establish(&mut self) -> Result<(Link, Option<u64>), LinkError> {
+        let link = self.lookup().await?;
+        self.create_producer(link).await
+    }
+
+    /// Connects to the service, checks the topic is not partitioned and looks it up (following
+    /// redirects): a connection to the broker that owns the topic.
+    pub(super) async fn lookup(&mut self) -> Result<Link, LinkError> {
         let hosts = Endpoint::parse_service(&self.url)?;
         let (service, mut link) = self.open_service(&hosts).await?;
         self.service_host = Some(service.url());
@@ -586,7 +603,7 @@ impl Setup {
                         Some(b) if b != service => link = self.open_owner(&b).await?,
                         _ => {}
                     }
-                    return self.create_producer(link).await;
+                    return Ok(link);
                 }
                 Some(LookupType::Redirect) => {
                     authoritative = r.authoritative.unwrap_or(false);

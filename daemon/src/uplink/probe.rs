@@ -1,67 +1,61 @@
 //! What a topic itself holds: the sequence id of its last stored message, read back with a
-//! non-durable reader. Used once per process, at the first producer creation, when the broker
-//! reports no last sequence id for the producer name although the spool may hold frames of an
-//! earlier run: the broker forgets a producer's deduplication state after
+//! non-durable subscription. Used once per process, at the first producer creation, when the
+//! broker reports no last sequence id for the producer name although the spool may hold frames of
+//! an earlier run: the broker forgets a producer's deduplication state after
 //! `brokerDeduplicationProducerInactivityTimeoutMinutes` (6 h by default: a vehicle parked
 //! overnight), and keeps none when deduplication is off. The topic's last message is what was
 //! persisted, so frames of the earlier run up to it are not sent twice.
+//!
+//! The probe speaks the protocol itself, on a connection set up like the producer's (the same
+//! lookup, token and TLS identity, client certificate included), and reads only the last entry's
+//! *metadata*: the sequence ids, the producer name and the chunk fields are there, so an
+//! encrypted batch, a compressed entry or one chunk of a frame is read as easily as a plain
+//! message (a client library's consumer decrypts, decompresses and splits before it shows
+//! metadata, and fails on what it cannot). `SUBSCRIBE` (non-durable, at the latest entry),
+//! `GET_LAST_MESSAGE_ID`, then a second subscription started at that entry and `FLOW` for one
+//! message; the connection is dropped after, which removes both subscriptions.
 
-use futures::StreamExt;
-use pulsar::consumer::{ConsumerOptions, InitialPosition};
-use pulsar::message::proto::command_subscribe::SubType;
-use pulsar::message::proto::MessageIdData;
-use pulsar::{Authentication, Consumer, Pulsar, PulsarBuilder, TokioExecutor};
-use std::path::Path;
-use std::time::Duration;
+use pulsar::proto::{
+    base_command::Type, command_subscribe::InitialPosition, command_subscribe::SubType,
+    BaseCommand, CommandFlow, CommandGetLastMessageId, CommandSubscribe, MessageIdData,
+    MessageMetadata,
+};
 
-use super::connect::Token;
+use super::connect::{Link, LinkError, Setup};
 use super::plan::BrokerLast;
 
-/// A client of the `pulsar` crate (the probe's and `rigd tail`'s): the token, if any, and for
-/// `pulsar+ssl://` the CA certificates to trust (default: the Mozilla roots).
-pub fn client(
-    url: &str,
-    token: Option<String>,
-    tls_ca: Option<&Path>,
-) -> Result<PulsarBuilder<TokioExecutor>, String> {
-    let mut builder = Pulsar::builder(url.to_string(), TokioExecutor);
-    if let Some(t) = token {
-        builder = builder.with_auth(Authentication {
-            name: "token".into(),
-            data: t.into_bytes(),
-        });
-    }
-    if let Some(ca) = tls_ca {
-        builder = builder
-            .with_certificate_chain_file(ca)
-            .map_err(|e| format!("{}: {e}", ca.display()))?;
-    }
-    Ok(builder)
-}
-
-/// The highest sequence id of the topic's last message (a batch's highest) and, for a chunk, the
-/// number of chunks of its frame; None for a topic without messages. Errors name what failed; the
-/// caller then trusts the broker's answer alone.
-/// A last message from another producer name (a source's epochs share the topic, see
-/// `spool::split`) says nothing about this producer's frames: an error.
-pub async fn last_sequence_id(
-    url: &str,
-    topic: &str,
-    producer_name: &str,
-    token: &Token,
-    tls_ca: Option<&Path>,
-) -> Result<Option<BrokerLast>, String> {
-    let token = token.current().map_err(|e| e.to_string())?;
-    let pulsar: Pulsar<TokioExecutor> = client(url, token, tls_ca)?
-        .build()
-        .await
-        .map_err(|e| e.to_string())?;
+/// The highest sequence id of the topic's last entry (a batch's highest) and, for a chunk, the
+/// number of chunks of its frame; None for a topic without messages. Errors name what failed;
+/// the caller then trusts the broker's answer alone. A last entry from another producer name (a
+/// source's epochs share the topic, see `spool::split`) says nothing about this producer's
+/// frames: an error.
+pub async fn last_entry(setup: &mut Setup) -> Result<Option<BrokerLast>, LinkError> {
+    let mut link = setup.lookup().await?;
     let subscription = format!(
         "rigd-probe-{}-{:x}",
         std::process::id(),
         rigd_drivers::realtime_ns() as u64 & 0xffff_ffff
     );
-    let last = last_message_id(&pulsar, topic, &subscription, None).await?;
+    subscribe(setup, &mut link, 1, &subscription, None).await?;
+    let id = setup.request_id();
+    link.command(BaseCommand {
+        r#type: Type::GetLastMessageId as i32,
+        get_last_message_id: Some(CommandGetLastMessageId {
+            consumer_id: 1,
+            request_id: id,
+        }),
+        ..Default::default()
+    })
+    .await?;
+    let last = link
+        .response("GET_LAST_MESSAGE_ID_RESPONSE", |c| {
+            c.get_last_message_id_response
+                .as_ref()
+                .is_some_and(|r| r.request_id == id)
+        })
+        .await?
+        .get_last_message_id_response
+        .map(|r| r.last_message_id);
     // An empty topic answers -1:-1.
     let Some(last) = last.filter(|id| id.ledger_id != u64::MAX && id.entry_id != u64::MAX) else {
         return Ok(None);
@@ -72,64 +66,109 @@ pub async fn last_sequence_id(
         batch_index: None,
         ..last
     };
-    let mut reader: Consumer<Vec<u8>, TokioExecutor> =
-        subscribe(&pulsar, topic, &format!("{subscription}-r"), Some(at)).await?;
-    let msg = tokio::time::timeout(Duration::from_secs(5), reader.next())
-        .await
-        .map_err(|_| "the last message did not arrive".to_string())?
-        .ok_or("the reader closed")?
-        .map_err(|e| e.to_string())?;
-    let m = msg.metadata();
+    subscribe(setup, &mut link, 2, &format!("{subscription}-r"), Some(at)).await?;
+    link.command(BaseCommand {
+        r#type: Type::Flow as i32,
+        flow: Some(CommandFlow {
+            consumer_id: 2,
+            message_permits: 1,
+        }),
+        ..Default::default()
+    })
+    .await?;
+    let frame = link
+        .frame("the last message", |c| {
+            c.message.as_ref().is_some_and(|m| m.consumer_id == 2)
+        })
+        .await?;
+    let m = frame
+        .metadata
+        .ok_or_else(|| LinkError::Broker("a MESSAGE without a payload".into()))?;
+    judge(&m, &setup.producer_name).map(Some)
+}
+
+/// What the last entry's metadata says of this producer's frames.
+fn judge(m: &MessageMetadata, producer_name: &str) -> Result<BrokerLast, LinkError> {
     if m.producer_name != producer_name {
-        return Err(format!(
+        return Err(LinkError::Broker(format!(
             "the topic's last message is from producer {}, not {producer_name}",
             m.producer_name
-        ));
+        )));
     }
-    Ok(Some(BrokerLast {
+    Ok(BrokerLast {
+        // A batch's entry carries its first id and its highest (what dedup compares).
         sequence_id: m.highest_sequence_id.unwrap_or(m.sequence_id),
         // A chunk says how many its frame was cut into (the broker's limit then, not now).
         chunks: m
             .num_chunks_from_msg
             .filter(|n| *n > 1 && m.chunk_id.is_some())
             .map(|n| n as usize),
-    }))
+    })
 }
 
 async fn subscribe(
-    pulsar: &Pulsar<TokioExecutor>,
-    topic: &str,
+    setup: &mut Setup,
+    link: &mut Link,
+    consumer_id: u64,
     subscription: &str,
     start: Option<MessageIdData>,
-) -> Result<Consumer<Vec<u8>, TokioExecutor>, String> {
-    let mut options = ConsumerOptions::default()
-        .durable(false)
-        .with_initial_position(InitialPosition::Latest);
-    if let Some(id) = start {
-        options = options.starting_on_message(id);
-    }
-    pulsar
-        .consumer()
-        .with_topic(topic)
-        .with_subscription(subscription)
-        .with_subscription_type(SubType::Exclusive)
-        .with_options(options)
-        .build()
-        .await
-        .map_err(|e| e.to_string())
+) -> Result<(), LinkError> {
+    let id = setup.request_id();
+    link.command(BaseCommand {
+        r#type: Type::Subscribe as i32,
+        subscribe: Some(CommandSubscribe {
+            topic: setup.topic.clone(),
+            subscription: subscription.to_string(),
+            sub_type: SubType::Exclusive as i32,
+            consumer_id,
+            request_id: id,
+            consumer_name: Some(subscription.to_string()),
+            durable: Some(false),
+            start_message_id: start,
+            initial_position: Some(InitialPosition::Latest as i32),
+            // Reading must not create a topic that is not there.
+            force_topic_creation: Some(false),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await?;
+    link.response("SUBSCRIBE's SUCCESS", |c| {
+        c.success.as_ref().is_some_and(|s| s.request_id == id)
+    })
+    .await?;
+    Ok(())
 }
 
-async fn last_message_id(
-    pulsar: &Pulsar<TokioExecutor>,
-    topic: &str,
-    subscription: &str,
-    start: Option<MessageIdData>,
-) -> Result<Option<MessageIdData>, String> {
-    let mut consumer = subscribe(pulsar, topic, subscription, start).await?;
-    Ok(consumer
-        .get_last_message_id()
-        .await
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .next())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_entry_judged_by_its_metadata() {
+        let chunk = MessageMetadata {
+            producer_name: "rigd-van-cam".into(),
+            sequence_id: super::super::plan::sequence_id(7, 0, 1),
+            num_chunks_from_msg: Some(3),
+            chunk_id: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(
+            judge(&chunk, "rigd-van-cam").unwrap(),
+            BrokerLast {
+                sequence_id: super::super::plan::sequence_id(7, 0, 1),
+                chunks: Some(3)
+            }
+        );
+        // A batch: its highest id; another producer's entry: an error.
+        let batch = MessageMetadata {
+            producer_name: "rigd-van-gps".into(),
+            sequence_id: 10 << 11,
+            highest_sequence_id: Some(14 << 11),
+            num_messages_in_batch: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(judge(&batch, "rigd-van-gps").unwrap().sequence_id, 14 << 11);
+        assert!(judge(&batch, "rigd-van-gps-e3").is_err());
+    }
 }

@@ -73,8 +73,6 @@ pub struct ProducerConfig {
     pub send_timeout: Duration,
     /// Client TLS settings for `pulsar+ssl://` (see [`super::tls_config`]).
     pub tls: Option<Arc<rustls::ClientConfig>>,
-    /// The CA file behind `tls` (the topic probe's client reads it itself).
-    pub tls_ca_file: Option<std::path::PathBuf>,
     pub compression: crate::config::Compression,
     /// End-to-end encryption for the fleet key (`[pulsar] encryption-key-file`); None: clear.
     pub encryption: Option<Arc<crate::seal::Encryptor>>,
@@ -263,7 +261,6 @@ impl Producer {
                 shared: shared.clone(),
                 setup,
                 shutdown,
-                tls_ca_file: cfg.tls_ca_file.clone(),
                 created: false,
                 budget: cfg.budget.clone(),
                 credit: 0,
@@ -344,7 +341,6 @@ struct Session {
     shared: Arc<Shared>,
     setup: Setup,
     shutdown: watch::Receiver<bool>,
-    tls_ca_file: Option<std::path::PathBuf>,
     /// A producer was created once in this process (the window judges earlier runs' frames
     /// against the first creation only).
     created: bool,
@@ -388,7 +384,7 @@ impl Session {
                     let mut broker_last = broker_id.map(BrokerLast::id);
                     if !self.created && broker_last.is_none() && !self.fresh {
                         broker_last = tokio::select! {
-                            r = probe(&self.setup, self.tls_ca_file.as_deref()) => r,
+                            r = probe(&self.setup) => r,
                             _ = stopped(&mut self.shutdown, &shared) => break,
                         };
                     }
@@ -569,7 +565,7 @@ impl Session {
                     }
                 }
                 cmd = link.inbound.recv() => {
-                    let cmd = cmd.ok_or(LinkError::Closed)??;
+                    let cmd = cmd.ok_or(LinkError::Closed)??.cmd;
                     link.last_inbound = Instant::now();
                     self.on_command(link, cmd)?;
                 }
@@ -651,20 +647,19 @@ fn answered_urgently(cmd: &pulsar::proto::BaseCommand) -> bool {
 /// The broker keeps no deduplication state for the producer (forgotten after a long absence,
 /// or dedup off): ask the topic what it holds (see [`super::probe`]). Bounded; on failure the
 /// broker's answer stands (frames of an earlier run may then arrive twice, never lost).
-async fn probe(setup: &Setup, tls_ca: Option<&std::path::Path>) -> Option<BrokerLast> {
-    let r = tokio::time::timeout(
-        PROBE_TIMEOUT,
-        super::probe::last_sequence_id(
-            // the host that answered (the probe's client takes one host)
-            setup.service_host.as_deref().unwrap_or(&setup.url),
-            &setup.topic,
-            &setup.producer_name,
-            &setup.token,
-            tls_ca,
-        ),
-    )
-    .await
-    .unwrap_or_else(|_| Err("timed out".into()));
+async fn probe(setup: &Setup) -> Option<BrokerLast> {
+    // A connection of its own, set up as the producer's (same service hosts, token and TLS
+    // identity), so that the producer's is not disturbed.
+    let mut own = Setup::new(
+        setup.url.clone(),
+        setup.topic.clone(),
+        setup.producer_name.clone(),
+        setup.token.clone(),
+        setup.tls.clone(),
+    );
+    let r = tokio::time::timeout(PROBE_TIMEOUT, super::probe::last_entry(&mut own))
+        .await
+        .unwrap_or_else(|_| Err(LinkError::Timeout("the probe".into())));
     match r {
         Ok(Some(last)) => {
             tracing::info!(topic = %setup.topic, last_sequence_id = last.sequence_id,
