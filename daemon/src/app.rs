@@ -386,6 +386,7 @@ fn serve_web(
     let app = rigd_web::router(
         rigd_web::AppState::new(runtime.clone(), runtime.clone())
             .with_control_token(web_token.clone())
+            .with_allow_list(config.web.allow_list())
             .with_shutdown(shutdown.clone()),
     );
     // Header and idle deadlines, a connection cap, and a shutdown that ends within its grace

@@ -7,10 +7,13 @@ use std::process::ExitCode;
 
 use crate::config::{Config, ConfigError, EMBEDDED_DEFAULT};
 
+/// `rigd --version`: the release and the commit it was built from (daemon/build.rs).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("RIGD_GIT_REV"), ")");
+
 #[derive(Debug, Parser)]
 #[command(
     name = "rigd",
-    version,
+    version = VERSION,
     about = "Edge ingestion daemon for sensor rigs: PTP time, capture, spool, Pulsar uplink"
 )]
 pub struct Cli {
@@ -21,14 +24,21 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the daemon (without --config: the embedded default, synthetic sources, no broker).
+    /// Exits 2 when the config is wrong, 75 when the host is not ready for it (retried by systemd).
     Run {
-        #[arg(long, short)]
+        /// The config file (TOML; see the README's "Config").
+        #[arg(long, short, value_name = "FILE")]
         config: Option<PathBuf>,
     },
-    /// Validate a config without starting: exit 0 when valid, 2 with one line per problem.
+    /// Validate a config without starting: exit 0 when valid (warnings on stderr), 2 with one
+    /// line per problem.
     Check {
-        #[arg(long, short)]
+        /// The config file to check (it may be the running rig's).
+        #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
+        /// Print the config with every default filled in (TOML, on stdout) instead of "ok".
+        #[arg(long)]
+        print_effective: bool,
     },
     /// Inspect a spool directory (of a stopped daemon, or a copy): `stat` or `verify`.
     Spool {
@@ -39,6 +49,13 @@ enum Command {
     Replay(ReplayArgs),
     /// Follow a rig live on Pulsar: one line per time bucket with the sources that arrived in it.
     Tail(TailArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff, for `man -l -`) on stdout.
+    Man,
 }
 
 #[derive(Debug, clap::Args)]
@@ -239,26 +256,63 @@ pub fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Check { config: path } => {
-            match Config::load_with(&path, crate::preflight::check_problems) {
-                Ok(config) => {
-                    use std::io::Write;
-                    for w in crate::preflight::warnings(&config) {
-                        say(format_args!("{}: warning: {w}", path.display()));
-                    }
-                    let ok = writeln!(std::io::stdout(), "{}: ok", path.display());
-                    output(ok).err().unwrap_or(ExitCode::SUCCESS)
+        Command::Check {
+            config: path,
+            print_effective,
+        } => match Config::load_with(&path, crate::preflight::check_problems) {
+            Ok(config) => {
+                use std::io::Write;
+                for w in crate::preflight::warnings(&config) {
+                    say(format_args!("{}: warning: {w}", path.display()));
                 }
-                Err(e) => report(&e),
+                let ok = if print_effective {
+                    match config.effective() {
+                        Ok(toml) => write!(std::io::stdout(), "{toml}"),
+                        Err(e) => {
+                            say(format_args!("rigd: cannot print the config: {e}"));
+                            return ExitCode::from(1);
+                        }
+                    }
+                } else {
+                    writeln!(std::io::stdout(), "{}: ok", path.display())
+                };
+                output(ok).err().unwrap_or(ExitCode::SUCCESS)
             }
-        }
+            Err(e) => report(&e),
+        },
         Command::Spool { command } => spool(command),
         Command::Replay(args) => replay(args),
         Command::Tail(args) => tail(args),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "rigd",
+                &mut out,
+            );
+            output(std::io::Write::write_all(&mut std::io::stdout(), &out))
+                .err()
+                .unwrap_or(ExitCode::SUCCESS)
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            let man = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            if let Err(e) = man.render(&mut out) {
+                say(format_args!("rigd: cannot render the manual page: {e}"));
+                return ExitCode::from(1);
+            }
+            output(std::io::Write::write_all(&mut std::io::stdout(), &out))
+                .err()
+                .unwrap_or(ExitCode::SUCCESS)
+        }
         Command::Run { config } => {
             let config = match load(config.as_ref()) {
                 Ok(c) => c,
-                Err(e) => return report(&e),
+                Err(e) => {
+                    say(format_args!("{e}"));
+                    return ExitCode::from(e.exit_status());
+                }
             };
             init_logging();
             let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -502,14 +556,33 @@ fn init_quiet_logging() {
 /// pipe: EPIPE) loses the log lines, never the daemon: tracing's fmt layer reports a failed write
 /// with eprintln!, which panics on EPIPE in whichever thread logged (capture threads, tokio
 /// workers), so that report is off.
+///
+/// Logs on stderr (the journal under systemd): `RIGD_LOG` filters (`info,rigd::uplink=debug`
+/// raises one module), `RIGD_LOG_FORMAT=json` writes one JSON object per line (journald,
+/// Loki, Vector) instead of text.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RIGD_LOG")
         .unwrap_or_else(|_| "info,statime=warn".into());
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let format = std::env::var("RIGD_LOG_FORMAT").unwrap_or_default();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
-        .log_internal_errors(false)
-        .init();
+        .log_internal_errors(false);
+    match format.as_str() {
+        "json" => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+        other => {
+            logs.with_ansi(std::io::stderr().is_terminal()).init();
+            if !other.is_empty() && other != "text" {
+                tracing::warn!(
+                    RIGD_LOG_FORMAT = other,
+                    "unknown log format (text or json); text it is"
+                );
+            }
+        }
+    }
 }

@@ -7,7 +7,7 @@
 //! offer a config (files, the spool's filesystem, a free port) is checked in [`crate::preflight`].
 
 use serde::de::IgnoredAny;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -29,8 +29,25 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The config itself is wrong: fixing it is the only remedy (`run` exits 2).
     #[error("{}", .problems.join("\n"))]
     Invalid { problems: Vec<String> },
+    /// The config is valid but the host does not offer what it names yet: a token file not yet
+    /// provisioned, a spool disk not yet mounted, a port still held. Transient: `run` exits 75
+    /// (EX_TEMPFAIL) and systemd tries again.
+    #[error("{}", .problems.join("\n"))]
+    Host { problems: Vec<String> },
+}
+
+impl ConfigError {
+    /// `run`'s exit status: 2 for a config to fix (systemd's `RestartPreventExitStatus=2`), 75
+    /// for a host not ready yet (restarted).
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            ConfigError::Host { .. } => 75,
+            _ => 2,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -70,7 +87,7 @@ struct SourceHead {
     kind: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RigConfig {
     /// `[a-z0-9-]+`; part of topic and producer names.
@@ -84,7 +101,7 @@ fn default_bucket_ms() -> u32 {
     33
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Transport {
     #[default]
@@ -92,7 +109,7 @@ pub enum Transport {
     L2,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ClockTarget {
     #[default]
@@ -101,7 +118,7 @@ pub enum ClockTarget {
     Phc,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DelayMechanism {
     /// End-to-end: delay requests to the master (works through switches and bridges).
@@ -113,7 +130,7 @@ pub enum DelayMechanism {
 
 /// `[clock]`: the PTP slave port and the clock it disciplines. Intervals are log2 seconds, as in
 /// PTP (`-3` = 8 per second); they must match the grandmaster's.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ClockConfig {
     /// Network interface for PTP; absent: no PTP, the clock stays `unsynced`.
@@ -279,7 +296,8 @@ impl ClockConfig {
 }
 
 /// One capture source; `kind` selects the driver (and the struct its table is read as).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum SourceConfig {
     SyntheticCamera(SyntheticCameraConfig),
     SyntheticAudio(SyntheticAudioConfig),
@@ -381,7 +399,7 @@ pub fn default_priority(m: Modality) -> u8 {
 
 /// `[[source]] drain`: after an outage, whether new frames go out live while the backlog drains
 /// with what the budget leaves (`live-first`), or wait behind it (`in-order`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Drain {
     #[default]
@@ -473,12 +491,12 @@ fn nth_source<T: serde::de::DeserializeOwned>(
     )
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SyntheticCameraConfig {
     pub id: String,
     /// Read before the table is (it chose this struct).
-    #[serde(default, rename = "kind")]
+    #[serde(default, rename = "kind", skip_serializing)]
     _kind: IgnoredAny,
     /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
     pub priority: Option<u8>,
@@ -508,12 +526,12 @@ fn default_fps() -> f64 {
     30.0
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SyntheticAudioConfig {
     pub id: String,
     /// Read before the table is (it chose this struct).
-    #[serde(default, rename = "kind")]
+    #[serde(default, rename = "kind", skip_serializing)]
     _kind: IgnoredAny,
     /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
     pub priority: Option<u8>,
@@ -538,12 +556,12 @@ fn default_tone_hz() -> f64 {
     440.0
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SyntheticSerialConfig {
     pub id: String,
     /// Read before the table is (it chose this struct).
-    #[serde(default, rename = "kind")]
+    #[serde(default, rename = "kind", skip_serializing)]
     _kind: IgnoredAny,
     /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
     pub priority: Option<u8>,
@@ -559,12 +577,12 @@ fn default_rate_hz() -> f64 {
 }
 
 /// `kind = "serial"`: a serial sensor on a tty (rigd-drivers `serial` feature).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SerialSourceConfig {
     pub id: String,
     /// Read before the table is (it chose this struct).
-    #[serde(default, rename = "kind")]
+    #[serde(default, rename = "kind", skip_serializing)]
     _kind: IgnoredAny,
     /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
     pub priority: Option<u8>,
@@ -664,12 +682,12 @@ impl SerialSourceConfig {
 }
 
 /// `kind = "alsa"`: an ALSA capture device (rigd-drivers `audio` feature).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct AlsaSourceConfig {
     pub id: String,
     /// Read before the table is (it chose this struct).
-    #[serde(default, rename = "kind")]
+    #[serde(default, rename = "kind", skip_serializing)]
     _kind: IgnoredAny,
     /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
     pub priority: Option<u8>,
@@ -744,12 +762,12 @@ impl AlsaSourceConfig {
 }
 
 /// `kind = "v4l"`: a V4L2 camera (rigd-drivers `v4l` feature).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct V4lSourceConfig {
     pub id: String,
     /// Read before the table is (it chose this struct).
-    #[serde(default, rename = "kind")]
+    #[serde(default, rename = "kind", skip_serializing)]
     _kind: IgnoredAny,
     /// Uplink priority, 0 (first) to 9; absent: by modality ([`default_priority`]).
     pub priority: Option<u8>,
@@ -857,7 +875,7 @@ fn sample_rate_problems(p: &mut Vec<String>, key: &str, rate: u32) {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Compression {
     #[default]
@@ -866,7 +884,7 @@ pub enum Compression {
     Zstd,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PulsarConfig {
     /// `pulsar://host:port` or `pulsar+ssl://host:port`; absent: no uplink, everything spools.
@@ -982,7 +1000,7 @@ impl PulsarConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SpoolMode {
     #[default]
@@ -990,7 +1008,7 @@ pub enum SpoolMode {
     Always,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum WhenFull {
     #[default]
@@ -998,7 +1016,7 @@ pub enum WhenFull {
     DropNewest,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SpoolConfig {
     #[serde(default = "default_spool_path")]
@@ -1042,7 +1060,7 @@ impl Default for SpoolConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct WebConfig {
     #[serde(default = "default_bind")]
@@ -1055,6 +1073,10 @@ pub struct WebConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub tls_key_file: Option<PathBuf>,
+    /// Networks whose clients get an answer at all, reads included (`10.0.0.0/8`, `fe80::/10`,
+    /// a bare address); absent: loopback, RFC 1918, link-local and IPv6 ULA, the networks next
+    /// to the rig (`rigd_web::access`). `["0.0.0.0/0", "::/0"]` answers everyone.
+    pub allow_from: Option<Vec<String>>,
 }
 
 fn default_bind() -> String {
@@ -1068,6 +1090,20 @@ impl Default for WebConfig {
             token_file: None,
             tls_cert_file: None,
             tls_key_file: None,
+            allow_from: None,
+        }
+    }
+}
+
+impl WebConfig {
+    /// The networks allowed to connect (see `allow_from`); entries that do not parse are
+    /// [`Config::problems`].
+    pub fn allow_list(&self) -> rigd_web::access::AllowList {
+        match &self.allow_from {
+            None => rigd_web::access::AllowList::private(),
+            Some(nets) => rigd_web::access::AllowList::new(
+                nets.iter().filter_map(|n| n.parse().ok()).collect(),
+            ),
         }
     }
 }
@@ -1109,6 +1145,13 @@ impl Bandwidth {
 
     pub fn bytes_per_second(self) -> u64 {
         self.0 / 8
+    }
+}
+
+impl Serialize for Bandwidth {
+    /// As written: `"1800000bit"` (what [`Bandwidth::parse`] reads back).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}bit", self.0))
     }
 }
 
@@ -1171,6 +1214,13 @@ impl ByteSize {
     }
 }
 
+impl Serialize for ByteSize {
+    /// In bytes, an integer (what the config reads back).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Size;
@@ -1227,8 +1277,7 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let invalid = |problems| ConfigError::Invalid { problems };
         let written = Written::scan(text, origin);
-        let file: File =
-            toml::from_str(text).map_err(|e| invalid(vec![written.toml_error(&e, text)]))?;
+        let file: File = read_file(text, &written).map_err(invalid)?;
         let mut problems: Vec<Result<String, String>> = Vec::new();
         let mut sources = Vec::new();
         for (i, head) in file.source.iter().enumerate() {
@@ -1271,7 +1320,13 @@ impl Config {
             written,
         };
         let mut problems = config.problems();
-        problems.extend(more(&config));
+        let host = more(&config);
+        if problems.is_empty() && !host.is_empty() {
+            return Err(ConfigError::Host {
+                problems: config.written.lines(host),
+            });
+        }
+        problems.extend(host);
         config.check(problems)?;
         Ok(config)
     }
@@ -1576,7 +1631,35 @@ impl Config {
                 self.web.bind
             ));
         }
+        for net in self.web.allow_from.iter().flatten() {
+            if let Err(e) = net.parse::<rigd_web::access::Cidr>() {
+                p.push(format!("web.allow-from: {e}"));
+            }
+        }
         p
+    }
+
+    /// The config with every default filled in, as TOML that `rigd check` accepts and reads
+    /// back to the same values (`rigd check --print-effective`).
+    pub fn effective(&self) -> Result<String, String> {
+        #[derive(Serialize)]
+        struct Effective<'a> {
+            rig: &'a RigConfig,
+            clock: &'a ClockConfig,
+            source: &'a [SourceConfig],
+            pulsar: &'a PulsarConfig,
+            spool: &'a SpoolConfig,
+            web: &'a WebConfig,
+        }
+        toml::to_string(&Effective {
+            rig: &self.rig,
+            clock: &self.clock,
+            source: &self.sources,
+            pulsar: &self.pulsar,
+            spool: &self.spool,
+            web: &self.web,
+        })
+        .map_err(|e| e.to_string())
     }
 
     /// Bytes of one audio block (one bucket of 16-bit samples) of an audio source.
@@ -1752,9 +1835,10 @@ impl Written {
         }
     }
 
-    /// One line for a TOML/serde error: file, line, the table and key there, and the message.
+    /// One line for a TOML/serde error: file, line, the table and key there, and the message
+    /// (with the likely key for a misspelt one).
     fn toml_error(&self, e: &toml::de::Error, text: &str) -> String {
-        let msg = e.message().trim().replace('\n', " ");
+        let msg = did_you_mean(&e.message().trim().replace('\n', " "));
         let Some(span) = e.span() else {
             return self.at(None, &msg);
         };
@@ -1766,6 +1850,91 @@ impl Written {
     }
 }
 
+/// Deserializes the file, reporting every unknown key and wrongly typed value in one run (serde
+/// stops at the first): each such line is blanked in a working copy (line numbers stay) and the
+/// parse tried again. A syntax error, or an error on a table header, ends the search.
+fn read_file(text: &str, written: &Written) -> Result<File, Vec<String>> {
+    if let Err(e) = text.parse::<toml::Table>() {
+        return Err(vec![written.toml_error(&e, text)]);
+    }
+    let mut work = text.to_string();
+    let mut errors: Vec<String> = Vec::new();
+    for _ in 0..64 {
+        let e = match toml::from_str::<File>(&work) {
+            Ok(file) if errors.is_empty() => return Ok(file),
+            Ok(_) => break,
+            Err(e) => e,
+        };
+        let line = written.toml_error(&e, &work);
+        if errors.last() == Some(&line) {
+            break;
+        }
+        errors.push(line);
+        let Some(span) = e.span() else { break };
+        let at = span.start.min(work.len());
+        let start = work[..at].rfind('\n').map_or(0, |i| i + 1);
+        let end = work[start..].find('\n').map_or(work.len(), |i| start + i);
+        let written_line = work[start..end].trim_start();
+        if written_line.is_empty() || written_line.starts_with('[') {
+            break;
+        }
+        work.replace_range(start..end, "");
+        if work.parse::<toml::Table>().is_err() {
+            break;
+        }
+    }
+    Err(errors)
+}
+
+/// serde's "unknown field `max-byts`, expected one of `path`, `max-bytes`, ..." (and the same for
+/// variants), with "did you mean `max-bytes`?" when one expected name is within two edits.
+fn did_you_mean(msg: &str) -> String {
+    let quoted = |s: &str| -> Vec<String> {
+        s.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    let Some(rest) = msg
+        .strip_prefix("unknown field ")
+        .or_else(|| msg.strip_prefix("unknown variant "))
+    else {
+        return msg.to_string();
+    };
+    let Some((got, expected)) = rest.split_once(", expected") else {
+        return msg.to_string();
+    };
+    let Some(got) = quoted(got).into_iter().next() else {
+        return msg.to_string();
+    };
+    let best = quoted(expected)
+        .into_iter()
+        .map(|name| (edit_distance(&got, &name), name))
+        .filter(|(d, _)| *d <= 2)
+        .min();
+    match best {
+        Some((_, name)) => format!("{msg}; did you mean `{name}`?"),
+        None => msg.to_string(),
+    }
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions), on chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1773,7 +1942,7 @@ mod tests {
     fn problems(text: &str) -> Vec<String> {
         match Config::parse(text, "t.toml") {
             Ok(_) => vec![],
-            Err(ConfigError::Invalid { problems }) => problems,
+            Err(ConfigError::Invalid { problems } | ConfigError::Host { problems }) => problems,
             Err(e) => vec![e.to_string()],
         }
     }
@@ -2172,5 +2341,31 @@ mod tests {
                 && p[0].contains("live-first"),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn a_misspelt_key_or_variant_gets_a_suggestion() {
+        let p = problems("[rig]\nid = \"a\"\n[spool]\nmax-byts = 5\n");
+        assert!(p[0].contains("did you mean `max-bytes`?"), "{p:?}");
+        let p = problems("[rig]\nid = \"a\"\n[spool]\nmode = \"alway\"\n");
+        assert!(p[0].contains("did you mean `always`?"), "{p:?}");
+        let p = problems("[rig]\nid = \"a\"\n[spool]\nzzzzzzzz = 5\n");
+        assert!(!p[0].contains("did you mean"), "{p:?}");
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn every_unknown_key_and_type_error_is_reported_in_one_run() {
+        let p = problems(
+            "[rig]\nid = \"a\"\n[spool]\nmax-byts = 5\nfsync-ms = \"often\"\n[web]\nbnd = \"x\"\n",
+        );
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(
+            p[0].starts_with("t.toml:4: spool.max-byts")
+                && p[0].contains("did you mean `max-bytes`?"),
+            "{p:?}"
+        );
+        assert!(p[1].starts_with("t.toml:5: spool.fsync-ms"), "{p:?}");
+        assert!(p[2].starts_with("t.toml:7: web.bnd"), "{p:?}");
     }
 }

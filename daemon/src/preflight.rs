@@ -153,6 +153,24 @@ fn spool_problems(config: &Config, p: &mut Vec<String>) {
         ));
         return;
     }
+    if let Some(fs) = pseudo_filesystem(&existing) {
+        p.push(format!(
+            "spool.path: {} is on {fs}, not on a disk",
+            path.display()
+        ));
+        return;
+    }
+    // Read-only (EROFS: a disk not mounted yet under a read-only root, or ProtectSystem) or not
+    // this user's to write: the spool cannot be created or written there.
+    if let Err(e) = rustix::fs::access(&existing, rustix::fs::Access::WRITE_OK) {
+        p.push(format!(
+            "spool.path: {} cannot be written ({}: {})",
+            path.display(),
+            existing.display(),
+            std::io::Error::from(e)
+        ));
+        return;
+    }
     if let Ok(st) = rustix::fs::statvfs(&existing) {
         let size = st.f_blocks.saturating_mul(st.f_frsize);
         let reserve = config.spool.free_reserve.0;
@@ -165,6 +183,23 @@ fn spool_problems(config: &Config, p: &mut Vec<String>) {
             ));
         }
     }
+}
+
+/// The kernel's own filesystems, which hold no files of ours (`/proc`, `/sys`, ...), by name.
+fn pseudo_filesystem(dir: &Path) -> Option<&'static str> {
+    let st = rustix::fs::statfs(dir).ok()?;
+    Some(match st.f_type as u64 {
+        0x9fa0 => "proc",
+        0x6265_6572 => "sysfs",
+        0x1cd1 => "devpts",
+        0x6367_7270 => "cgroup2",
+        0x0027_e0eb => "cgroup",
+        0x6462_6720 => "debugfs",
+        0x7472_6163 => "tracefs",
+        0x7363_6673 => "securityfs",
+        0xcafe_4a11 => "bpf",
+        _ => return None,
+    })
 }
 
 /// `path` itself, or its closest ancestor that exists (relative paths from the working directory).

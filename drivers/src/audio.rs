@@ -16,7 +16,7 @@
 use serde::Deserialize;
 
 /// Sample format the device is opened with (`sample-format` key); blocks are always S16LE.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SampleFormat {
     #[default]

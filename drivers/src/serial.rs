@@ -16,7 +16,7 @@ use serde::Deserialize;
 use crate::Stamp;
 
 /// How a byte stream is cut into records (`framing` key).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Framing {
     /// One record per line, without its delimiter (and without a `\r` before a `\n` delimiter);
@@ -31,7 +31,7 @@ pub enum Framing {
 }
 
 /// Parity bit (`parity` key).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Parity {
     #[default]
@@ -41,7 +41,7 @@ pub enum Parity {
 }
 
 /// Flow control (`flow-control` key).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FlowControl {
     #[default]

@@ -64,7 +64,7 @@ fn closed(id: &str) -> SourceError {
 }
 
 /// What a synthetic camera's frames start as (config `format`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CameraFormat {
     /// JPEGs, as an MJPEG camera hands them over.

@@ -27,7 +27,7 @@ use std::fmt;
 use crate::camera::{nv12_to_jpeg, yuyv_to_jpeg};
 
 /// A pixel format rigd can turn into JPEG frames, named by its V4L2 fourcc (`formats` key).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
 pub enum PixelFormat {
     /// Motion JPEG: each buffer is a JPEG, passed through untouched.
     #[serde(rename = "MJPG")]

@@ -285,7 +285,10 @@ def test_a_reserve_the_filesystem_cannot_keep_is_refused_before_capture(tmp_path
             path.write_text(cfg.replace("{WEB_PORT}", "0"))
             for cmd in (["check", "--config", path], ["run", "--config", path]):
                 r = rigd(*cmd)
-                assert r.returncode == 2, (reserve, cmd, r.returncode, r.stderr)
+                # `run`: a reserve below 1 MiB is the config's mistake (2), one the filesystem
+                # cannot keep the host's (75: systemd tries again, the disk may be swapped).
+                want = 75 if cmd[0] == "run" and not reserve else 2
+                assert r.returncode == want, (reserve, cmd, r.returncode, r.stderr)
                 assert "spool.free-reserve" in r.stderr, r.stderr
             assert not (disk / "spool").exists()
 

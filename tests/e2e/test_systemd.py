@@ -62,12 +62,15 @@ def test_unit_exposure_stays_low(tmp_path):
 def test_unit_declares_the_service_contract():
     text = UNIT.read_text()
     for line in ["Type=notify", "NotifyAccess=main", "Restart=on-failure", "User=rigd",
-                 "StateDirectory=rigd", "ExecStartPre=/usr/bin/rigd check --config /etc/rigd/rigd.toml",
-                 "ExecStart=/usr/bin/rigd run --config /etc/rigd/rigd.toml",
+                 "StateDirectory=rigd", "ExecStart=/usr/bin/rigd run --config /etc/rigd/rigd.toml",
+                 "RestartPreventExitStatus=2", "StartLimitIntervalSec=0",
                  "CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_NET_RAW", "DevicePolicy=closed",
                  "SupplementaryGroups=video audio dialout", "ProtectSystem=strict"]:
         assert re.search(rf"^{re.escape(line)}$", text, re.M), line
     assert re.search(r"^WatchdogSec=\d+s$", text, re.M)
+    # `run` checks the config itself: systemd compares RestartPreventExitStatus with the main
+    # process's status only, so a check in ExecStartPre restart-looped a bad config (issue 32).
+    assert not re.search(r"^ExecStartPre=", text, re.M)
     # CAP_SYS_TIME is only documented (for target = "system"), never granted by default.
     assert not re.search(r"^[^#].*CAP_SYS_TIME", text, re.M)
     # The shipped config is what the unit points at: /var/lib/rigd is the StateDirectory.

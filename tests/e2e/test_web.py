@@ -146,6 +146,81 @@ def test_publish_latency_histogram_and_quantiles_with_a_broker(broker, tmp_path)
     assert sample(m, "rigd_uplink_published", "rigd_uplink_published_total", source="front") > 0
 
 
+def test_readyz_says_what_keeps_the_rig_from_its_job_where_healthz_says_it_answers(tmp_path):
+    """Issue 32: `/healthz` is always "ok"; `/readyz` is 200 only while the rig does its whole
+    job, else 503 with the reasons (here: a broker configured and not reachable)."""
+    d = Rigd(tmp_path / "alone", config(tmp_path / "alone", token=False)).start()
+    try:
+        d.wait_for(lambda s: all(x["frames"] > 0 for x in s["sources"]), timeout=30, what="frames")
+        code, body = request(d, "GET", "/readyz", token=None)
+        assert (code, body) == (200, {"ready": True, "reasons": []}), body
+    finally:
+        d.stop()
+        d.close()
+    dead = f"pulsar://127.0.0.1:{free_port()}"
+    d = Rigd(tmp_path / "cut", config(tmp_path / "cut", pulsar_url=dead, token=False)).start()
+    try:
+        d.wait_for(lambda s: s["uplink"]["last_error"], timeout=30, what="a failed connection")
+        assert d.get("/healthz") == b"ok\n"
+        code, body = request(d, "GET", "/readyz", token=None)
+        assert code == 503 and body["ready"] is False and "uplink: not connected" in body["reasons"], body
+    finally:
+        d.stop()
+        d.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace and a veth pair need root")
+def test_clients_outside_the_allowed_networks_get_403_on_every_route(tmp_path):
+    """Issue 32: bound to 0.0.0.0 (as a technician's rig is), the page, its preview and the last
+    serial records were served to anyone who could reach the port, the cellular side included.
+    A client in a namespace of its own, over a veth pair, from a private address (10.x, allowed
+    by default) and from a public one (203.0.113.x, refused unless `allow-from` names it)."""
+    tag = f"{os.getpid()}-{os.urandom(2).hex()}"
+    ns, host_if, ns_if = f"rigdweb-{tag}", f"rwh{tag[-4:]}", f"rwn{tag[-4:]}"
+
+    def ip(*args, check=True):
+        return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+    ip("netns", "add", ns)
+    try:
+        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        ip("link", "set", ns_if, "netns", ns)
+        for a in ("10.250.7.1/24", "203.0.113.1/24"):
+            ip("addr", "add", a, "dev", host_if)
+        for a in ("10.250.7.2/24", "203.0.113.2/24"):
+            ip("netns", "exec", ns, "ip", "addr", "add", a, "dev", ns_if)
+        ip("link", "set", host_if, "up")
+        ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+
+        def get(d, src, dst, path):
+            r = subprocess.run(["ip", "netns", "exec", ns, "curl", "-s", "-m", "5", "--interface", src,
+                                "-o", "/dev/null", "-w", "%{http_code}", f"http://{dst}:{d.port}{path}"],
+                               capture_output=True, text=True)
+            return int(r.stdout or 0)
+
+        paths = ["/", "/api/status", "/api/sources/front/preview.jpg", "/metrics", "/healthz"]
+        for allow, private, public in [(None, 200, 403), ('["203.0.113.0/24", "127.0.0.1"]', 403, 200)]:
+            cfg = config(tmp_path, token=False).replace('bind = "127.0.0.1:{WEB_PORT}"', 'bind = "0.0.0.0:{WEB_PORT}"')
+            if allow:
+                cfg += f"allow-from = {allow}\n"
+            d = Rigd(tmp_path / f"allow-{public}", cfg).start()
+            try:
+                d.wait_for(lambda s: s["sources"][0]["preview_seq"] is not None, timeout=30, what="a preview")
+                got = {(src, p): get(d, src, dst, p) for src, dst in (("10.250.7.2", "10.250.7.1"),
+                                                                       ("203.0.113.2", "203.0.113.1"))
+                       for p in paths}
+                want = {(src, p): code for src, code in (("10.250.7.2", private), ("203.0.113.2", public))
+                        for p in paths}
+                assert got == want, (allow, got)
+            finally:
+                d.stop()
+                d.close()
+    finally:
+        ip("link", "del", host_if, check=False)
+        ip("netns", "del", ns, check=False)
+
+
 def test_control_needs_a_configured_token(tmp_path):
     d = Rigd(tmp_path, config(tmp_path, token=False)).start()
     try:

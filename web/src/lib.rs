@@ -1,6 +1,6 @@
 //! rigd's status web UI and HTTP API. Knows nothing of the daemon's internals: the daemon hands it a
 //! [`StatusSource`] (what to show) and a [`Control`] (what a technician may ask it to do), and it
-//! serves the page, `/api/status`, the live stream, `/metrics`, `/healthz` and the control actions.
+//! serves the page, `/api/status`, the live stream, `/metrics`, `/healthz`, `/readyz` and the control actions.
 //! docs/WEB.md documents every route and field.
 //!
 //! Hostile clients are bounded: request bodies are capped ([`MAX_BODY_BYTES`]), every request but
@@ -12,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access;
 mod alerts;
 mod prometheus;
 mod serve;
@@ -335,6 +336,8 @@ pub struct AppState {
     streams: Arc<Semaphore>,
     shutdown: Option<watch::Receiver<bool>>,
     stream_period: Duration,
+    /// Networks allowed to connect; None: every peer.
+    allow: Option<Arc<access::AllowList>>,
 }
 
 impl AppState {
@@ -346,7 +349,15 @@ impl AppState {
             streams: Arc::new(Semaphore::new(MAX_STREAMS)),
             shutdown: None,
             stream_period: STREAM_PERIOD,
+            allow: None,
         }
+    }
+
+    /// Only peers on these networks get an answer (403 for the rest, every route): see
+    /// [`access`].
+    pub fn with_allow_list(mut self, allow: access::AllowList) -> Self {
+        self.allow = Some(Arc::new(allow));
+        self
     }
 
     /// Enables control actions for this bearer token (`None` or empty: disabled).
@@ -403,6 +414,7 @@ pub fn router(state: AppState) -> Router {
     let bounded = Router::new()
         .route("/", get(index))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/api/status", get(api_status))
         .route("/metrics", get(metrics))
         .route("/api/sources/{source}/preview.jpg", get(preview))
@@ -414,7 +426,28 @@ pub fn router(state: AppState) -> Router {
         .route("/api/stream", get(stream))
         .merge(bounded)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(state.clone(), allow_from))
         .with_state(state)
+}
+
+/// 403 for a peer outside the allow-list, before any route answers (a request without a peer,
+/// which only a test makes, is judged as one from nowhere: refused when there is a list).
+async fn allow_from(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(allow) = &state.allow else {
+        return next.run(req).await;
+    };
+    let peer = req.extensions().get::<access::Peer>().map(|p| p.0.ip());
+    match peer {
+        Some(ip) if allow.allows(ip) => next.run(req).await,
+        _ => {
+            let who = peer.map_or("this client".to_string(), |ip| ip.to_string());
+            AppError(
+                StatusCode::FORBIDDEN,
+                format!("{who} is not on a network in [web] allow-from"),
+            )
+            .into_response()
+        }
+    }
 }
 
 /// Turns handler errors into JSON responses in one place.
@@ -492,6 +525,46 @@ async fn asset(Path(path): Path<String>) -> Response {
 
 async fn healthz() -> &'static str {
     "ok\n"
+}
+
+/// `/readyz`: 200 when the rig does its whole job now, 503 with the reasons when it does not.
+/// `/healthz` says the process answers (liveness); this says whether its data is complete.
+async fn readyz(State(state): State<AppState>) -> Response {
+    let view = state.view();
+    let reasons = not_ready(&view.status, &view.alerts);
+    let code = if reasons.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut r = (
+        code,
+        Json(serde_json::json!({ "ready": reasons.is_empty(), "reasons": reasons })),
+    )
+        .into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// Why the rig is not ready (none: ready): an error-level alert (frames lost or not captured:
+/// a source down, the spool not writable or full), a PTP clock that is neither locked nor in
+/// holdover, a configured uplink that is not connected (unless a technician paused it).
+pub fn not_ready(status: &Status, alerts: &[Alert]) -> Vec<String> {
+    let mut reasons: Vec<String> = alerts
+        .iter()
+        .filter(|a| a.level == "error")
+        .map(|a| format!("{}: {}", a.subject, a.text))
+        .collect();
+    let clock = &status.clock;
+    if clock.port_state.is_some() && !matches!(clock.state.as_str(), "locked" | "holdover") {
+        reasons.push(format!("clock: {}", clock.state));
+    }
+    let uplink = &status.uplink;
+    if uplink.configured && !uplink.connected && !uplink.paused {
+        reasons.push("uplink: not connected".to_string());
+    }
+    reasons
 }
 
 async fn api_status(State(state): State<AppState>) -> Response {

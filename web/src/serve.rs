@@ -105,8 +105,8 @@ pub async fn serve_tls(
             // Reap finished connections so the set does not grow.
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
                     Err(e) => {
                         // EMFILE, ENFILE, ENOBUFS: the error stays until something closes, so
                         // wait instead of spinning on it. Per-connection errors (ECONNABORTED)
@@ -143,10 +143,10 @@ pub async fn serve_tls(
                 let (app, stop) = (app.clone(), stop_rx.clone());
                 let _ = stream.set_nodelay(true);
                 match acceptor.clone() {
-                    None => connections.spawn(connection(stream, app, limits, activity, stop)),
+                    None => connections.spawn(connection(stream, peer, app, limits, activity, stop)),
                     Some(acceptor) => connections.spawn(async move {
                         match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await {
-                            Ok(Ok(tls)) => connection(tls, app, limits, activity, stop).await,
+                            Ok(Ok(tls)) => connection(tls, peer, app, limits, activity, stop).await,
                             Ok(Err(e)) => tracing::debug!(error = %e, "web connection: TLS handshake failed"),
                             Err(_) => tracing::debug!("web connection: no TLS handshake within the header deadline"),
                         }
@@ -192,9 +192,11 @@ fn evict_longest_idle(open: &[Weak<Activity>]) -> bool {
     }
 }
 
-/// One connection: hyper's HTTP/1 state machine, its watchdog, and the shutdown request.
+/// One connection: hyper's HTTP/1 state machine, its watchdog, and the shutdown request. Each
+/// request carries the connection's peer address ([`crate::access::Peer`]).
 async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     stream: S,
+    peer: std::net::SocketAddr,
     app: Router,
     limits: ServeLimits,
     activity: Arc<Activity>,
@@ -205,7 +207,8 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         activity: activity.clone(),
     });
     let service_activity = activity.clone();
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(crate::access::Peer(peer));
         let guard = InFlight::start(service_activity.clone());
         let app = app.clone();
         async move {

@@ -559,3 +559,68 @@ fn token_comparison() {
     // The missing tail is compared against a byte that always differs.
     assert!(!same_token(b"\xff", b"\x00"));
 }
+
+#[tokio::test]
+async fn readyz_is_200_when_the_rig_does_its_job_and_503_with_reasons_when_not() {
+    let (code, _, body) = get(app(), "/readyz").await;
+    assert_eq!(code, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["ready"], true);
+    // PTP configured but not locked; a broker configured and not reached; a source failed.
+    let mut s = FakeRig::default().status();
+    s.clock.port_state = Some("listening".into());
+    s.clock.state = "locking".into();
+    s.uplink.configured = true;
+    s.sources[0].state = "failed".into();
+    s.sources[0].reason = "no such device".into();
+    let reasons = not_ready(&s, &alerts(&s));
+    assert!(reasons.iter().any(|r| r == "clock: locking"), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r == "uplink: not connected"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.starts_with("source:front")),
+        "{reasons:?}"
+    );
+    // Holdover is ready (timestamps still good); a technician's pause is not an outage.
+    s.clock.state = "holdover".into();
+    s.uplink.paused = true;
+    s.sources[0].state = "running".into();
+    assert_eq!(not_ready(&s, &alerts(&s)), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn peers_outside_the_allow_list_get_403_on_every_route() {
+    let rig = Arc::new(FakeRig::default());
+    let app = router(AppState::new(rig.clone(), rig).with_allow_list(access::AllowList::private()));
+    for (ip, want) in [
+        ("192.168.1.5", StatusCode::OK),
+        ("::ffff:10.0.0.7", StatusCode::OK),
+        ("100.64.0.9", StatusCode::FORBIDDEN),
+        ("203.0.113.2", StatusCode::FORBIDDEN),
+    ] {
+        for path in [
+            "/",
+            "/api/status",
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/api/sources/front/preview.jpg",
+        ] {
+            let mut req = Request::get(path).body(Body::empty()).unwrap();
+            let peer = std::net::SocketAddr::new(ip.parse().unwrap(), 5555);
+            req.extensions_mut().insert(access::Peer(peer));
+            let (code, _, body) = send(app.clone(), req).await;
+            assert_eq!(
+                code,
+                want,
+                "{ip} {path}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            if want == StatusCode::FORBIDDEN {
+                assert!(String::from_utf8_lossy(&body).contains("allow-from"));
+            }
+        }
+    }
+}
