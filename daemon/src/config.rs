@@ -1290,9 +1290,9 @@ impl Config {
                     "source[{i}].kind: unknown kind `{kind}` (one of {})",
                     SOURCE_KINDS.join(", ")
                 ))),
-                Some(kind) => match read_source(text, i, kind) {
+                Some(kind) => match every_error(text, &written, |t| read_source(t, i, kind)) {
                     Ok(s) => sources.push(s),
-                    Err(e) => problems.push(Err(written.toml_error(&e, text))),
+                    Err(lines) => problems.extend(lines.into_iter().map(Err)),
                 },
             }
         }
@@ -1850,18 +1850,29 @@ impl Written {
     }
 }
 
-/// Deserializes the file, reporting every unknown key and wrongly typed value in one run (serde
-/// stops at the first): each such line is blanked in a working copy (line numbers stay) and the
-/// parse tried again. A syntax error, or an error on a table header, ends the search.
+/// Deserializes the file, reporting every unknown key and wrongly typed value in one run (see
+/// [`every_error`]); a syntax error alone is reported as it is.
 fn read_file(text: &str, written: &Written) -> Result<File, Vec<String>> {
     if let Err(e) = text.parse::<toml::Table>() {
         return Err(vec![written.toml_error(&e, text)]);
     }
+    every_error(text, written, toml::from_str::<File>)
+}
+
+/// Runs `parse` on `text`, and after each error (serde stops at the first) again on a working
+/// copy with the offending line blanked (line numbers stay), so that every unknown key and
+/// wrongly typed value is reported in one run. An error on a table header, or a blanking that
+/// breaks the TOML, ends the search.
+fn every_error<T>(
+    text: &str,
+    written: &Written,
+    parse: impl Fn(&str) -> Result<T, toml::de::Error>,
+) -> Result<T, Vec<String>> {
     let mut work = text.to_string();
     let mut errors: Vec<String> = Vec::new();
     for _ in 0..64 {
-        let e = match toml::from_str::<File>(&work) {
-            Ok(file) if errors.is_empty() => return Ok(file),
+        let e = match parse(&work) {
+            Ok(value) if errors.is_empty() => return Ok(value),
             Ok(_) => break,
             Err(e) => e,
         };
@@ -2367,5 +2378,12 @@ mod tests {
         );
         assert!(p[1].starts_with("t.toml:5: spool.fsync-ms"), "{p:?}");
         assert!(p[2].starts_with("t.toml:7: web.bnd"), "{p:?}");
+        // Inside one [[source]] table as well.
+        let p = problems(
+            "[rig]\nid = \"a\"\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\nfsp = 3\nwidth = \"wide\"\n",
+        );
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].starts_with("t.toml:6: source[0].fsp"), "{p:?}");
+        assert!(p[1].starts_with("t.toml:7: source[0].width"), "{p:?}");
     }
 }
