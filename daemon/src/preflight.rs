@@ -70,7 +70,8 @@ fn host_problems(config: &Config, check: bool) -> Vec<String> {
 /// exist (yet: a USB device may appear later).
 pub fn warnings(config: &Config) -> Vec<String> {
     let mut w = Vec::new();
-    if web_port_taken(config).is_some() && spool_in_use(&config.spool.path) {
+    // The LOCK probe first: the port is bound (a second time) only on a live rig.
+    if spool_in_use(&config.spool.path) && web_port_taken(config).is_some() {
         w.push(format!(
             "web.bind: {} is held by the running rigd of this spool (free again once it stops)",
             config.web_bind()

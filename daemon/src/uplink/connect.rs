@@ -353,6 +353,18 @@ impl Setup {
         }
     }
 
+    /// A setup of its own for another connection to the same topic (same service hosts, name,
+    /// token and TLS identity), whose request ids and host choice do not disturb this one's.
+    pub(super) fn sibling(&self) -> Setup {
+        Setup::new(
+            self.url.clone(),
+            self.topic.clone(),
+            self.producer_name.clone(),
+            self.token.clone(),
+            self.tls.clone(),
+        )
+    }
+
     pub(super) fn request_id(&mut self) -> u64 {
         self.next_request += 1;
         self.next_request

@@ -648,15 +648,8 @@ fn answered_urgently(cmd: &pulsar::proto::BaseCommand) -> bool {
 /// or dedup off): ask the topic what it holds (see [`super::probe`]). Bounded; on failure the
 /// broker's answer stands (frames of an earlier run may then arrive twice, never lost).
 async fn probe(setup: &Setup) -> Option<BrokerLast> {
-    // A connection of its own, set up as the producer's (same service hosts, token and TLS
-    // identity), so that the producer's is not disturbed.
-    let mut own = Setup::new(
-        setup.url.clone(),
-        setup.topic.clone(),
-        setup.producer_name.clone(),
-        setup.token.clone(),
-        setup.tls.clone(),
-    );
+    // A connection of its own, so that the producer's is not disturbed.
+    let mut own = setup.sibling();
     let r = tokio::time::timeout(PROBE_TIMEOUT, super::probe::last_entry(&mut own))
         .await
         .unwrap_or_else(|_| Err(LinkError::Timeout("the probe".into())));
