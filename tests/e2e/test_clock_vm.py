@@ -82,4 +82,9 @@ def test_system_target_steps_and_slews_a_real_kernel_clock_onto_the_grandmaster(
     print("guest minus host (ms), last 10 samples:", [round(e, 1) for e in errors_ms])
     print("PTP offsets (us):", [round((c["offset_ns"] or 0) / 1e3, 1) for c in tail],
           "steps:", tail[-1]["steps"])
-    assert all(-250 < e < 50 for e in errors_ms), errors_ms
+    # A console line only arrives late, never early: every sample bounds the guest's error from
+    # below, and the least delayed one is the tightest. Beside the other CI lanes single lines
+    # were delayed past 250 ms (3 Dec 2026: -37 to -89 ms and one beyond) while the best stayed
+    # within 40 ms.
+    assert all(e < 50 for e in errors_ms), errors_ms
+    assert max(errors_ms) > -150, errors_ms

@@ -311,7 +311,9 @@ wait_ok() { # node...
   while ((${#pending[@]})); do
     left=()
     for node in "${pending[@]}"; do
-      if ! pid=$(recorded_pid "$node"); then
+      # Until the launched subshell has exec'd the JVM its cmdline is bash's or setsid's: on a
+      # loaded machine that takes a moment. Only a pid that is gone means the node died.
+      if ! pid=$(recorded_pid "$node") && ! proc_alive "$(cat "$(pidfile "$node")" 2>/dev/null)"; then
         log_tail "$node" 60
         die "$node died during startup (logs in $DATA/$node/logs)"
       fi

@@ -21,6 +21,8 @@ use pulsar::proto::{
     MessageMetadata,
 };
 
+use std::time::{Duration, Instant};
+
 use super::connect::{Link, LinkError, Setup};
 use super::plan::BrokerLast;
 
@@ -37,25 +39,19 @@ pub async fn last_entry(setup: &mut Setup) -> Result<Option<BrokerLast>, LinkErr
         rigd_drivers::realtime_ns() as u64 & 0xffff_ffff
     );
     subscribe(setup, &mut link, 1, &subscription, None).await?;
-    let id = setup.request_id();
-    link.command(BaseCommand {
-        r#type: Type::GetLastMessageId as i32,
-        get_last_message_id: Some(CommandGetLastMessageId {
-            consumer_id: 1,
-            request_id: id,
-        }),
-        ..Default::default()
-    })
-    .await?;
-    let last = link
-        .response("GET_LAST_MESSAGE_ID_RESPONSE", |c| {
-            c.get_last_message_id_response
-                .as_ref()
-                .is_some_and(|r| r.request_id == id)
-        })
-        .await?
-        .get_last_message_id_response
-        .map(|r| r.last_message_id);
+    // The broker answers with its last *confirmed* entry: what a killed run's connection had
+    // handed it may still be on its way to the bookies for a moment. The answer counts once it
+    // holds still (see [`Settle`]).
+    let mut settle = Settle::default();
+    let last = loop {
+        let now = Instant::now();
+        let last = last_message_id(setup, &mut link).await?;
+        if let Some(settled) = settle.observe(last.as_ref().map(|m| (m.ledger_id, m.entry_id)), now)
+        {
+            break settled.and(last);
+        }
+        tokio::time::sleep(SETTLE_POLL).await;
+    };
     // An empty topic answers -1:-1.
     let Some(last) = last.filter(|id| id.ledger_id != u64::MAX && id.entry_id != u64::MAX) else {
         return Ok(None);
@@ -104,6 +100,65 @@ fn judge(m: &MessageMetadata, producer_name: &str) -> Result<BrokerLast, LinkErr
             .filter(|n| *n > 1 && m.chunk_id.is_some())
             .map(|n| n as usize),
     })
+}
+
+/// How often the last confirmed entry is asked for while it settles.
+const SETTLE_POLL: Duration = Duration::from_millis(250);
+/// How long the answer must hold still.
+const SETTLE_FOR: Duration = Duration::from_secs(1);
+/// After this long a topic still moving is taken as it stands (something else writes to it).
+const SETTLE_AT_MOST: Duration = Duration::from_secs(5);
+
+/// Decides when the broker's last confirmed entry has settled: the same answer [`SETTLE_FOR`]
+/// apart, or whatever it is after [`SETTLE_AT_MOST`]. Measured in CI (a loaded machine, 12 MiB
+/// frames): a probe that took the first answer right after a kill -9 missed four frames the
+/// killed connection had handed the broker, and sent them twice.
+#[derive(Debug, Default)]
+struct Settle {
+    first: Option<Instant>,
+    /// The answer now and since when it has held.
+    held: Option<(Option<(u64, u64)>, Instant)>,
+}
+
+impl Settle {
+    /// Feeds an answer (None: no entry); returns it once it counts.
+    fn observe(&mut self, id: Option<(u64, u64)>, now: Instant) -> Option<Option<(u64, u64)>> {
+        let first = *self.first.get_or_insert(now);
+        let since = match self.held {
+            Some((held, since)) if held == id => since,
+            _ => {
+                self.held = Some((id, now));
+                now
+            }
+        };
+        (now.duration_since(since) >= SETTLE_FOR || now.duration_since(first) >= SETTLE_AT_MOST)
+            .then_some(id)
+    }
+}
+
+async fn last_message_id(
+    setup: &mut Setup,
+    link: &mut Link,
+) -> Result<Option<MessageIdData>, LinkError> {
+    let id = setup.request_id();
+    link.command(BaseCommand {
+        r#type: Type::GetLastMessageId as i32,
+        get_last_message_id: Some(CommandGetLastMessageId {
+            consumer_id: 1,
+            request_id: id,
+        }),
+        ..Default::default()
+    })
+    .await?;
+    Ok(link
+        .response("GET_LAST_MESSAGE_ID_RESPONSE", |c| {
+            c.get_last_message_id_response
+                .as_ref()
+                .is_some_and(|r| r.request_id == id)
+        })
+        .await?
+        .get_last_message_id_response
+        .map(|r| r.last_message_id))
 }
 
 async fn subscribe(
@@ -170,5 +225,27 @@ mod tests {
         };
         assert_eq!(judge(&batch, "rigd-van-gps").unwrap().sequence_id, 14 << 11);
         assert!(judge(&batch, "rigd-van-gps-e3").is_err());
+    }
+
+    #[test]
+    fn the_last_confirmed_entry_counts_once_it_holds_still() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut s = Settle::default();
+        assert_eq!(s.observe(Some((5, 10)), at(0)), None);
+        // The killed run's entries still land: the answer moves, the clock starts again.
+        assert_eq!(s.observe(Some((5, 12)), at(250)), None);
+        assert_eq!(s.observe(Some((5, 12)), at(1000)), None);
+        assert_eq!(s.observe(Some((5, 12)), at(1250)), Some(Some((5, 12))));
+        // An empty topic settles the same way.
+        let mut s = Settle::default();
+        assert_eq!(s.observe(None, at(0)), None);
+        assert_eq!(s.observe(None, at(1000)), Some(None));
+        // A topic that keeps moving is taken as it stands after the bound.
+        let mut s = Settle::default();
+        for (i, ms) in (0..5000).step_by(250).enumerate() {
+            assert_eq!(s.observe(Some((1, i as u64)), at(ms)), None);
+        }
+        assert_eq!(s.observe(Some((1, 99)), at(5000)), Some(Some((1, 99))));
     }
 }

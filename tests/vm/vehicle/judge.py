@@ -76,6 +76,10 @@ def arrived(ns: str, rig: str, sources: list[str], timeout: float) -> int:
     figures, problems = {}, []
     for src in sources:
         msgs = []
+        # The audio pacing below reads every block and can use up the shared deadline: each
+        # later source still gets its own 30 s (a run of 3 Dec 2026 judged gps after it with no
+        # time left and reported no frame, although gps held 2515).
+        deadline = max(deadline, time.time() + 30)
         while not msgs and time.time() < deadline:
             msgs = consume(BROKER_URL, [topic(ns, rig, src)], idle_timeout_s=3, max_messages=20,
                            total_timeout_s=max(1.0, deadline - time.time()))
