@@ -13,11 +13,10 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::{read_token, Config, SourceConfig, SpoolMode, EVENTS_SOURCE};
 use crate::events::EventMarker;
-use crate::pipeline::{self, Lane, LaneStats};
+use crate::pipeline::{self, LaneStats, LaneTask};
 use crate::runtime::{Runtime, SourceEntry};
 use crate::spool::Spool;
-use crate::uplink::{BatchPolicy, Budget, ProducerConfig, ProducerStats, Token};
-use crate::wire::producer_name;
+use crate::uplink::{Budget, ProducerConfig, ProducerStats, Token};
 
 /// Frames buffered between a capture thread and its lane.
 const CAPTURE_QUEUE: usize = 256;
@@ -143,31 +142,21 @@ impl LaneWiring<'_> {
         let uplink_stats = Arc::new(ProducerStats::default());
         let uplink = config.pulsar.url.as_ref().map(|url| pipeline::Uplink {
             config: ProducerConfig {
-                url: url.clone(),
-                topic: config.pulsar.topic_for(&config.rig.id, id),
-                producer_name: producer_name(&config.rig.id, id),
-                rig: config.rig.id.clone(),
-                bucket_ms: config.rig.bucket_ms,
                 token: self.token.clone(),
-                max_in_flight: config.pulsar.max_in_flight,
                 max_in_flight_bytes,
-                max_frame_bytes: config.pulsar.max_frame_bytes.0 as usize,
-                send_timeout: Duration::from_millis(config.pulsar.send_timeout_ms),
                 tls: self.tls.clone(),
-                compression: config.pulsar.compression,
                 encryption: self.encryption.clone(),
-                batch: BatchPolicy::from(&config.pulsar),
                 budget: self.budget.clone(),
                 rank: crate::uplink::budget::rank(priority, false),
                 stats: Some(uplink_stats.clone()),
-                fresh: false,
+                ..ProducerConfig::from_config(config, url, id)
             },
             priority,
             shutdown: self.shutdown.clone(),
         });
         let stats = Arc::new(LaneStats::default());
         let stats_of_uplink = uplink.as_ref().map(|_| uplink_stats);
-        let lane = Lane {
+        let lane = LaneTask {
             source: id.clone(),
             mode: config.spool.mode,
             drain,
@@ -313,7 +302,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         )
     };
     drop(wiring);
-    let committer = tokio::spawn(pipeline::commit_loop(
+    let committer = tokio::spawn(crate::spool::commit_loop(
         spool.clone(),
         Duration::from_millis(config.spool.fsync_ms),
         shutdown_rx.clone(),
@@ -470,7 +459,7 @@ async fn shut_down(s: ShutDown<'_>) -> anyhow::Result<()> {
         tracing::info!(
             source = %e.id,
             frames = e.health.frames(),
-            published = e.lane.published.load(Ordering::Relaxed),
+            published = e.uplink.as_ref().map_or(0, |u| u.published.load(Ordering::Relaxed)),
             spool_dropped = sp.dropped.load(Ordering::Relaxed),
             device_drops = e.health.drops(),
             refused = e.uplink.as_ref().map_or(0, |u| u.refused.load(Ordering::Relaxed)),
@@ -518,6 +507,7 @@ pub fn encryption(config: &Config) -> anyhow::Result<Option<Arc<crate::seal::Enc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::uplink::BatchPolicy;
 
     #[test]
     fn batching_keys_have_the_java_defaults_and_are_validated() {

@@ -1,5 +1,5 @@
 //! Retry pacing shared by everything that retries: a capture source reopening its device, a
-//! producer reconnecting to the broker. Pure: the caller sleeps.
+//! producer reconnecting to the broker, the PTP port reopening. Pure: the caller sleeps.
 
 use std::time::Duration;
 

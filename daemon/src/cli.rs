@@ -149,10 +149,10 @@ struct ReplayArgs {
     #[arg(long = "source", value_name = "S")]
     sources: Vec<String>,
     /// Only frames captured at or after T (RFC 3339, or unix nanoseconds).
-    #[arg(long, value_name = "T", value_parser = crate::replay::time::parse)]
+    #[arg(long, value_name = "T", value_parser = crate::civil::parse)]
     from: Option<i64>,
     /// Only frames captured before T (RFC 3339, or unix nanoseconds).
-    #[arg(long, value_name = "T", value_parser = crate::replay::time::parse)]
+    #[arg(long, value_name = "T", value_parser = crate::civil::parse)]
     to: Option<i64>,
     /// Export to files under DIR: JPEG per camera frame, WAV per audio source, NDJSON per serial source.
     #[arg(long, value_name = "DIR")]

@@ -1446,7 +1446,7 @@ impl Config {
             }
         }
         if let Some(url) = &self.pulsar.url {
-            match crate::uplink::service_url(url) {
+            match crate::service::service_url(url) {
                 Err(why) => p.push(format!("pulsar.url: {why}")),
                 // TLS settings with a clear link: the operator believes the link is encrypted
                 // (and authenticated by certificate) while it is not.

@@ -22,7 +22,7 @@ use crate::pipeline::LaneStats;
 
 /// A lane or capture source without progress for this long counts as stalled (more for sources
 /// whose frames are further apart, see [`Liveness::capture`]).
-pub const STALL_AFTER: Duration = Duration::from_secs(5);
+pub const SOURCE_STALL_AFTER: Duration = Duration::from_secs(5);
 
 /// How often STATUS= is refreshed.
 const STATUS_EVERY: Duration = Duration::from_secs(5);
@@ -140,11 +140,11 @@ struct CaptureWatch {
 }
 
 /// The stall rule (the watchdog's, and the status page's `stall_after_ms`): a source whose frames
-/// come at a rate has stalled after [`STALL_AFTER`] without a frame, or four frame intervals when
+/// come at a rate has stalled after [`SOURCE_STALL_AFTER`] without a frame, or four frame intervals when
 /// that is longer. Serial devices have no rate (`None`): a quiet line is not a hung daemon.
 pub fn stall_after(cfg: &SourceConfig, bucket_ms: u32) -> Option<Duration> {
     cfg.frame_interval(bucket_ms)
-        .map(|i| STALL_AFTER.max(i.saturating_mul(4)))
+        .map(|i| SOURCE_STALL_AFTER.max(i.saturating_mul(4)))
 }
 
 /// Decides whether the pipeline is alive: every lane beat recently, every periodic capture source
@@ -197,7 +197,7 @@ impl Liveness {
         let mut stalled = Vec::new();
         for (id, lane) in &self.lanes {
             let age = lane.heartbeat.age();
-            if age > STALL_AFTER {
+            if age > SOURCE_STALL_AFTER {
                 stalled.push(format!("lane {id} ({:.1} s)", age.as_secs_f64()));
             }
         }

@@ -10,7 +10,6 @@ pub mod inspect;
 pub mod mcap;
 pub mod progress;
 pub mod republish;
-pub mod time;
 
 use serde::Serialize;
 use std::path::PathBuf;
@@ -145,8 +144,8 @@ impl Selection {
         if let (Some(from), Some(to)) = (self.from_ns, self.to_ns) {
             if from >= to {
                 return Err(ReplayError::EmptyRange {
-                    from: time::format(from),
-                    to: time::format(to),
+                    from: crate::civil::format(from),
+                    to: crate::civil::format(to),
                 });
             }
         }

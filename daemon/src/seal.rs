@@ -225,9 +225,13 @@ impl Encryptor {
         if frame.sealed {
             return frame;
         }
-        let (code, wire) = crate::uplink::compress::compress(compression, &frame.payload);
+        let (code, wire) = crate::payload::compress(compression, &frame.payload);
         let k = self.data_key();
-        let pieces: Vec<Piece> = wire.chunks(PIECE).map(|p| self.seal_with(&k, p)).collect();
+        let pieces: Vec<Piece> = crate::payload::cut(wire.len(), PIECE)
+            .into_iter()
+            .filter(|r| !r.is_empty())
+            .map(|r| self.seal_with(&k, &wire[r]))
+            .collect();
         let sealed = Sealed {
             compression: code,
             uncompressed: frame.payload.len(),
@@ -408,7 +412,7 @@ impl Decryptor {
         for p in &s.pieces {
             wire.extend_from_slice(&self.open(&s.key, p)?);
         }
-        let payload = crate::uplink::compress::decompress(s.compression, &wire, s.uncompressed)?;
+        let payload = crate::payload::decompress(s.compression, &wire, s.uncompressed)?;
         let mut out = frame.clone();
         out.payload = payload;
         out.sealed = false;

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::config::{Modality, SpoolMode, WhenFull};
 use crate::metrics::LatencySnapshot;
-use crate::notify::{stall_after, STALL_AFTER};
+use crate::notify::{stall_after, SOURCE_STALL_AFTER};
 use crate::runtime::Runtime;
 
 fn age_ms(now_ns: i64, then_ns: i64) -> Option<u64> {
@@ -95,12 +95,15 @@ impl rigd_web::StatusSource for Runtime {
                     .iter()
                     .find(|c| c.id() == &*e.id)
                     .and_then(|c| stall_after(c, self.config.rig.bucket_ms))
-                    .unwrap_or(STALL_AFTER)
+                    .unwrap_or(SOURCE_STALL_AFTER)
                     .as_millis() as u64,
                 frame_rate: observed.rate(&e.id, "frames", t, frames),
                 byte_rate: observed.rate(&e.id, "bytes", t, bytes),
                 drop_rate: observed.rate(&e.id, "drops", t, drops),
-                published: e.lane.published.load(Ordering::Relaxed),
+                published: e
+                    .uplink
+                    .as_ref()
+                    .map_or(0, |u| u.published.load(Ordering::Relaxed)),
                 priority: e.priority,
                 uplink_rate: e
                     .uplink
@@ -291,7 +294,7 @@ mod tests {
         .unwrap();
         let after = |i: usize| stall_after(&cfg.sources[i], 33);
         assert_eq!(after(0), Some(std::time::Duration::from_secs(20)));
-        assert_eq!(after(1), Some(STALL_AFTER));
+        assert_eq!(after(1), Some(SOURCE_STALL_AFTER));
         assert_eq!(after(2), None);
         assert_eq!(cfg.sources[2].modality(), Modality::Serial);
         assert_eq!(dbfs(0.0), -120.0);

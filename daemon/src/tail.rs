@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use crate::civil as time;
 use crate::replay::progress::Interrupt;
-use crate::replay::time;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TailError {

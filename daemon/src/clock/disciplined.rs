@@ -22,9 +22,9 @@ use super::mapping::{combined_rate, Mapping};
 /// Where raw time comes from: CLOCK_REALTIME in the daemon, a counter in tests.
 pub type RawSource = Box<dyn Fn() -> i64 + Send + Sync>;
 
-/// The writer's side: the mapping and the frequency components (ppm) whose product is its rate.
+/// What the disciplining side writes: the mapping and the frequency components (ppm) whose product is its rate.
 #[derive(Debug, Clone, Copy)]
-struct Writer {
+struct Discipline {
     mapping: Mapping,
     /// Simulated oscillator error (test knob); never corrected directly, only compensated.
     simulated_ppm: f64,
@@ -52,7 +52,7 @@ pub struct DisciplinedClock {
     kernel: Option<KernelClock>,
     /// The last kernel call failed (logged once until one succeeds again).
     kernel_failing: std::sync::atomic::AtomicBool,
-    writer: Mutex<Writer>,
+    writer: Mutex<Discipline>,
 }
 
 impl std::fmt::Debug for DisciplinedClock {
@@ -85,7 +85,7 @@ impl DisciplinedClock {
             adjustments: AtomicU64::new(0),
             kernel: None,
             kernel_failing: std::sync::atomic::AtomicBool::new(false),
-            writer: Mutex::new(Writer {
+            writer: Mutex::new(Discipline {
                 mapping: m,
                 simulated_ppm,
                 base_ppm: 0.0,
@@ -171,7 +171,7 @@ impl DisciplinedClock {
         }
     }
 
-    fn write<R>(&self, f: impl FnOnce(&mut Writer, i64) -> R) -> R {
+    fn write<R>(&self, f: impl FnOnce(&mut Discipline, i64) -> R) -> R {
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let raw = (self.raw)();
         let r = f(&mut w, raw);

@@ -285,7 +285,9 @@ async fn perform(
 pub async fn supervise(cfg: ClockConfig, ptp: Arc<Ptp>, mut shutdown: watch::Receiver<bool>) {
     let origin = Instant::now();
     let mut tracker = LockTracker::new(super::lock_policy(&cfg));
-    let mut delay = StdDuration::from_secs(1);
+    let seed = std::process::id() as u64 ^ rigd_drivers::realtime_ns() as u64;
+    let mut backoff =
+        crate::backoff::Backoff::new(StdDuration::from_secs(2), StdDuration::from_secs(30), seed);
     loop {
         let started = Instant::now();
         let r = run_port(&cfg, &ptp, &mut tracker, origin, &mut shutdown).await;
@@ -296,10 +298,11 @@ pub async fn supervise(cfg: ClockConfig, ptp: Arc<Ptp>, mut shutdown: watch::Rec
                 note_transition(&ptp, t, None);
                 ptp.clock.set_state(tracker.state());
                 if started.elapsed() > StdDuration::from_secs(60) {
-                    delay = StdDuration::from_secs(1);
+                    backoff.reset();
                 }
+                let delay = backoff.next_delay();
                 tracing::warn!(interface = cfg.interface.as_deref().unwrap_or(""), error = %e,
-                    retry_in_s = delay.as_secs(), "PTP port failed; reopening");
+                    retry_in_ms = delay.as_millis() as u64, "PTP port failed; reopening");
                 ptp.update(|r| {
                     r.error = Some(e.to_string());
                     r.port_state = "faulty".into();
@@ -308,7 +311,6 @@ pub async fn supervise(cfg: ClockConfig, ptp: Arc<Ptp>, mut shutdown: watch::Rec
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.changed() => return,
                 }
-                delay = (delay * 2).min(StdDuration::from_secs(30));
             }
         }
     }

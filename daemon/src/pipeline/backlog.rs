@@ -94,9 +94,9 @@ impl Backlog {
     }
 
     /// The spool's durable epoch moved: appends of earlier epochs may be published.
-    pub fn durable(&mut self, durable_epoch: u64) {
+    pub fn durable(&mut self, durable_commit: u64) {
         while let Some(&(epoch, seq)) = self.appended.front() {
-            if epoch >= durable_epoch {
+            if epoch >= durable_commit {
                 break;
             }
             self.publish_below = self.publish_below.max(seq + 1);

@@ -6,7 +6,8 @@ use std::io::Write;
 use std::path::Path;
 
 use super::progress::{Interrupt, Progress};
-use super::{time, ReplayError};
+use super::ReplayError;
+use crate::civil as time;
 use crate::spool::snapshot::{Corrupt, Listing, SpoolSnapshot};
 
 #[derive(Debug, Clone, Serialize)]

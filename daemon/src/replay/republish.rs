@@ -42,7 +42,7 @@ impl Target {
     }
 }
 
-struct Lane {
+struct EpochSender {
     producer: Producer,
     acks: mpsc::UnboundedReceiver<Ack>,
     submitted: u64,
@@ -90,7 +90,7 @@ async fn republish(
     // (`spool::split`): deduplication is per producer name, so a frame republished under another
     // epoch's name would be dropped, or would make that name drop the frames still to come.
     let mut epochs = Vec::with_capacity(plan.len());
-    let mut first_lane = Vec::with_capacity(plan.len());
+    let mut first_sender = Vec::with_capacity(plan.len());
     let mut wanted: Vec<(usize, u64)> = Vec::new();
     for (i, p) in plan.iter().enumerate() {
         let persisted = crate::spool::split::read_epochs(snap.path(), &p.source).map_err(|e| {
@@ -100,39 +100,35 @@ async fn republish(
             }
         })?;
         let e = crate::pipeline::epochs::Epochs::new(&persisted);
-        first_lane.push(wanted.len());
+        first_sender.push(wanted.len());
         wanted.extend(e.starts().iter().map(|s| (i, *s)));
         epochs.push(e);
     }
-    let mut lanes: Vec<Lane> = wanted
+    let mut senders: Vec<EpochSender> = wanted
         .iter()
         .map(|&(i, start)| {
             let p = &plan[i];
             let (tx, acks) = mpsc::unbounded_channel();
             let cfg = ProducerConfig {
-                url: target.url.clone(),
-                topic: target.topic_of(&p.source),
-                producer_name: wire::epoch_producer_name(&target.rig, &p.source, start),
-                rig: target.rig.clone(),
-                bucket_ms: target.bucket_ms,
                 token: target
                     .token
                     .clone()
                     .map_or(crate::uplink::Token::None, crate::uplink::Token::Fixed),
                 max_in_flight: 1000,
-                max_in_flight_bytes: 64 << 20,
                 max_frame_bytes: record_limit(),
                 send_timeout: Duration::from_secs(30),
                 tls: tls.clone(),
-                budget: None,
-                rank: 0,
-                stats: None,
-                fresh: false,
                 compression: crate::config::Compression::None,
                 batch: crate::uplink::BatchPolicy::default(),
-                encryption: None,
+                ..ProducerConfig::new(
+                    &target.url,
+                    target.topic_of(&p.source),
+                    wire::epoch_producer_name(&target.rig, &p.source, start),
+                    &target.rig,
+                    target.bucket_ms,
+                )
             };
-            Lane {
+            EpochSender {
                 producer: Producer::spawn(cfg, tx, shutdown.clone()),
                 acks,
                 submitted: 0,
@@ -149,7 +145,7 @@ async fn republish(
 
     'records: for (i, e) in capture_order(plan) {
         let p = &plan[i];
-        let lane = first_lane[i] + epochs[i].of(e.seq);
+        let sender = first_sender[i] + epochs[i].of(e.seq);
         let mut frame: Frame = match snap.read(&p.source, &e) {
             Ok(f) => f,
             Err(c) => {
@@ -160,16 +156,16 @@ async fn republish(
             }
         };
         loop {
-            if drain(&mut lanes, &mut counts, &progress) {
+            if drain(&mut senders, &mut counts, &progress) {
                 moved = Instant::now();
             }
             if interrupt.is_set() {
                 interrupted = true;
                 break 'records;
             }
-            match lanes[lane].producer.try_submit(frame) {
+            match senders[sender].producer.try_submit(frame) {
                 Ok(()) => {
-                    lanes[lane].submitted += 1;
+                    senders[sender].submitted += 1;
                     tally.done(i, &e);
                     progress.inc(e.len as u64);
                     moved = Instant::now();
@@ -177,16 +173,16 @@ async fn republish(
                 }
                 Err(f) => {
                     frame = f;
-                    let lane = &lanes[lane];
-                    if !lane.producer.is_connected() {
+                    let sender = &senders[sender];
+                    if !sender.producer.is_connected() {
                         progress.set_message(format!("waiting for {}", target.url));
                         if moved.elapsed() > target.stall_timeout {
-                            stalled = Some(last_error(lane));
+                            stalled = Some(last_error(sender));
                             break 'records;
                         }
                     }
                     tokio::select! {
-                        _ = lane.producer.room() => {}
+                        _ = sender.producer.room() => {}
                         _ = tokio::time::sleep(Duration::from_millis(5)) => {}
                     }
                 }
@@ -196,8 +192,8 @@ async fn republish(
     progress.set_message("waiting for receipts");
     // Receipts for what was submitted; after an interrupt only briefly.
     let mut waited_from = Instant::now();
-    while stalled.is_none() && lanes.iter().any(|l| l.acked < l.submitted) {
-        if drain(&mut lanes, &mut counts, &progress) {
+    while stalled.is_none() && senders.iter().any(|l| l.acked < l.submitted) {
+        if drain(&mut senders, &mut counts, &progress) {
             waited_from = Instant::now();
         }
         if interrupt.is_set() && !interrupted {
@@ -211,7 +207,7 @@ async fn republish(
         };
         if waited_from.elapsed() > limit {
             if !interrupted {
-                let stuck = lanes.iter().find(|l| l.acked < l.submitted);
+                let stuck = senders.iter().find(|l| l.acked < l.submitted);
                 stalled = Some(stuck.map(last_error).unwrap_or_default());
             }
             break;
@@ -219,9 +215,9 @@ async fn republish(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let _ = shutdown_tx.send(true);
-    for lane in lanes {
-        let mut acks = lane.acks;
-        let left = lane.producer.close().await;
+    for sender in senders {
+        let mut acks = sender.acks;
+        let left = sender.producer.close().await;
         while let Ok(a) = acks.try_recv() {
             count(&mut counts, &a);
         }
@@ -254,8 +250,9 @@ fn record_limit() -> usize {
     crate::spool::record::MAX_LEN
 }
 
-fn last_error(lane: &Lane) -> String {
-    lane.producer
+fn last_error(sender: &EpochSender) -> String {
+    sender
+        .producer
         .stats()
         .last_error
         .lock()
@@ -272,15 +269,15 @@ fn count(c: &mut Published, ack: &Ack) {
 }
 
 /// Takes every receipt waiting; true when there was one.
-fn drain(lanes: &mut [Lane], counts: &mut Published, progress: &Progress) -> bool {
+fn drain(senders: &mut [EpochSender], counts: &mut Published, progress: &Progress) -> bool {
     let mut any = false;
-    for lane in lanes.iter_mut() {
-        while let Ok(a) = lane.acks.try_recv() {
+    for sender in senders.iter_mut() {
+        while let Ok(a) = sender.acks.try_recv() {
             if let Outcome::Refused(why) = &a.outcome {
                 progress.println(&format!("refused seq {}: {why}", a.seq));
             }
             count(counts, &a);
-            lane.acked += 1;
+            sender.acked += 1;
             any = true;
         }
     }

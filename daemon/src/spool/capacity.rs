@@ -262,7 +262,7 @@ impl Spool {
         match gone {
             Gone::Acked => {}
             Gone::Dropped => {
-                stats.dropped.fetch_add(1, Ordering::Relaxed);
+                self.drop_frame(source, super::drops::Loss::Oldest);
                 self.recent_drops().note(source, seq);
             }
             Gone::Quarantined => {
@@ -302,7 +302,7 @@ fn tree_allocated(dir: &std::path::Path) -> u64 {
         .flatten()
         .map(|e| match e.metadata() {
             Ok(m) if m.is_dir() => tree_allocated(&e.path()),
-            Ok(m) => super::segments::allocated(&m),
+            Ok(m) => super::disk::allocated(&m),
             Err(_) => 0,
         })
         .sum()

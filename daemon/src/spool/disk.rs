@@ -136,3 +136,8 @@ pub(super) fn replace_file_on(
     std::fs::rename(&tmp, dir.join(name)).map_err(failed(false, "rename"))?;
     disk.sync_dir(dir).map_err(failed(true, "sync directory"))
 }
+/// Bytes the filesystem allocated to a file (a sparse file takes less than its length).
+pub(super) fn allocated(meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    meta.blocks().saturating_mul(512)
+}

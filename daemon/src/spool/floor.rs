@@ -22,7 +22,6 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -264,7 +263,7 @@ impl Spool {
         if self.reserve_seq(source, seq).is_ok() {
             return true;
         }
-        self.stats(source).dropped.fetch_add(1, Ordering::Relaxed);
+        self.drop_frame(source, super::drops::Loss::Floor);
         false
     }
 
@@ -286,7 +285,7 @@ impl Spool {
             let source: Arc<str> = source.as_str().into();
             if index_lost && self.noted_seq(&source)?.is_none_or(|n| n < *floor) {
                 self.meta
-                    .insert(format!("seq:{source}"), &floor.to_le_bytes()[..])
+                    .insert(super::index::seq_note_key(source), &floor.to_le_bytes()[..])
                     .map_err(self.ix())?;
                 raised += 1;
             }

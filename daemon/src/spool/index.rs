@@ -133,6 +133,11 @@ pub(super) fn page_at(tree: &sled::Tree, seq: u64) -> sled::Result<Option<(u64, 
     }
 }
 
+/// The meta key of a source's sequence note (the next capture sequence it hands out).
+pub(super) fn seq_note_key(source: impl std::fmt::Display) -> String {
+    format!("seq:{source}")
+}
+
 pub(super) fn key_seq(k: &[u8]) -> u64 {
     k.try_into().map(u64::from_be_bytes).unwrap_or(0)
 }
@@ -142,7 +147,7 @@ impl Spool {
     pub(super) fn noted_seq(&self, source: &Arc<str>) -> Result<Option<u64>, SpoolError> {
         Ok(self
             .meta
-            .get(format!("seq:{source}"))
+            .get(seq_note_key(source))
             .map_err(self.ix())?
             .map(|v| u64::from_le_bytes(v.as_ref().try_into().unwrap_or_default())))
     }
@@ -390,7 +395,7 @@ impl Spool {
             .collect();
         for (source, next) in notes {
             self.meta
-                .insert(format!("seq:{source}"), &next.to_le_bytes()[..])
+                .insert(seq_note_key(&source), &next.to_le_bytes()[..])
                 .map_err(self.ix())?;
             p.seq_notes.remove(&source);
         }

@@ -62,7 +62,9 @@
 //!   finds a drained segment again).
 
 mod capacity;
+mod commit;
 mod disk;
+mod drops;
 pub mod floor;
 pub mod identity;
 mod index;
@@ -83,6 +85,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::{SpoolConfig, SpoolMode, WhenFull};
+
+pub use commit::commit_loop;
 
 use capacity::Gone;
 pub(crate) use disk::Disk;
@@ -149,24 +153,6 @@ pub enum Appended {
     DroppedEarlier,
 }
 
-impl Appended {
-    /// The log line for a frame loss of this kind (none for a stored frame).
-    pub fn loss(&self) -> Option<&'static str> {
-        match self {
-            Appended::Stored | Appended::DroppedEarlier => None,
-            Appended::StoredDroppingOldest(_) => {
-                Some("spool full: dropped the oldest frames (when-full = drop-oldest)")
-            }
-            Appended::DroppedNewest => {
-                Some("spool full: dropped the newest frame (when-full = drop-newest)")
-            }
-            Appended::DroppedNoRoom => Some(
-                "spool full: nothing older left to drop, this frame dropped (when-full = drop-oldest)",
-            ),
-        }
-    }
-}
-
 pub struct Spool {
     path: PathBuf,
     _lock: File,
@@ -180,6 +166,7 @@ pub struct Spool {
     dropping: Mutex<()>,
     /// What this run dropped, to take a drop back when its frame's receipt comes after all.
     recent_drops: Mutex<capacity::RecentDrops>,
+    drops: drops::Drops,
     /// Bytes the segments count in the spool's size (see [`segments::Segments::charged`]).
     disk_bytes: AtomicU64,
     index_bytes: AtomicU64,
@@ -195,7 +182,8 @@ pub struct Spool {
     quarantined: AtomicU64,
     /// Why the index was rebuilt from the segments at open (it did not cover them), if it was.
     index_damage: Mutex<Option<String>>,
-    epoch: AtomicU64,
+    /// The group commit an append made now belongs to (not a sending epoch, `pipeline::epochs`).
+    commit_no: AtomicU64,
     durable: tokio::sync::watch::Sender<u64>,
     free_bytes: AtomicU64,
     floors: Mutex<floor::Floors>,
@@ -342,6 +330,7 @@ impl Spool {
             pending: Mutex::new(Pending::default()),
             dropping: Mutex::new(()),
             recent_drops: Mutex::default(),
+            drops: drops::Drops::default(),
             disk_bytes: AtomicU64::new(0),
             index_bytes: AtomicU64::new(0),
             segment_size: MAX_SEGMENT.min(cfg.max_bytes.0 / 8).max(1 << 20),
@@ -354,7 +343,7 @@ impl Spool {
             sync_failed: Default::default(),
             quarantined: AtomicU64::new(quarantined),
             index_damage: Mutex::new(None),
-            epoch: AtomicU64::new(0),
+            commit_no: AtomicU64::new(0),
             durable,
             free_bytes: AtomicU64::new(u64::MAX),
             floors: Mutex::new(floor::Floors::default()),
@@ -479,7 +468,7 @@ impl Spool {
             // the floor in `SEQ` covers the source in the next start's jump.
             let noted = self
                 .meta
-                .insert(format!("seq:{source}"), &stored.to_le_bytes()[..])
+                .insert(index::seq_note_key(source), &stored.to_le_bytes()[..])
                 .and_then(|_| self.index.flush());
             if let Err(e) = noted {
                 tracing::warn!(spool = %self.path.display(), source = %source, error = %e,
@@ -512,20 +501,20 @@ impl Spool {
         Ok(())
     }
 
-    /// The commit epoch an append made now becomes durable in.
-    pub fn current_epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
+    /// The group commit an append made now becomes durable with.
+    pub fn current_commit(&self) -> u64 {
+        self.commit_no.load(Ordering::Acquire)
     }
 
-    /// Watches the last durable epoch: appends made at an epoch below it are on disk.
-    pub fn durable_epoch(&self) -> tokio::sync::watch::Receiver<u64> {
+    /// Watches the last durable group commit: appends made under a commit below it are on disk.
+    pub fn durable_commit(&self) -> tokio::sync::watch::Receiver<u64> {
         self.durable.subscribe()
     }
 
     /// One group commit: segment data first (fdatasync), then the index entries of that data go
     /// to sled, then sled is flushed.
     pub fn commit(&self) -> Result<(), SpoolError> {
-        let e = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        let e = self.commit_no.fetch_add(1, Ordering::AcqRel) + 1;
         let (sync, watermark, due) = {
             let mut segs = self.segs();
             let mut due = segs.ledger_due.clone();
@@ -620,7 +609,7 @@ impl Spool {
         for (source, next) in notes {
             let _ = self
                 .meta
-                .insert(format!("seq:{source}"), &next.to_le_bytes()[..]);
+                .insert(index::seq_note_key(source), &next.to_le_bytes()[..]);
         }
         if let Err(f) = self.index.flush() {
             tracing::error!(spool = %self.path.display(), error = %f, "spool: cannot flush the index");
@@ -629,8 +618,22 @@ impl Spool {
             "spool: fdatasync failed; frames since the last commit may be lost, and this run will not count as a clean shutdown");
     }
 
-    /// Stores a frame, applying the capacity policy.
+    /// Stores a frame, applying the capacity policy. A frame not stored (an error included) is
+    /// counted and logged as dropped here.
     pub fn append(&self, frame: &Frame) -> Result<Appended, SpoolError> {
+        let r = self.store(frame);
+        if let Err(e) = &r {
+            self.drop_frame(&frame.source, drops::Loss::WriteFailed(e.to_string()));
+        }
+        r
+    }
+
+    /// One frame of `source` lost (the one place that counts and logs it).
+    fn drop_frame(&self, source: &Arc<str>, loss: drops::Loss) {
+        self.drops.emit(source, &self.stats(source), loss);
+    }
+
+    fn store(&self, frame: &Frame) -> Result<Appended, SpoolError> {
         if self.already_stored(&frame.source, frame.seq)? {
             // Already stored (a spooled frame the uplink handed back at shutdown).
             return Ok(Appended::Stored);
@@ -646,17 +649,13 @@ impl Spool {
         let mut dropped = 0;
         while self.full(len) {
             if self.when_full == WhenFull::DropNewest {
-                self.stats(&frame.source)
-                    .dropped
-                    .fetch_add(1, Ordering::Relaxed);
+                self.drop_frame(&frame.source, drops::Loss::Newest);
                 return Ok(Appended::DroppedNewest);
             }
             match self.drop_oldest_segment(len)? {
                 Some(n) => dropped += n,
                 None => {
-                    self.stats(&frame.source)
-                        .dropped
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.drop_frame(&frame.source, drops::Loss::NoRoom);
                     return Ok(Appended::DroppedNoRoom);
                 }
             }

@@ -72,7 +72,7 @@ impl Spool {
     /// sequence known, durably, before anything is numbered from it.
     pub(super) fn jump_sequences(&self) -> Result<(), SpoolError> {
         let mut sources: BTreeSet<Arc<str>> = BTreeSet::new();
-        for item in self.meta.scan_prefix("seq:") {
+        for item in self.meta.scan_prefix(super::index::seq_note_key("")) {
             let (k, _) = item.map_err(self.ix())?;
             sources.insert(String::from_utf8_lossy(&k[4..]).into());
         }
@@ -96,7 +96,7 @@ impl Spool {
                 .saturating_add(CRASH_SEQ_MARGIN)
                 .max(self.floor(source));
             self.meta
-                .insert(format!("seq:{source}"), &next.to_le_bytes()[..])
+                .insert(super::index::seq_note_key(source), &next.to_le_bytes()[..])
                 .map_err(self.ix())?;
         }
         self.index.flush().map_err(self.ix())?;

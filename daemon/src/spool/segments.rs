@@ -10,7 +10,7 @@ use std::sync::{Arc, MutexGuard};
 use rigd_drivers::Frame;
 
 use super::capacity::sub;
-use super::disk::Disk;
+use super::disk::{allocated, Disk};
 use super::index::Location;
 use super::{ledger, Spool, SpoolError};
 
@@ -370,10 +370,4 @@ impl Spool {
         self.disk.read_exact_at(&file, &mut buf, loc.offset)?;
         Ok(buf)
     }
-}
-
-/// Bytes the filesystem allocated to a file (a sparse file takes less than its length).
-pub(super) fn allocated(meta: &std::fs::Metadata) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    meta.blocks().saturating_mul(512)
 }

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
+use crate::service::Endpoint;
+
 use super::codec;
 
 const PROTOCOL_VERSION: i32 = 21;
@@ -75,19 +77,9 @@ impl Token {
         match self {
             Token::None => Ok(None),
             Token::Fixed(t) => Ok(Some(t.clone())),
-            Token::File(path) => {
-                let t = std::fs::read_to_string(path).map_err(|e| {
-                    LinkError::Broker(format!("token file {}: {e}", path.display()))
-                })?;
-                let t = t.trim();
-                if t.is_empty() {
-                    return Err(LinkError::Broker(format!(
-                        "token file {} is empty",
-                        path.display()
-                    )));
-                }
-                Ok(Some(t.to_string()))
-            }
+            Token::File(path) => crate::config::read_token(path)
+                .map(Some)
+                .map_err(|e| LinkError::Broker(format!("token file {e}"))),
         }
     }
 }
@@ -240,79 +232,6 @@ pub fn ping() -> BaseCommand {
 /// A byte stream to a broker: plain TCP or TLS.
 pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Conn for T {}
-
-/// Where to connect: from `pulsar://host:port` or `pulsar+ssl://host:port`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    host: String,
-    port: u16,
-    tls: bool,
-}
-
-impl Endpoint {
-    /// One broker: `pulsar://host:port` (a lookup answer).
-    pub fn parse(url: &str) -> Result<Self, LinkError> {
-        let mut all = Self::parse_service(url)?;
-        if all.len() != 1 {
-            return Err(LinkError::Broker(format!(
-                "`{url}` names {} brokers where one was expected",
-                all.len()
-            )));
-        }
-        Ok(all.remove(0))
-    }
-
-    /// A service URL: one broker or several, as the official clients take them
-    /// (`pulsar://host1:6650,host2:6650`); the port defaults per host.
-    pub fn parse_service(url: &str) -> Result<Vec<Self>, LinkError> {
-        let (rest, tls, default_port) = if let Some(r) = url.strip_prefix("pulsar+ssl://") {
-            (r, true, 6651)
-        } else if let Some(r) = url.strip_prefix("pulsar://") {
-            (r, false, 6650)
-        } else {
-            return Err(LinkError::Broker(format!(
-                "unsupported service URL `{url}` (use pulsar:// or pulsar+ssl://)"
-            )));
-        };
-        rest.trim_end_matches('/')
-            .split(',')
-            .map(|hostport| {
-                let hostport = hostport.trim();
-                let (host, port) = match hostport.rsplit_once(':') {
-                    Some((h, p)) if !p.contains(']') => (
-                        h,
-                        p.parse()
-                            .map_err(|_| LinkError::Broker(format!("bad port in `{url}`")))?,
-                    ),
-                    _ => (hostport, default_port),
-                };
-                let host = host.trim_matches(['[', ']']);
-                if host.is_empty() {
-                    return Err(LinkError::Broker(format!("empty host in `{url}`")));
-                }
-                Ok(Endpoint {
-                    host: host.to_string(),
-                    port,
-                    tls,
-                })
-            })
-            .collect()
-    }
-
-    /// This broker alone as a service URL (for clients that take one host).
-    pub fn url(&self) -> String {
-        let scheme = if self.tls { "pulsar+ssl" } else { "pulsar" };
-        if self.host.contains(':') {
-            format!("{scheme}://[{}]:{}", self.host, self.port)
-        } else {
-            format!("{scheme}://{}:{}", self.host, self.port)
-        }
-    }
-
-    fn addr(&self) -> String {
-        format!("{}:{}", self.host, self.port)
-    }
-}
 
 /// What a producer connection needs to know.
 pub struct Setup {
@@ -540,7 +459,7 @@ impl Setup {
     /// Connects to the service, checks the topic is not partitioned and looks it up (following
     /// redirects): a connection to the broker that owns the topic.
     pub(super) async fn lookup(&mut self) -> Result<Link, LinkError> {
-        let hosts = Endpoint::parse_service(&self.url)?;
+        let hosts = Endpoint::parse_service(&self.url).map_err(LinkError::Broker)?;
         let (service, mut link) = self.open_service(&hosts).await?;
         self.service_host = Some(service.url());
 
@@ -603,7 +522,7 @@ impl Setup {
                 r.broker_service_url.clone()
             };
             let broker = match broker.filter(|b| !b.is_empty()) {
-                Some(b) => Some(Endpoint::parse(&b)?),
+                Some(b) => Some(Endpoint::parse(&b).map_err(LinkError::Broker)?),
                 None => None,
             };
             match r.response.and_then(|v| LookupType::try_from(v).ok()) {
@@ -705,31 +624,5 @@ mod tests {
             LinkError::refused(unloading, "x".into()),
             LinkError::Broker(_)
         ));
-    }
-
-    #[test]
-    fn service_urls_map_to_endpoints() {
-        let e = Endpoint::parse("pulsar://127.0.0.1:6650").unwrap();
-        assert_eq!((e.addr(), e.tls), ("127.0.0.1:6650".to_string(), false));
-        let e = Endpoint::parse("pulsar+ssl://broker.example/").unwrap();
-        assert_eq!((e.addr(), e.tls), ("broker.example:6651".to_string(), true));
-        assert_eq!(Endpoint::parse("pulsar://[::1]:7000").unwrap().host, "::1");
-        assert!(Endpoint::parse("http://x").is_err());
-        assert!(Endpoint::parse("pulsar://x:notaport").is_err());
-    }
-
-    #[test]
-    fn a_service_url_may_name_several_brokers() {
-        let all = Endpoint::parse_service("pulsar://127.0.0.1:6660, 127.0.0.1:6661,b3/").unwrap();
-        let addrs: Vec<_> = all.iter().map(Endpoint::addr).collect();
-        assert_eq!(addrs, ["127.0.0.1:6660", "127.0.0.1:6661", "b3:6650"]);
-        assert_eq!(all[1].url(), "pulsar://127.0.0.1:6661");
-        let all = Endpoint::parse_service("pulsar+ssl://[::1]:7000,[::2]").unwrap();
-        assert!(all.iter().all(|e| e.tls));
-        assert_eq!(all[1].port, 6651);
-        assert_eq!(all[0].url(), "pulsar+ssl://[::1]:7000");
-        // a lookup answer names one broker
-        assert!(Endpoint::parse("pulsar://a:1,b:2").is_err());
-        assert!(Endpoint::parse_service("pulsar://a:1,,b:2").is_err());
     }
 }

@@ -40,7 +40,7 @@ fn time(tag: u8, v: &[u8]) -> Option<i64> {
         _ => return None,
     };
     let n = |i: usize| rest.get(i..i + 2)?.parse::<i64>().ok();
-    let days = crate::replay::time::days_from_civil(year, n(0)?, n(2)?);
+    let days = crate::civil::days_from_civil(year, n(0)?, n(2)?);
     Some(days * 86_400 + n(4)? * 3600 + n(6)? * 60 + n(8)?)
 }
 
@@ -87,7 +87,7 @@ impl ClientCert {
     /// yet valid; None when within its validity or unreadable (loading it at start says so).
     fn invalid_at(&self, now: i64) -> Option<String> {
         let (not_before, not_after) = self.validity?;
-        let date = |t: i64| crate::replay::time::format(t * 1_000_000_000);
+        let date = |t: i64| crate::civil::format(t * 1_000_000_000);
         if now > not_after {
             Some(format!(
                 "{}: the client certificate expired at {}: the broker refuses it; install a renewed one",

@@ -5,12 +5,12 @@
 mod batch;
 pub mod budget;
 mod codec;
-pub(crate) mod compress;
 mod connect;
 pub mod identity;
 pub mod plan;
 mod probe;
 mod producer;
+mod session;
 pub mod window;
 
 pub use batch::BatchPolicy;
@@ -18,16 +18,6 @@ pub use budget::Budget;
 pub use connect::Token;
 pub use producer::{Producer, ProducerConfig, ProducerStats, SHUTDOWN_GRACE};
 pub use window::{Ack, Outcome};
-
-/// A service URL as the uplink will take it (`pulsar://host[:port][,host2...]`, or
-/// `pulsar+ssl://`): whether it is TLS, or why it cannot be used.
-pub fn service_url(url: &str) -> Result<bool, String> {
-    connect::Endpoint::parse_service(url).map_err(|e| match e {
-        connect::LinkError::Broker(why) => why,
-        e => e.to_string(),
-    })?;
-    Ok(url.starts_with("pulsar+ssl://"))
-}
 
 /// Client TLS settings: the CA certificates of `ca_file` (PEM), or the Mozilla roots when absent;
 /// with `client` (certificate chain and key, PEM), the rig's identity for mutual TLS.

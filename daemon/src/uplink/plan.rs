@@ -1,7 +1,5 @@
 //! Pure decisions of the producer: Pulsar sequence ids and chunk boundaries.
 
-use std::ops::Range;
-
 /// Layout of a Pulsar sequence id: `capture seq | generation (3 bits) | chunk index (8 bits)`.
 ///
 /// Every chunk of a chunked frame has its own sequence id, so the broker's last persisted id says
@@ -105,15 +103,6 @@ pub fn resend(
     }
 }
 
-/// Byte ranges of the chunks of a payload of `len` bytes, each at most `max_chunk`. One range
-/// (the whole payload) when it fits.
-pub fn chunk_ranges(len: usize, max_chunk: usize) -> Vec<Range<usize>> {
-    let max_chunk = max_chunk.max(1);
-    (0..len.div_ceil(max_chunk).max(1))
-        .map(|i| i * max_chunk..((i + 1) * max_chunk).min(len))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,12 +174,12 @@ mod tests {
     #[test]
     #[allow(clippy::single_range_in_vec_init)]
     fn chunks_cover_the_payload_exactly() {
-        assert_eq!(chunk_ranges(10, 100), [0..10]);
-        assert_eq!(chunk_ranges(0, 100), [0..0]);
-        assert_eq!(chunk_ranges(100, 100), [0..100]);
-        let r = chunk_ranges(250, 100);
+        assert_eq!(crate::payload::cut(10, 100), [0..10]);
+        assert_eq!(crate::payload::cut(0, 100), [0..0]);
+        assert_eq!(crate::payload::cut(100, 100), [0..100]);
+        let r = crate::payload::cut(250, 100);
         assert_eq!(r, vec![0..100, 100..200, 200..250]);
-        let r = chunk_ranges(20 << 20, (5 << 20) - 4096);
+        let r = crate::payload::cut(20 << 20, (5 << 20) - 4096);
         assert_eq!(r.len(), 5);
         assert_eq!(r.last().unwrap().end, 20 << 20);
         assert!(r.windows(2).all(|w| w[0].end == w[1].start));

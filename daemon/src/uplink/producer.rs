@@ -20,12 +20,11 @@ use super::batch::BatchPolicy;
 use super::budget::Budget;
 use super::connect::{self, Link, LinkError, Setup, Token};
 use super::plan::BrokerLast;
+use super::session::{keepalive, Deadlines, Keepalive, Turn, Urgent};
 use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
 use crate::backoff::Backoff;
 use rigd_drivers::Frame;
 
-const PING_IDLE: Duration = Duration::from_secs(30);
-const DEAD_IDLE: Duration = Duration::from_secs(90);
 /// The whole connection setup (lookups, redirects, producer creation).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Written ahead into the socket per turn (whole frames).
@@ -40,9 +39,8 @@ const BUDGET_WRITE_AHEAD: usize = 64 << 10;
 const BUDGET_SECONDS_AHEAD: u64 = 2;
 /// A link with no progress for this long while frames are outstanding is reported stalled
 /// (status: not connected; new frames spool).
-const STALL_AFTER: Duration = Duration::from_secs(5);
-/// On shutdown: how long outstanding receipts are waited for before the frames go to the spool.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+const LINK_STALL_AFTER: Duration = Duration::from_secs(5);
+pub use super::session::SHUTDOWN_GRACE;
 /// How long `close` waits for the task beyond the grace before aborting it.
 const CLOSE_SLACK: Duration = Duration::from_secs(1);
 /// Reading the topic's last message at the first producer creation.
@@ -88,6 +86,56 @@ pub struct ProducerConfig {
     /// No frame was ever sent under this producer name (an epoch this process opened): the
     /// topic is not probed at its creation (its last message is another producer's).
     pub fresh: bool,
+}
+
+impl ProducerConfig {
+    /// A producer for `topic` with the uplink's defaults (those of an empty `[pulsar]` table), no
+    /// token, TLS, encryption or budget: what the offline tools start from.
+    pub fn new(url: &str, topic: String, producer_name: String, rig: &str, bucket_ms: u32) -> Self {
+        let defaults = crate::config::PulsarConfig::default();
+        ProducerConfig {
+            url: url.to_string(),
+            topic,
+            producer_name,
+            rig: rig.to_string(),
+            bucket_ms,
+            token: Token::None,
+            max_in_flight: defaults.max_in_flight,
+            max_in_flight_bytes: defaults.max_in_flight_bytes.0 as usize,
+            max_frame_bytes: defaults.max_frame_bytes.0 as usize,
+            send_timeout: Duration::from_millis(defaults.send_timeout_ms),
+            tls: None,
+            compression: defaults.compression,
+            encryption: None,
+            batch: BatchPolicy::from(&defaults),
+            budget: None,
+            rank: 0,
+            stats: None,
+            fresh: false,
+        }
+    }
+
+    /// Source `source`'s producer as `config` says (its topic, name and every `[pulsar]` knob);
+    /// what the running daemon adds (token, TLS, encryption, budget, rank, shared stats) is set
+    /// by the caller.
+    pub fn from_config(config: &crate::config::Config, url: &str, source: &str) -> Self {
+        let p = &config.pulsar;
+        ProducerConfig {
+            max_in_flight: p.max_in_flight,
+            max_in_flight_bytes: p.max_in_flight_bytes.0 as usize,
+            max_frame_bytes: p.max_frame_bytes.0 as usize,
+            send_timeout: Duration::from_millis(p.send_timeout_ms),
+            compression: p.compression,
+            batch: BatchPolicy::from(p),
+            ..ProducerConfig::new(
+                url,
+                p.topic_for(&config.rig.id, source),
+                crate::wire::producer_name(&config.rig.id, source),
+                &config.rig.id,
+                config.rig.bucket_ms,
+            )
+        }
+    }
 }
 
 /// State shared with status and metrics.
@@ -219,8 +267,8 @@ impl Producer {
                 compression: cfg.compression,
                 encryption: cfg.encryption.clone(),
                 batch: cfg.batch,
-                progress_timeout: cfg.send_timeout.max(STALL_AFTER * 2),
-                stall_after: STALL_AFTER,
+                progress_timeout: cfg.send_timeout.max(LINK_STALL_AFTER * 2),
+                stall_after: LINK_STALL_AFTER,
                 run: rigd_drivers::realtime_ns() as u64 / 1_000_000,
                 max_chunk_bytes: cfg
                     .budget
@@ -264,7 +312,7 @@ impl Producer {
                 created: false,
                 budget: cfg.budget.clone(),
                 credit: 0,
-                urgent: 0,
+                urgent: Urgent::default(),
                 fresh: cfg.fresh,
             }
             .run(),
@@ -347,10 +395,8 @@ struct Session {
     budget: Option<Arc<Budget>>,
     /// Bytes granted by the budget and not yet written (given back when a connection ends).
     credit: usize,
-    /// Bytes of `out` up to and including a queued PING or PONG: written at the budget's top
-    /// rank, so that a producer the budget starves still answers the broker's keepalive (the
-    /// broker closes a connection that does not) at the cost of a small priority inversion.
-    urgent: usize,
+    /// The write-ahead up to a queued keepalive or auth answer ([`Urgent`]).
+    urgent: Urgent,
     fresh: bool,
 }
 
@@ -416,7 +462,7 @@ impl Session {
                     if let Some(b) = &self.budget {
                         b.refund(std::mem::take(&mut self.credit));
                     }
-                    self.urgent = 0;
+                    self.urgent.clear();
                     shared.window().disconnected();
                     shared.set_connected(false);
                     shared.room.notify_one();
@@ -469,14 +515,13 @@ impl Session {
         let shared = self.shared.clone();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut draining: Option<Instant> = None;
+        let mut deadlines = Deadlines::default();
         let mut need_flush = false;
         let mut abort_armed = false;
         loop {
             let now = Instant::now();
-            if draining.is_none() && self.stopping() {
+            if deadlines.stop_if(self.stopping(), now) {
                 shared.window().close();
-                draining = Some(now + SHUTDOWN_GRACE);
             }
             let (batch_due, health, idle) = {
                 let mut w = shared.window();
@@ -485,8 +530,9 @@ impl Session {
                     Some(b) => BUDGET_WRITE_AHEAD.min((b.rate() * BUDGET_SECONDS_AHEAD) as usize),
                     None => WRITE_AHEAD,
                 };
+                let publish_ms = (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64;
                 while link.out.len() < ahead && !abort_armed {
-                    match w.encode_next(&mut link.out, now) {
+                    match w.encode_next(&mut link.out, now, publish_ms) {
                         Some(e) if e.chunks > 1 && abort_after_chunk() == Some(e.chunk) => {
                             abort_armed = true;
                         }
@@ -503,21 +549,20 @@ impl Session {
                 if !moving {
                     let why = format!(
                         "link stalled: no byte accepted and no receipt for {} s",
-                        STALL_AFTER.as_secs()
+                        LINK_STALL_AFTER.as_secs()
                     );
                     tracing::warn!(topic = %self.setup.topic, "{why}; new frames go to the spool");
                     shared.stats.set_error(&why);
                 }
             }
-            if health == Health::Dead {
-                return Err(LinkError::Timeout(
-                    "progress on the link (no byte accepted, no receipt)".into(),
-                ));
-            }
-            if let Some(deadline) = draining {
-                if idle || now >= deadline {
-                    return Err(LinkError::Shutdown);
+            match deadlines.turn(health, idle, now) {
+                Turn::Serve => {}
+                Turn::Dead => {
+                    return Err(LinkError::Timeout(
+                        "progress on the link (no byte accepted, no receipt)".into(),
+                    ))
                 }
+                Turn::Stopped => return Err(LinkError::Shutdown),
             }
             if abort_armed && link.out.is_empty() {
                 // Test hook: a crash between the chunks of a frame, after the broker stored some.
@@ -536,10 +581,7 @@ impl Session {
             let budget = self.budget.as_deref();
             let credit = &mut self.credit;
             let urgent = &mut self.urgent;
-            let rank = match *urgent {
-                0 => shared.rank.load(Ordering::Relaxed),
-                _ => 0,
-            };
+            let rank = urgent.rank(shared.rank.load(Ordering::Relaxed));
             let held = || shared.window().held_by_budget(Instant::now());
             let io = async move {
                 if out.is_empty() {
@@ -553,12 +595,12 @@ impl Session {
                 }
                 let n = writer.write(&out[..(*credit).min(out.len())]).await?;
                 *credit -= n.min(*credit);
-                *urgent = urgent.saturating_sub(n);
+                urgent.wrote(n);
                 Ok(Some(n))
             };
             tokio::select! {
                 biased;
-                r = self.shutdown.changed(), if draining.is_none() => {
+                r = self.shutdown.changed(), if !deadlines.draining() => {
                     if r.is_err() {
                         // The daemon's side is gone: stop as if told to.
                         shared.closing.store(true, Ordering::Release);
@@ -581,17 +623,19 @@ impl Session {
                         None => need_flush = false,
                     }
                 }
-                _ = shared.work.notified(), if draining.is_none() => {}
+                _ = shared.work.notified(), if !deadlines.draining() => {}
                 _ = tokio::time::sleep_until(wake_at(batch_due)), if batch_due.is_some() => {}
-                _ = tokio::time::sleep_until(wake_at(draining)), if draining.is_some() => {}
+                _ = tokio::time::sleep_until(wake_at(deadlines.drain_deadline())), if deadlines.draining() => {}
                 _ = tick.tick() => {
-                    let quiet = link.last_inbound.elapsed();
-                    if quiet > DEAD_IDLE {
-                        return Err(LinkError::Timeout("any traffic from the broker".into()));
-                    }
-                    if quiet > PING_IDLE {
-                        super::codec::encode_command(&connect::ping(), &mut link.out);
-                        self.urgent = link.out.len();
+                    match keepalive(link.last_inbound.elapsed()) {
+                        Keepalive::Quiet => {}
+                        Keepalive::Dead => {
+                            return Err(LinkError::Timeout("any traffic from the broker".into()))
+                        }
+                        Keepalive::Ping => {
+                            super::codec::encode_command(&connect::ping(), &mut link.out);
+                            self.urgent.queued(link.out.len());
+                        }
                     }
                 }
             }
@@ -630,13 +674,13 @@ impl Session {
             super::codec::encode_command(&connect::pong(), &mut link.out);
         }
         if answer_first {
-            self.urgent = link.out.len();
+            self.urgent.queued(link.out.len());
         }
         Ok(())
     }
 }
 
-/// Whether the answer to a broker's command jumps the budget's queue (`Session::urgent`): the
+/// Whether the answer to a broker's command jumps the budget's queue ([`Urgent`]): the
 /// broker closes a connection whose keepalive (PING) or credential refresh (AUTH_CHALLENGE, within
 /// `authenticationRefreshCheckSeconds`) is not answered in time, however starved the producer.
 fn answered_urgently(cmd: &pulsar::proto::BaseCommand) -> bool {

@@ -1,5 +1,7 @@
 //! The producer's window: every frame a source handed to its producer, from submission to its
-//! acknowledgement. Pure: no I/O, no clock of its own (time is an input), no tasks. The session
+//! acknowledgement. Pure: no I/O, no clock of its own (monotonic and wall time are inputs), no
+//! tasks; end-to-end encryption goes through the injected `seal::Encryptor` (its random IVs and
+//! key rotation are its own). The session
 //! (`producer.rs`) carries out what the window decides: it writes the bytes `encode_next` gives,
 //! feeds back receipts, send errors, write progress and connection changes, and hands the acks on.
 //!
@@ -28,7 +30,6 @@ use std::time::{Duration, Instant};
 
 use super::batch::{self, BatchPolicy};
 use super::codec;
-use super::compress;
 use super::plan;
 use crate::config::Compression;
 use crate::wire::Envelope;
@@ -116,7 +117,7 @@ pub struct Encoded {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Session {
+struct Connection {
     producer_id: u64,
     max_message_size: usize,
 }
@@ -199,7 +200,7 @@ pub struct Window {
     /// queue on every submission.
     sending: usize,
     acks: VecDeque<Ack>,
-    session: Option<Session>,
+    session: Option<Connection>,
     /// The broker's last sequence id at this process's first producer creation.
     broker_last: Option<plan::BrokerLast>,
     created_once: bool,
@@ -240,7 +241,7 @@ impl Window {
             self.created_once = true;
             self.broker_last = broker_last;
         }
-        self.session = Some(Session {
+        self.session = Some(Connection {
             producer_id,
             max_message_size,
         });
@@ -298,7 +299,7 @@ impl Window {
                 m.generation += 1;
                 m.receipts = 0;
                 m.written = 0;
-                m.chunks = plan::chunk_ranges(m.wire.len(), max_chunk);
+                m.chunks = crate::payload::cut(m.wire.len(), max_chunk);
             }
         }
         self.complete_front(now);
@@ -429,8 +430,9 @@ impl Window {
                 Some(Box::new(s)),
             )
         } else {
-            let (compression, wire) = compress::compress(self.cfg.compression, &frame.payload);
-            let chunks = plan::chunk_ranges(wire.len(), max_chunk);
+            let (compression, wire) =
+                crate::payload::compress(self.cfg.compression, &frame.payload);
+            let chunks = crate::payload::cut(wire.len(), max_chunk);
             (compression, wire, len, chunks, None)
         };
         if chunks.len() > plan::MAX_CHUNKS {
@@ -494,8 +496,8 @@ impl Window {
     /// A frame of a batch as a message of its own (its batch no longer fits the broker).
     fn single(&self, frame: Frame, submitted: Instant, max_message_size: usize) -> Message {
         let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
-        let (compression, wire) = compress::compress(self.cfg.compression, &frame.payload);
-        let chunks = plan::chunk_ranges(wire.len(), self.chunk_limit(max_message_size, &envelope));
+        let (compression, wire) = crate::payload::compress(self.cfg.compression, &frame.payload);
+        let chunks = crate::payload::cut(wire.len(), self.chunk_limit(max_message_size, &envelope));
         Message {
             uncompressed: frame.payload.len(),
             frame,
@@ -593,13 +595,13 @@ impl Window {
             }
         }
         let raw = raw.freeze();
-        let (compression, wire) = compress::compress(self.cfg.compression, &raw);
+        let (compression, wire) = crate::payload::compress(self.cfg.compression, &raw);
         self.messages.push_back(Message {
             frame: first,
             batch: rest.into_iter().map(|(f, _)| f).collect(),
             envelope,
             generation: 0,
-            chunks: plan::chunk_ranges(wire.len(), wire.len()),
+            chunks: crate::payload::cut(wire.len(), wire.len()),
             wire,
             compression,
             uncompressed: raw.len(),
@@ -624,8 +626,14 @@ impl Window {
     }
 
     /// Appends the next SEND frame to `out` (the first chunk not yet written on this session), or
-    /// returns None when everything is written or there is no session.
-    pub fn encode_next(&mut self, out: &mut BytesMut, now: Instant) -> Option<Encoded> {
+    /// returns None when everything is written or there is no session. `publish_ms`: the wall
+    /// clock now (the message's publish time).
+    pub fn encode_next(
+        &mut self,
+        out: &mut BytesMut,
+        now: Instant,
+        publish_ms: u64,
+    ) -> Option<Encoded> {
         let session = self.session?;
         let outstanding_before = self
             .messages
@@ -646,7 +654,7 @@ impl Window {
         let mut metadata = MessageMetadata {
             producer_name: self.cfg.producer_name.clone(),
             sequence_id: seq_id,
-            publish_time: (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64,
+            publish_time: publish_ms,
             properties: codec::key_values(&m.envelope),
             partition_key: Some(m.envelope.key.clone()),
             event_time: Some(m.envelope.event_time_ms),

@@ -52,7 +52,7 @@ fn write_all(w: &mut Window, now: Instant) -> Vec<u64> {
     let mut ids = Vec::new();
     loop {
         let mut out = BytesMut::new();
-        if w.encode_next(&mut out, now).is_none() {
+        if w.encode_next(&mut out, now, 1_700_000_000_000).is_none() {
             return ids;
         }
         let cmd = codec::decode(&mut out).unwrap().unwrap();
@@ -346,7 +346,7 @@ fn batches_stay_within_the_brokers_message_size() {
     let mut writes = 0;
     loop {
         let mut out = BytesMut::new();
-        if w.encode_next(&mut out, t0).is_none() {
+        if w.encode_next(&mut out, t0, 1_700_000_000_000).is_none() {
             break;
         }
         writes += 1;
@@ -435,7 +435,7 @@ proptest! {
                 }
                 Step::Write => {
                     let mut out = BytesMut::new();
-                    if w.encode_next(&mut out, now).is_some() {
+                    if w.encode_next(&mut out, now, 1_700_000_000_000).is_some() {
                         let cmd = codec::decode(&mut out).unwrap().unwrap();
                         wire.push_back(cmd.send.unwrap().sequence_id);
                     }
@@ -482,7 +482,7 @@ fn sends(w: &mut Window, now: Instant) -> Vec<(BaseCommand, MessageMetadata, Byt
     let mut v = Vec::new();
     loop {
         let mut out = BytesMut::new();
-        if w.encode_next(&mut out, now).is_none() {
+        if w.encode_next(&mut out, now, 1_700_000_000_000).is_none() {
             return v;
         }
         v.push(split_send(out));

@@ -1,5 +1,8 @@
-//! Payload compression as Pulsar consumers expect it: LZ4 as a raw block (the Java client's
-//! lz4-java "fast" compressor) and ZSTD as a frame. Pure: no I/O.
+//! A frame's payload on its way to Pulsar, one step each for live frames (`uplink::window`) and
+//! frames sealed into the spool (`seal`): compressed as Pulsar consumers expect it (LZ4 as a raw
+//! block, the Java client's lz4-java "fast" compressor; ZSTD as a frame), then cut into pieces
+//! (chunks of a message, or sealed pieces); each piece is then encrypted by `seal::Encryptor`.
+//! Pure: no I/O.
 
 use bytes::Bytes;
 use pulsar::proto::CompressionType;
@@ -38,6 +41,15 @@ pub fn decompress(code: i32, data: &[u8], size: usize) -> Result<Bytes, String> 
         return Err(format!("decompressed {} bytes, expected {size}", out.len()));
     }
     Ok(out.into())
+}
+
+/// Byte ranges of the chunks of a payload of `len` bytes, each at most `max_chunk`. One range
+/// (the whole payload) when it fits.
+pub fn cut(len: usize, max_chunk: usize) -> Vec<std::ops::Range<usize>> {
+    let max_chunk = max_chunk.max(1);
+    (0..len.div_ceil(max_chunk).max(1))
+        .map(|i| i * max_chunk..((i + 1) * max_chunk).min(len))
+        .collect()
 }
 
 #[cfg(test)]

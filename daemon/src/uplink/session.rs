@@ -1,0 +1,177 @@
+//! The decisions of a producer's connection as values, time passed in: when the broker's silence
+//! asks for a PING or proves the connection dead, when a stop's drain ends, when the link's health
+//! changes what status reports, and which bytes of the write-ahead jump the budget's queue. The
+//! session task (`producer.rs`) performs them inside its `select!`; nothing here sleeps or writes.
+
+use std::time::{Duration, Instant};
+
+use super::window::Health;
+
+/// Silence from the broker for this long: send a PING.
+pub const PING_IDLE: Duration = Duration::from_secs(30);
+/// Silence for this long: the connection is dead.
+pub const DEAD_IDLE: Duration = Duration::from_secs(90);
+/// On shutdown: how long outstanding receipts are waited for before the frames go to the spool.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// What the broker's silence calls for at a keepalive tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keepalive {
+    Quiet,
+    Ping,
+    Dead,
+}
+
+/// `quiet`: since the last command from the broker.
+pub fn keepalive(quiet: Duration) -> Keepalive {
+    if quiet > DEAD_IDLE {
+        Keepalive::Dead
+    } else if quiet > PING_IDLE {
+        Keepalive::Ping
+    } else {
+        Keepalive::Quiet
+    }
+}
+
+/// What a turn of the session decides after the window has had its say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Go on serving.
+    Serve,
+    /// The link made no progress for the window's timeout: reconnect.
+    Dead,
+    /// Stopping, and nothing is outstanding or the grace is over.
+    Stopped,
+}
+
+/// A connection's deadlines and what status was last told of its health.
+#[derive(Debug, Default)]
+pub struct Deadlines {
+    /// Once stopping: when the drain gives up.
+    draining: Option<Instant>,
+}
+
+impl Deadlines {
+    /// The daemon asked to stop (`stopping`): true the first time, when the caller closes the
+    /// window (no new frames) and the drain's grace starts.
+    pub fn stop_if(&mut self, stopping: bool, now: Instant) -> bool {
+        if self.draining.is_none() && stopping {
+            self.draining = Some(now + SHUTDOWN_GRACE);
+            return true;
+        }
+        false
+    }
+
+    /// When the drain gives up, while stopping.
+    pub fn drain_deadline(&self) -> Option<Instant> {
+        self.draining
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.is_some()
+    }
+
+    /// After the window's turn: its link health and whether it holds nothing.
+    pub fn turn(&self, health: Health, idle: bool, now: Instant) -> Turn {
+        if health == Health::Dead {
+            return Turn::Dead;
+        }
+        match self.draining {
+            Some(deadline) if idle || now >= deadline => Turn::Stopped,
+            _ => Turn::Serve,
+        }
+    }
+}
+
+/// The bytes of the write-ahead, up to and including a queued PING, PONG or AUTH_RESPONSE, that
+/// go out at the budget's top rank: a producer the budget starves still answers the broker's
+/// keepalive and credential refresh (the broker closes a connection that does not), at the cost
+/// of a small priority inversion.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Urgent(usize);
+
+impl Urgent {
+    /// An answer was queued; `queued`: the write-ahead's length with it.
+    pub fn queued(&mut self, queued: usize) {
+        self.0 = queued;
+    }
+
+    /// `n` bytes of the write-ahead were written.
+    pub fn wrote(&mut self, n: usize) {
+        self.0 = self.0.saturating_sub(n);
+    }
+
+    /// The budget rank to write at: the top (0) while an answer is queued, else the producer's.
+    pub fn rank(&self, own: usize) -> usize {
+        if self.0 > 0 {
+            0
+        } else {
+            own
+        }
+    }
+
+    /// A connection ended: nothing of it is queued.
+    pub fn clear(&mut self) {
+        self.0 = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_brokers_silence_asks_for_a_ping_then_proves_the_connection_dead() {
+        assert_eq!(keepalive(Duration::from_secs(5)), Keepalive::Quiet);
+        assert_eq!(keepalive(PING_IDLE), Keepalive::Quiet);
+        assert_eq!(
+            keepalive(PING_IDLE + Duration::from_millis(1)),
+            Keepalive::Ping
+        );
+        assert_eq!(
+            keepalive(DEAD_IDLE + Duration::from_millis(1)),
+            Keepalive::Dead
+        );
+    }
+
+    #[test]
+    fn a_stop_drains_until_nothing_is_outstanding_or_the_grace_is_over() {
+        let t0 = Instant::now();
+        let mut d = Deadlines::default();
+        assert!(!d.stop_if(false, t0));
+        assert_eq!(d.turn(Health::Moving, false, t0), Turn::Serve);
+        assert!(d.stop_if(true, t0), "the first stop closes the window");
+        assert!(!d.stop_if(true, t0 + Duration::from_millis(10)), "once");
+        assert_eq!(d.drain_deadline(), Some(t0 + SHUTDOWN_GRACE));
+        assert_eq!(
+            d.turn(Health::Moving, false, t0 + Duration::from_secs(1)),
+            Turn::Serve
+        );
+        assert_eq!(
+            d.turn(Health::Moving, true, t0 + Duration::from_secs(1)),
+            Turn::Stopped
+        );
+        assert_eq!(
+            d.turn(Health::Stalled, false, t0 + SHUTDOWN_GRACE),
+            Turn::Stopped
+        );
+        // A dead link is dead, stopping or not.
+        assert_eq!(d.turn(Health::Dead, true, t0), Turn::Dead);
+    }
+
+    #[test]
+    fn a_keepalive_answer_jumps_the_budget_until_it_is_written() {
+        let mut u = Urgent::default();
+        assert_eq!(u.rank(3), 3);
+        // 100 bytes of frames ahead of the PONG: those go at the top rank too, until written.
+        u.queued(108);
+        assert_eq!(u.rank(3), 0);
+        u.wrote(100);
+        assert_eq!(u.rank(3), 0);
+        u.wrote(8);
+        assert_eq!(u.rank(3), 3);
+        u.queued(50);
+        u.clear();
+        assert_eq!(u.rank(3), 3);
+    }
+}
