@@ -452,7 +452,6 @@ mod model {
             let mut model: Vec<BTreeSet<u64>> = vec![Default::default(); 3];
             let mut live: Vec<Vec<u64>> = vec![Default::default(); 3];
             let mut next = [0u64; 3];
-            let mut refused = [0u64; 3];
             for op in ops {
                 match op {
                     Op::Append(s, n) => {

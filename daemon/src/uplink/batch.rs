@@ -39,7 +39,7 @@ impl From<&crate::config::PulsarConfig> for BatchPolicy {
 
 impl Default for BatchPolicy {
     /// The config's defaults (the Java client's: 1000 messages, 128 KiB, 1 ms); one home for the
-    /// numbers, `config.rs`.
+    /// numbers, `config/pulsar.rs`.
     fn default() -> Self {
         (&crate::config::PulsarConfig::default()).into()
     }

@@ -1,0 +1,221 @@
+//! Where each key was written, to name its line in messages, and serde's errors turned into
+//! one line per mistake (every unknown key and type error of a file in one run, with "did you
+//! mean").
+
+use super::*;
+
+/// Where each key of a config file is written: `table.key` or `table[index].key` (as problems name
+/// them) and its line. Read from the text line by line; a key this misses (a dotted key, one in an
+/// inline table) is still named in messages, only without its line.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Written {
+    origin: String,
+    /// Keys and table headers in file order.
+    keys: Vec<WrittenKey>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct WrittenKey {
+    /// From 1.
+    line: usize,
+    path: String,
+    /// The table of a key; a header's own path.
+    table: String,
+}
+
+impl Written {
+    pub(super) fn scan(text: &str, origin: &str) -> Self {
+        let mut keys = Vec::new();
+        let mut table = String::new();
+        let mut index: std::collections::HashMap<String, usize> = Default::default();
+        for (n, l) in text.lines().enumerate() {
+            let t = l.trim();
+            let line = n + 1;
+            if let Some(name) = t.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
+                let i = index.entry(name.trim().to_string()).or_insert(0);
+                table = format!("{}[{}]", name.trim(), *i);
+                *i += 1;
+            } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.split(']').next()) {
+                table = name.trim().to_string();
+            } else if let Some((k, _)) = t.split_once('=').filter(|_| !t.starts_with('#')) {
+                let k = k.trim().trim_matches(['"', '\'']);
+                let path = match table.is_empty() {
+                    true => k.to_string(),
+                    false => format!("{table}.{k}"),
+                };
+                keys.push(WrittenKey {
+                    line,
+                    path,
+                    table: table.clone(),
+                });
+                continue;
+            } else {
+                continue;
+            }
+            keys.push(WrittenKey {
+                line,
+                path: table.clone(),
+                table: table.clone(),
+            });
+        }
+        Self {
+            origin: origin.to_string(),
+            keys,
+        }
+    }
+
+    /// The line `path` (`spool.max-bytes`, `source[1]`) is written on.
+    pub(super) fn line_of(&self, path: &str) -> Option<usize> {
+        self.keys.iter().find(|k| k.path == path).map(|k| k.line)
+    }
+
+    /// The path written on line `n`: its key, else the table the line is in.
+    pub(super) fn path_at(&self, n: usize) -> Option<&str> {
+        let k = self.keys.iter().take_while(|k| k.line <= n).last()?;
+        Some(if k.line == n {
+            k.path.as_str()
+        } else {
+            k.table.as_str()
+        })
+        .filter(|p| !p.is_empty())
+    }
+
+    /// `origin:line: key: problem` for each `key: problem` (`origin: ...` when neither the key nor
+    /// its table is written, e.g. a default that clashes with another key).
+    pub(super) fn lines(&self, problems: Vec<String>) -> Vec<String> {
+        problems
+            .into_iter()
+            .map(|p| {
+                let path = p.split(": ").next().unwrap_or("");
+                let mut at = path.split([' ', ',']).next().unwrap_or("");
+                let mut line = self.line_of(at);
+                // A key left at its default is not written; its table may be.
+                while line.is_none() {
+                    let Some((table, _)) = at.rsplit_once('.') else {
+                        break;
+                    };
+                    at = table;
+                    line = self.line_of(at);
+                }
+                self.at(line, &p)
+            })
+            .collect()
+    }
+
+    pub(super) fn at(&self, line: Option<usize>, what: &str) -> String {
+        match line {
+            Some(n) => format!("{}:{n}: {what}", self.origin),
+            None => format!("{}: {what}", self.origin),
+        }
+    }
+
+    /// One line for a TOML/serde error: file, line, the table and key there, and the message
+    /// (with the likely key for a misspelt one).
+    pub(super) fn toml_error(&self, e: &toml::de::Error, text: &str) -> String {
+        let msg = did_you_mean(&e.message().trim().replace('\n', " "));
+        let Some(span) = e.span() else {
+            return self.at(None, &msg);
+        };
+        let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+        match self.path_at(line) {
+            Some(path) => self.at(Some(line), &format!("{path}: {msg}")),
+            None => self.at(Some(line), &msg),
+        }
+    }
+}
+
+/// Deserializes the file, reporting every unknown key and wrongly typed value in one run (see
+/// [`every_error`]); a syntax error alone is reported as it is.
+pub(super) fn read_file(text: &str, written: &Written) -> Result<File, Vec<String>> {
+    if let Err(e) = text.parse::<toml::Table>() {
+        return Err(vec![written.toml_error(&e, text)]);
+    }
+    every_error(text, written, toml::from_str::<File>)
+}
+
+/// Runs `parse` on `text`, and after each error (serde stops at the first) again on a working
+/// copy with the offending line blanked (line numbers stay), so that every unknown key and
+/// wrongly typed value is reported in one run. An error on a table header, or a blanking that
+/// breaks the TOML, ends the search.
+pub(super) fn every_error<T>(
+    text: &str,
+    written: &Written,
+    parse: impl Fn(&str) -> Result<T, toml::de::Error>,
+) -> Result<T, Vec<String>> {
+    let mut work = text.to_string();
+    let mut errors: Vec<String> = Vec::new();
+    for _ in 0..64 {
+        let e = match parse(&work) {
+            Ok(value) if errors.is_empty() => return Ok(value),
+            Ok(_) => break,
+            Err(e) => e,
+        };
+        let line = written.toml_error(&e, &work);
+        if errors.last() == Some(&line) {
+            break;
+        }
+        errors.push(line);
+        let Some(span) = e.span() else { break };
+        let at = span.start.min(work.len());
+        let start = work[..at].rfind('\n').map_or(0, |i| i + 1);
+        let end = work[start..].find('\n').map_or(work.len(), |i| start + i);
+        let written_line = work[start..end].trim_start();
+        if written_line.is_empty() || written_line.starts_with('[') {
+            break;
+        }
+        work.replace_range(start..end, "");
+        if work.parse::<toml::Table>().is_err() {
+            break;
+        }
+    }
+    Err(errors)
+}
+
+/// serde's "unknown field `max-byts`, expected one of `path`, `max-bytes`, ..." (and the same for
+/// variants), with "did you mean `max-bytes`?" when one expected name is within two edits.
+pub(super) fn did_you_mean(msg: &str) -> String {
+    let quoted = |s: &str| -> Vec<String> {
+        s.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    let Some(rest) = msg
+        .strip_prefix("unknown field ")
+        .or_else(|| msg.strip_prefix("unknown variant "))
+    else {
+        return msg.to_string();
+    };
+    let Some((got, expected)) = rest.split_once(", expected") else {
+        return msg.to_string();
+    };
+    let Some(got) = quoted(got).into_iter().next() else {
+        return msg.to_string();
+    };
+    let best = quoted(expected)
+        .into_iter()
+        .map(|name| (edit_distance(&got, &name), name))
+        .filter(|(d, _)| *d <= 2)
+        .min();
+    match best {
+        Some((_, name)) => format!("{msg}; did you mean `{name}`?"),
+        None => msg.to_string(),
+    }
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions), on chars.
+pub(super) fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}

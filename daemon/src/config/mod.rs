@@ -1,0 +1,606 @@
+//! The daemon's configuration: TOML, kebab-case, unknown keys rejected, then a validation pass that
+//! reports every value that parses but makes no sense, one line per problem naming its table,
+//! index, key and line (`rigd.toml:9: source[1].fps: ...`).
+//!
+//! This module sits at the bottom of the daemon crate: it imports nothing above it (only
+//! [`crate::wire`], the wire format's names, and the drivers' setting types). What the host must
+//! offer a config (files, the spool's filesystem, a free port) is checked in [`crate::preflight`].
+
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+mod clock;
+mod locate;
+mod pulsar;
+mod source;
+mod spool;
+mod units;
+mod web;
+
+pub use clock::*;
+use locate::*;
+pub use pulsar::*;
+pub use source::*;
+pub use spool::*;
+pub use units::*;
+pub use web::*;
+
+/// The config `rigd run` uses when none is given: synthetic sources, no broker, spool in ./rigd-spool.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../../examples/synthetic.toml");
+
+/// The internal source carrying technician event markers (a reserved source id; see
+/// [`crate::events`]).
+pub const EVENTS_SOURCE: &str = "events";
+
+/// A spool record stores its source id behind a one-byte length.
+pub const MAX_SOURCE_ID_BYTES: usize = 255;
+
+/// Why a config could not be used. Each entry of `Invalid` is one line naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The config itself is wrong: fixing it is the only remedy (`run` exits 2).
+    #[error("{}", .problems.join("\n"))]
+    Invalid { problems: Vec<String> },
+    /// The config is valid but the host does not offer what it names yet: a token file not yet
+    /// provisioned, a spool disk not yet mounted, a port still held. Transient: `run` exits 75
+    /// (EX_TEMPFAIL) and systemd tries again.
+    #[error("{}", .problems.join("\n"))]
+    Host { problems: Vec<String> },
+}
+
+impl ConfigError {
+    /// `run`'s exit status: 2 for a config to fix (systemd's `RestartPreventExitStatus=2`), 75
+    /// for a host not ready yet (restarted).
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            ConfigError::Host { .. } => 75,
+            _ => 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub rig: RigConfig,
+    pub clock: ClockConfig,
+    pub sources: Vec<SourceConfig>,
+    pub pulsar: PulsarConfig,
+    pub spool: SpoolConfig,
+    pub web: WebConfig,
+    /// Where each key was written, to name the line in messages.
+    written: Written,
+}
+
+/// The file as written. `[[source]]` tables are read twice: here only for their `kind`, then each
+/// as the struct of its kind from the same text ([`read_source`]), so that an error inside one
+/// names its index, key and line (serde's internally tagged enums buffer a table and lose all three).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct File {
+    rig: Option<RigConfig>,
+    #[serde(default)]
+    clock: ClockConfig,
+    #[serde(default)]
+    source: Vec<SourceHead>,
+    #[serde(default)]
+    pulsar: PulsarConfig,
+    #[serde(default)]
+    spool: SpoolConfig,
+    #[serde(default)]
+    web: WebConfig,
+}
+
+/// The first pass's view of a `[[source]]`: its kind only (the other keys are read by kind).
+#[derive(Deserialize)]
+struct SourceHead {
+    kind: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RigConfig {
+    /// `[a-z0-9-]+`; part of topic and producer names.
+    pub id: String,
+    /// Width of a time bucket in milliseconds.
+    #[serde(default = "default_bucket_ms")]
+    pub bucket_ms: u32,
+}
+
+fn default_bucket_ms() -> u32 {
+    33
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_with(path, |_| Vec::new())
+    }
+
+    /// As [`Config::load`], reporting the problems `more` finds in a config that parses (the
+    /// host's, [`crate::preflight`]) with its own.
+    pub fn load_with(
+        path: &Path,
+        more: impl FnOnce(&Config) -> Vec<String>,
+    ) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse_with(&text, &path.display().to_string(), more)
+    }
+
+    /// Parses and validates config text; `origin` names it in messages.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        Self::parse_with(text, origin, |_| Vec::new())
+    }
+
+    /// As [`Config::parse`], with the problems `more` finds (see [`Config::load_with`]).
+    pub fn parse_with(
+        text: &str,
+        origin: &str,
+        more: impl FnOnce(&Config) -> Vec<String>,
+    ) -> Result<Self, ConfigError> {
+        let invalid = |problems| ConfigError::Invalid { problems };
+        let written = Written::scan(text, origin);
+        let file: File = read_file(text, &written).map_err(invalid)?;
+        let mut problems: Vec<Result<String, String>> = Vec::new();
+        let mut sources = Vec::new();
+        for (i, head) in file.source.iter().enumerate() {
+            match head.kind.as_deref() {
+                None => problems.push(Ok(format!(
+                    "source[{i}]: missing field `kind` (one of {})",
+                    SOURCE_KINDS.join(", ")
+                ))),
+                Some(kind) if !SOURCE_KINDS.contains(&kind) => problems.push(Ok(format!(
+                    "source[{i}].kind: unknown kind `{kind}` (one of {})",
+                    SOURCE_KINDS.join(", ")
+                ))),
+                Some(kind) => match every_error(text, &written, |t| read_source(t, i, kind)) {
+                    Ok(s) => sources.push(s),
+                    Err(lines) => problems.extend(lines.into_iter().map(Err)),
+                },
+            }
+        }
+        if file.rig.is_none() {
+            problems.insert(
+                0,
+                Ok("rig: missing table [rig] (every config needs one, with id = \"...\")".into()),
+            );
+        }
+        // Ok: `key: problem` still to be located; Err: a toml error's line, located already.
+        let problems: Vec<String> = problems
+            .into_iter()
+            .map(|p| p.map_or_else(|done| done, |p| written.lines(vec![p]).remove(0)))
+            .collect();
+        let (Some(rig), true) = (file.rig, problems.is_empty()) else {
+            return Err(invalid(problems));
+        };
+        let config = Config {
+            rig,
+            clock: file.clock,
+            sources,
+            pulsar: file.pulsar,
+            spool: file.spool,
+            web: file.web,
+            written,
+        };
+        let mut problems = config.problems();
+        let host = more(&config);
+        if problems.is_empty() && !host.is_empty() {
+            return Err(ConfigError::Host {
+                problems: config.written.lines(host),
+            });
+        }
+        problems.extend(host);
+        config.check(problems)?;
+        Ok(config)
+    }
+
+    /// `Ok` without problems, else the problems (`key: problem`, from [`Config::problems`] or
+    /// [`crate::preflight`]) as lines naming the file and the line the key is written on.
+    pub fn check(&self, problems: Vec<String>) -> Result<(), ConfigError> {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                problems: self.written.lines(problems),
+            })
+        }
+    }
+
+    /// Every value that parses but makes no sense, as `key: problem`.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if !is_name(&self.rig.id) {
+            p.push(format!("rig.id: `{}` must match [a-z0-9-]+", self.rig.id));
+        }
+        if !(1..=MAX_BUCKET_MS).contains(&self.rig.bucket_ms) {
+            p.push(format!(
+                "rig.bucket-ms: {} must be between 1 and {MAX_BUCKET_MS}",
+                self.rig.bucket_ms
+            ));
+        }
+        self.clock.problems(&mut p);
+        if let Some(i) = &self.clock.interface {
+            no_nul(&mut p, "clock.interface", i);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, s) in self.sources.iter().enumerate() {
+            let key = format!("source[{i}]");
+            if !is_name(s.id()) {
+                p.push(format!("{key}.id: `{}` must match [a-z0-9-]+", s.id()));
+            }
+            if !seen.insert(s.id()) {
+                p.push(format!("{key}.id: `{}` is used by another source", s.id()));
+            }
+            if s.id() == EVENTS_SOURCE {
+                p.push(format!(
+                    "{key}.id: `events` is reserved for technician event markers"
+                ));
+            }
+            if s.id().len() > MAX_SOURCE_ID_BYTES {
+                p.push(format!(
+                    "{key}.id: {} bytes long, at most {MAX_SOURCE_ID_BYTES} (the spool record holds it)",
+                    s.id().len()
+                ));
+            }
+            if s.priority() > MAX_PRIORITY {
+                p.push(format!(
+                    "{key}.priority: {} must be between 0 (first) and {MAX_PRIORITY}",
+                    s.priority()
+                ));
+            }
+            if let Some(block) = self.audio_block_bytes(s) {
+                let limit = MAX_AUDIO_BLOCK.min(self.pulsar.max_frame_bytes.0);
+                if block > limit {
+                    p.push(format!(
+                        "rig.bucket-ms: {} ms makes blocks of {} for audio source {key} (`{}`), above {}",
+                        self.rig.bucket_ms,
+                        ByteSize(block).human(),
+                        s.id(),
+                        ByteSize(limit).human(),
+                    ));
+                }
+            }
+            match s {
+                SourceConfig::SyntheticCamera(c) => {
+                    positive(&mut p, &key, "fps", c.fps);
+                    if c.fps > 1000.0 {
+                        p.push(format!("{key}.fps: {} is above 1000", c.fps));
+                    }
+                    for (name, v) in [("width", c.width), ("height", c.height)] {
+                        if v == 0 || v > 16_384 {
+                            p.push(format!("{key}.{name}: {v} must be between 1 and 16384"));
+                        }
+                    }
+                    if c.format == rigd_drivers::synthetic::CameraFormat::Yuyv && c.width % 2 != 0 {
+                        // YUYV packs two pixels' chroma together.
+                        p.push(format!(
+                            "{key}.width: {} must be even with format = \"yuyv\"",
+                            c.width
+                        ));
+                    }
+                    if let Some(b) = c.frame_bytes {
+                        if b.0 > self.pulsar.max_frame_bytes.0 {
+                            p.push(format!(
+                                "{key}.frame-bytes: {} is above pulsar.max-frame-bytes ({})",
+                                b.0, self.pulsar.max_frame_bytes.0
+                            ));
+                        }
+                    }
+                }
+                SourceConfig::SyntheticAudio(c) => {
+                    sample_rate_problems(&mut p, &key, c.sample_rate);
+                    if !(1..=32).contains(&c.channels) {
+                        p.push(format!(
+                            "{key}.channels: {} must be between 1 and 32",
+                            c.channels
+                        ));
+                    }
+                    positive(&mut p, &key, "tone-hz", c.tone_hz);
+                }
+                SourceConfig::Serial(c) => c.problems(&mut p, &key),
+                SourceConfig::Alsa(c) => c.problems(&mut p, &key),
+                SourceConfig::V4l(c) => c.problems(&mut p, &key),
+                SourceConfig::SyntheticSerial(c) => {
+                    positive(&mut p, &key, "rate-hz", c.rate_hz);
+                    if c.rate_hz > 10_000.0 {
+                        p.push(format!("{key}.rate-hz: {} is above 10000", c.rate_hz));
+                    }
+                }
+            }
+        }
+        if let Some(url) = &self.pulsar.url {
+            match crate::service::service_url(url) {
+                Err(why) => p.push(format!("pulsar.url: {why}")),
+                // TLS settings with a clear link: the operator believes the link is encrypted
+                // (and authenticated by certificate) while it is not.
+                Ok(false) => {
+                    let tls = [
+                        ("pulsar.tls-cert-file", self.pulsar.tls_cert_file.is_some()),
+                        ("pulsar.tls-key-file", self.pulsar.tls_key_file.is_some()),
+                        ("pulsar.tls-ca-file", self.pulsar.tls_ca_file.is_some()),
+                    ];
+                    if let Some((key, _)) = tls.iter().find(|(_, set)| *set) {
+                        p.push(format!(
+                            "{key}: set with a clear pulsar:// URL, so the link would be neither encrypted nor authenticated by certificate; use pulsar+ssl://"
+                        ));
+                    }
+                }
+                Ok(true) => {}
+            }
+        }
+        let mut rest = self.pulsar.topic.as_str();
+        while let Some(open) = rest.find('{') {
+            let after = &rest[open + 1..];
+            match after.find('}') {
+                Some(close) => {
+                    let name = &after[..close];
+                    if name != "rig" && name != "source" {
+                        p.push(format!(
+                            "pulsar.topic: unknown placeholder `{{{name}}}` (known: {{rig}}, {{source}})"
+                        ));
+                    }
+                    rest = &after[close + 1..];
+                }
+                None => {
+                    p.push("pulsar.topic: `{` without a closing `}`".to_string());
+                    break;
+                }
+            }
+        }
+        if !self.pulsar.topic.contains("{source}") {
+            p.push("pulsar.topic: must contain {source} (one topic per source)".to_string());
+        }
+        if self.pulsar.max_in_flight == 0 {
+            p.push("pulsar.max-in-flight: must be at least 1".to_string());
+        }
+        if self.pulsar.max_in_flight_bytes.0 < MIN_IN_FLIGHT_BYTES {
+            p.push(format!(
+                "pulsar.max-in-flight-bytes: {} is below {} (nothing would be sent)",
+                self.pulsar.max_in_flight_bytes.0,
+                ByteSize(MIN_IN_FLIGHT_BYTES).human()
+            ));
+        }
+        if self.pulsar.send_timeout_ms < 1000 {
+            p.push(format!(
+                "pulsar.send-timeout-ms: {} is below 1000: it is how long a connection may make no \
+                 progress before it counts as dead (the uplink waits at least 10 s)",
+                self.pulsar.send_timeout_ms
+            ));
+        } else if self.pulsar.send_timeout_ms > 3_600_000 {
+            p.push(format!(
+                "pulsar.send-timeout-ms: {} is above one hour (3600000)",
+                self.pulsar.send_timeout_ms
+            ));
+        }
+        for (key, file) in [
+            ("pulsar.token-file", &self.pulsar.token_file),
+            ("pulsar.tls-ca-file", &self.pulsar.tls_ca_file),
+            ("pulsar.tls-cert-file", &self.pulsar.tls_cert_file),
+            ("pulsar.tls-key-file", &self.pulsar.tls_key_file),
+            (
+                "pulsar.encryption-key-file",
+                &self.pulsar.encryption_key_file,
+            ),
+            ("web.token-file", &self.web.token_file),
+            ("web.tls-cert-file", &self.web.tls_cert_file),
+            ("web.tls-key-file", &self.web.tls_key_file),
+        ] {
+            if let Some(f) = file {
+                no_nul(&mut p, key, &f.to_string_lossy());
+                if f.as_os_str().is_empty() {
+                    p.push(format!("{key}: must not be empty (leave it out for none)"));
+                }
+            }
+        }
+        both(
+            &mut p,
+            ("web.tls-cert-file", self.web.tls_cert_file.is_some()),
+            ("web.tls-key-file", self.web.tls_key_file.is_some()),
+            "HTTPS needs both",
+        );
+        both(
+            &mut p,
+            ("pulsar.tls-cert-file", self.pulsar.tls_cert_file.is_some()),
+            ("pulsar.tls-key-file", self.pulsar.tls_key_file.is_some()),
+            "a client certificate needs its key",
+        );
+        both(
+            &mut p,
+            (
+                "pulsar.encryption-key-file",
+                self.pulsar.encryption_key_file.is_some(),
+            ),
+            (
+                "pulsar.encryption-key-name",
+                self.pulsar.encryption_key_name.is_some(),
+            ),
+            "consumers find the private key by the name",
+        );
+        if let Some(name) = &self.pulsar.encryption_key_name {
+            if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+                p.push(
+                    "pulsar.encryption-key-name: 1 to 255 bytes, no control characters".to_string(),
+                );
+            }
+        }
+        if !(60..=30 * 86_400).contains(&self.pulsar.encryption_key_rotation_s) {
+            p.push(format!(
+                "pulsar.encryption-key-rotation-s: {} must be between 60 (a minute) and 2592000 (30 days)",
+                self.pulsar.encryption_key_rotation_s
+            ));
+        }
+        if self.pulsar.batch_max_messages == 0 {
+            p.push(
+                "pulsar.batch-max-messages: must be at least 1 (1 turns batching off)".to_string(),
+            );
+        }
+        if self.pulsar.batch_max_bytes.0 < 1 << 10 {
+            p.push(format!(
+                "pulsar.batch-max-bytes: {} is below 1KiB (batch-max-messages = 1 turns batching off)",
+                self.pulsar.batch_max_bytes.0
+            ));
+        }
+        if self.pulsar.batch_max_bytes.0 > 4 << 20 {
+            p.push(
+                "pulsar.batch-max-bytes: must be at most 4MiB (below the broker's message size)"
+                    .to_string(),
+            );
+        }
+        if self.pulsar.batch_delay_ms > 1000 {
+            p.push("pulsar.batch-delay-ms: must be at most 1000".to_string());
+        }
+        if let Some(b) = self.pulsar.max_bandwidth {
+            if !(MIN_BANDWIDTH..=MAX_BANDWIDTH).contains(&b.0) {
+                p.push(format!(
+                    "pulsar.max-bandwidth: {} bit/s must be between 64kbit and 100gbit (below, a 16 KiB grant and a chunk ahead of a keepalive answer can outlast the broker's keepalive)",
+                    b.0
+                ));
+            }
+            if self.pulsar.url.is_none() {
+                p.push(
+                    "pulsar.max-bandwidth: set without pulsar.url (nothing is sent)".to_string(),
+                );
+            }
+        }
+        if self.pulsar.max_frame_bytes.0 == 0 || self.pulsar.max_frame_bytes.0 > 1 << 30 {
+            p.push("pulsar.max-frame-bytes: must be between 1 and 1GiB".to_string());
+        }
+        if self.spool.max_bytes.0 < 1 << 20 {
+            p.push(format!(
+                "spool.max-bytes: {} is below 1MiB",
+                self.spool.max_bytes.0
+            ));
+        }
+        if self.spool.fsync_ms == 0 || self.spool.fsync_ms > 60_000 {
+            p.push(format!(
+                "spool.fsync-ms: {} must be between 1 and 60000",
+                self.spool.fsync_ms
+            ));
+        }
+        if self.spool.free_reserve.0 < MIN_FREE_RESERVE {
+            p.push(format!(
+                "spool.free-reserve: {} is below {} (the spool would fill its filesystem)",
+                self.spool.free_reserve.0,
+                ByteSize(MIN_FREE_RESERVE).human()
+            ));
+        }
+        if self.spool.path.as_os_str().is_empty() {
+            p.push("spool.path: must not be empty".to_string());
+        }
+        no_nul(&mut p, "spool.path", &self.spool.path.to_string_lossy());
+        if self.web.bind.parse::<SocketAddr>().is_err() {
+            p.push(format!(
+                "web.bind: `{}` is not an address like 127.0.0.1:8088",
+                self.web.bind
+            ));
+        }
+        for net in self.web.allow_from.iter().flatten() {
+            if let Err(e) = net.parse::<rigd_web::access::Cidr>() {
+                p.push(format!("web.allow-from: {e}"));
+            }
+        }
+        p
+    }
+
+    /// The config with every default filled in, as TOML that `rigd check` accepts and reads
+    /// back to the same values (`rigd check --print-effective`).
+    pub fn effective(&self) -> Result<String, String> {
+        #[derive(Serialize)]
+        struct Effective<'a> {
+            rig: &'a RigConfig,
+            clock: &'a ClockConfig,
+            source: &'a [SourceConfig],
+            pulsar: &'a PulsarConfig,
+            spool: &'a SpoolConfig,
+            web: &'a WebConfig,
+        }
+        toml::to_string(&Effective {
+            rig: &self.rig,
+            clock: &self.clock,
+            source: &self.sources,
+            pulsar: &self.pulsar,
+            spool: &self.spool,
+            web: &self.web,
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    /// Bytes of one audio block (one bucket of 16-bit samples) of an audio source.
+    fn audio_block_bytes(&self, s: &SourceConfig) -> Option<u64> {
+        let (rate, channels) = match s {
+            SourceConfig::SyntheticAudio(c) => (c.sample_rate, c.channels),
+            SourceConfig::Alsa(c) => (c.sample_rate, c.channels),
+            _ => return None,
+        };
+        Some((rate as u64 * self.rig.bucket_ms as u64).div_ceil(1000) * channels as u64 * 2)
+    }
+
+    pub fn web_bind(&self) -> SocketAddr {
+        self.web
+            .bind
+            .parse()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8088)))
+    }
+}
+
+/// Reads a token file (`pulsar.token-file`, `web.token-file`, `--token-file`): its content without
+/// surrounding whitespace; a file that cannot be read or holds nothing is an error, which names it.
+pub fn read_token(path: &Path) -> Result<String, String> {
+    let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(t.to_string())
+}
+
+/// A time bucket is an alignment window of a moment, not a recording: at most a minute.
+pub const MAX_BUCKET_MS: u32 = 60_000;
+/// An audio block (one bucket) larger than this is a mistake in `bucket-ms`.
+const MAX_AUDIO_BLOCK: u64 = 4 << 20;
+const MIN_IN_FLIGHT_BYTES: u64 = 64 << 10;
+const MIN_FREE_RESERVE: u64 = 1 << 20;
+/// The smallest budget: a grant (16 KiB) takes 2 s of it, so a keepalive answer behind a few
+/// grants and a chunk still goes out well within the broker's 30 s keepalive tick.
+const MIN_BANDWIDTH: u64 = 64_000;
+const MAX_BANDWIDTH: u64 = 100_000_000_000;
+
+/// A path or device name goes to the kernel as a C string: a NUL byte cuts it.
+/// Two settings that only make sense together: naming one without the other is a mistake.
+fn both(p: &mut Vec<String>, a: (&str, bool), b: (&str, bool), why: &str) {
+    match (a.1, b.1) {
+        (true, false) => p.push(format!("{}: set without {} ({why})", a.0, b.0)),
+        (false, true) => p.push(format!("{}: set without {} ({why})", b.0, a.0)),
+        _ => {}
+    }
+}
+
+fn no_nul(p: &mut Vec<String>, key: &str, v: &str) {
+    if v.contains('\0') {
+        p.push(format!("{key}: contains a NUL byte"));
+    }
+}
+
+fn positive(p: &mut Vec<String>, key: &str, name: &str, v: f64) {
+    if !(v.is_finite() && v > 0.0) {
+        p.push(format!("{key}.{name}: {v} must be a positive number"));
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+#[cfg(test)]
+mod tests;

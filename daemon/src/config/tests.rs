@@ -1,0 +1,437 @@
+use super::*;
+
+fn problems(text: &str) -> Vec<String> {
+    match Config::parse(text, "t.toml") {
+        Ok(_) => vec![],
+        Err(ConfigError::Invalid { problems } | ConfigError::Host { problems }) => problems,
+        Err(e) => vec![e.to_string()],
+    }
+}
+
+#[test]
+fn identity_and_encryption_keys_come_in_pairs() {
+    let p = problems(
+        "[rig]\nid = \"a\"\n[pulsar]\ntls-cert-file = \"/c.pem\"\nencryption-key-name = \"k\"\n\
+         encryption-key-rotation-s = 10\n",
+    );
+    let joined = p.join("\n");
+    assert!(
+        joined.contains("pulsar.tls-cert-file: set without pulsar.tls-key-file"),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("pulsar.encryption-key-name: set without pulsar.encryption-key-file"),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("pulsar.encryption-key-rotation-s: 10"),
+        "{joined}"
+    );
+    let ok = "[rig]\nid = \"a\"\n[pulsar]\nencryption-key-file = \"/f.pem\"\nencryption-key-name = \"fleet-2026\"\n";
+    let c = Config::parse(ok, "t").unwrap();
+    assert_eq!(
+        c.pulsar.encryption_key_rotation_s,
+        4 * 3600,
+        "the clients' 4 hours"
+    );
+}
+
+#[test]
+fn shipped_configs_are_valid() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut n = 0;
+    for sub in ["examples", "systemd"] {
+        for entry in std::fs::read_dir(dir.join(sub)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                n += 1;
+            }
+        }
+    }
+    assert!(n >= 3, "expected the shipped configs, found {n}");
+    Config::parse(EMBEDDED_DEFAULT, "embedded").unwrap();
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let p = problems("[rig]\nid = \"a\"\n[spool]\nmax-byte = 5\n");
+    assert_eq!(p.len(), 1);
+    assert!(
+        p[0].contains("max-byte") && p[0].contains("t.toml:"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn unknown_key_in_source_is_named() {
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\nfsp = 3\n",
+    );
+    assert!(p[0].contains("fsp") && p[0].contains("source[0]"), "{p:?}");
+}
+
+#[test]
+fn wrong_type_names_the_key() {
+    let p = problems("[rig]\nid = \"a\"\n[web]\nbind = 8088\n");
+    assert!(p[0].contains("web.bind") && p[0].contains(":4:"), "{p:?}");
+}
+
+#[test]
+fn negative_rate_names_the_key() {
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"s\"\nkind = \"synthetic-serial\"\nrate-hz = -5\n",
+    );
+    assert_eq!(
+        p,
+        vec!["t.toml:6: source[0].rate-hz: -5 must be a positive number"]
+    );
+}
+
+#[test]
+fn missing_required_key_is_named() {
+    let p = problems("[rig]\nbucket-ms = 33\n");
+    assert!(
+        p[0].contains("missing field `id`") && p[0].contains("rig"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn unknown_topic_placeholder_is_named() {
+    let p = problems(
+        "[rig]\nid = \"a\"\n[pulsar]\ntopic = \"persistent://t/n/{rig}-{sensor}-{source}\"\n",
+    );
+    assert_eq!(p.len(), 1);
+    assert!(
+        p[0].contains("pulsar.topic") && p[0].contains("{sensor}"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn every_problem_is_reported() {
+    let p = problems(
+        "[rig]\nid = \"Van 7\"\n[[source]]\nid = \"x\"\nkind = \"synthetic-camera\"\nfps = 0\n\
+         [[source]]\nid = \"x\"\nkind = \"synthetic-serial\"\n[web]\nbind = \"nowhere\"\n",
+    );
+    assert_eq!(p.len(), 4, "{p:?}");
+}
+
+#[test]
+fn sizes_parse() {
+    assert_eq!(ByteSize::parse("8GiB").unwrap().0, 8 << 30);
+    assert_eq!(ByteSize::parse("512 MiB").unwrap().0, 512 << 20);
+    assert_eq!(ByteSize::parse("100").unwrap().0, 100);
+    assert!(ByteSize::parse("8 parsecs").is_err());
+    assert!(ByteSize::parse("-1").is_err());
+}
+
+#[test]
+fn serial_and_alsa_sources_have_defaults() {
+    let c = Config::parse(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\ndevice = \"/dev/ttyUSB0\"\n\
+         framing = \"nmea\"\n[[source]]\nid = \"mic\"\nkind = \"alsa\"\n",
+        "t",
+    )
+    .unwrap();
+    let SourceConfig::Serial(s) = &c.sources[0] else {
+        panic!("{:?}", c.sources[0])
+    };
+    let s = s.settings(33);
+    assert_eq!((s.baud, s.data_bits, s.stop_bits), (9600, 8, 1));
+    assert_eq!(s.framing, rigd_drivers::serial::Framing::Nmea);
+    assert_eq!(
+        (s.delimiter.as_slice(), s.max_record_bytes),
+        (&b"\n"[..], 4096)
+    );
+    let SourceConfig::Alsa(a) = &c.sources[1] else {
+        panic!("{:?}", c.sources[1])
+    };
+    let a = a.settings(33);
+    assert_eq!(
+        (a.device.as_str(), a.sample_rate, a.channels),
+        ("default", 48_000, 2)
+    );
+    assert_eq!(a.sample_format, rigd_drivers::audio::SampleFormat::I16);
+    assert_eq!(c.sources[1].kind(), "alsa");
+}
+
+#[test]
+fn serial_and_alsa_problems_name_the_key() {
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\ndevice = \"\"\nbaud = 0\n\
+         stop-bits = 3\nmax-record-bytes = \"2MiB\"\n[[source]]\nid = \"mic\"\nkind = \"alsa\"\n\
+         sample-rate = 4000\nchannels = 0\n",
+    );
+    assert_eq!(p.len(), 6, "{p:?}");
+    for key in [
+        "source[0].device",
+        "source[0].baud",
+        "source[0].stop-bits",
+        "source[0].max-record-bytes",
+        "source[1].sample-rate",
+        "source[1].channels",
+    ] {
+        assert!(p.iter().any(|l| l.contains(key)), "{key} missing: {p:?}");
+    }
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\ndevice = \"/dev/ttyS0\"\nframing = \"json\"\n",
+    );
+    assert!(p[0].contains("source[0]") && p[0].contains("json"), "{p:?}");
+    let p = problems("[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\n");
+    assert!(p[0].contains("device"), "{p:?}");
+}
+
+#[test]
+fn v4l_source_has_defaults_and_problems_name_the_key() {
+    use rigd_drivers::v4l::PixelFormat;
+    let c = Config::parse(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"front\"\nkind = \"v4l\"\n[[source]]\nid = \"rear\"\n\
+         kind = \"v4l\"\ndevice = \"USB Camera\"\nformats = [\"YUYV\"]\nbuffers = 8\n",
+        "t",
+    )
+    .unwrap();
+    let SourceConfig::V4l(front) = &c.sources[0] else {
+        panic!("{:?}", c.sources[0])
+    };
+    let s = front.settings();
+    assert_eq!(
+        (s.device.as_str(), s.width, s.height, s.fps),
+        ("/dev/video0", 640, 480, 30.0)
+    );
+    assert_eq!(
+        s.formats,
+        [PixelFormat::Mjpg, PixelFormat::Yuyv, PixelFormat::Nv12]
+    );
+    assert_eq!((s.buffers, s.jpeg_quality), (4, 80));
+    assert_eq!(c.sources[0].kind(), "v4l");
+    let SourceConfig::V4l(rear) = &c.sources[1] else {
+        panic!("{:?}", c.sources[1])
+    };
+    assert_eq!(rear.settings().device, "USB Camera");
+    assert_eq!(rear.settings().formats, [PixelFormat::Yuyv]);
+
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"v4l\"\ndevice = \"\"\nwidth = 641\n\
+         height = 0\nfps = 0\nformats = [\"YUYV\", \"YUYV\"]\nbuffers = 1\njpeg-quality = 0\n",
+    );
+    assert_eq!(p.len(), 7, "{p:?}");
+    for key in [
+        "source[0].device",
+        "source[0].width",
+        "source[0].height",
+        "source[0].fps",
+        "source[0].formats",
+        "source[0].buffers",
+        "source[0].jpeg-quality",
+    ] {
+        assert!(p.iter().any(|l| l.contains(key)), "{key} missing: {p:?}");
+    }
+    let p = problems("[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"v4l\"\nformats = []\n");
+    assert!(p[0].contains("source[0].formats"), "{p:?}");
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"v4l\"\nformats = [\"H264\"]\n",
+    );
+    assert!(p[0].contains("source[0]") && p[0].contains("H264"), "{p:?}");
+    let p =
+        problems("[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"v4l\"\nbuffer-count = 4\n");
+    assert!(p[0].contains("buffer-count"), "{p:?}");
+}
+
+/// Each malformed config of issue 16 (and more): exactly these `file:line: key` prefixes.
+#[test]
+fn every_message_names_the_table_index_key_and_line() {
+    let rig = "[rig]\nid = \"a\"\n";
+    let cam = "[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\n";
+    let long = "x".repeat(256);
+    let cases: Vec<(String, Vec<&str>)> = vec![
+        // A wrong type inside the second source names it, its key and line 9.
+        (format!("{rig}{cam}[[source]]\nid = \"d\"\nkind = \"synthetic-camera\"\nwidth = \"wide\"\n"), vec!["t.toml:9: source[1].width:"]),
+        (format!("{rig}{cam}fps = \"fast\"\n"), vec!["t.toml:6: source[0].fps:"]),
+        (cam.to_string(), vec!["t.toml: rig: missing table [rig]"]),
+        (format!("{rig}[spool]\nmax-bytes = 1.5\n"), vec!["t.toml:4: spool.max-bytes: invalid type: floating point"]),
+        (format!("{rig}[spool]\nmax-bytes = \"8 parsecs\"\n"), vec!["t.toml:4: spool.max-bytes:"]),
+        (format!("{rig}[pulsar]\nmax-in-flight-bytes = -1\n"), vec!["t.toml:4: pulsar.max-in-flight-bytes:"]),
+        (format!("{rig}[[source]]\nid = \"x\"\nkind = \"lidar\"\n"), vec!["t.toml:5: source[0].kind: unknown kind `lidar`"]),
+        (format!("{rig}[[source]]\nid = \"x\"\n"), vec!["t.toml:3: source[0]: missing field `kind`"]),
+        (format!("{rig}{cam}{cam}[[source]]\nkind = \"serial\"\n"), vec!["t.toml:9: source[2]: missing field `id`"]),
+        (format!("{rig}[[source]]\nid = \"g\"\nkind = \"serial\"\ndevice = \"/dev/ttyS0\"\nparity = \"weird\"\n"), vec!["t.toml:7: source[0].parity:"]),
+        (format!("{rig}{cam}fsp = 3\n"), vec!["t.toml:6: source[0].fsp: unknown field"]),
+        (format!("{rig}{cam}format = \"h264\"\n"), vec!["t.toml:6: source[0].format: unknown variant `h264`, expected `mjpeg` or `yuyv`"]),
+        (format!("{rig}{cam}format = \"yuyv\"\nwidth = 641\n"), vec!["t.toml:7: source[0].width: 641 must be even with format = \"yuyv\""]),
+        // Problems in two sources are both reported.
+        (format!("{rig}{cam}fps = \"fast\"\n{cam}height = -1\n"), vec!["t.toml:6: source[0].fps:", "t.toml:10: source[1].height:"]),
+        (format!("{rig}[[source]]\nid = \"m\"\nkind = \"alsa\"\nchannels = 2.5\n"), vec!["t.toml:6: source[0].channels:"]),
+        (format!("{rig}[[source]]\nid = \"v\"\nkind = \"v4l\"\nformats = \"MJPG\"\n"), vec!["t.toml:6: source[0].formats:"]),
+        (format!("{rig}[clock]\ndomain = 300\n"), vec!["t.toml:4: clock.domain:"]),
+        (format!("{rig}[clock]\ntransport = \"udp6\"\n"), vec!["t.toml:4: clock.transport:"]),
+        (format!("{rig}[spool]\nmode = \"sometimes\"\n"), vec!["t.toml:4: spool.mode:"]),
+        (format!("{rig}[pulsar]\ncompression = \"gzip\"\n"), vec!["t.toml:4: pulsar.compression:"]),
+        (format!("source = 5\n{rig}"), vec!["t.toml:1: source:"]),
+        (format!("{rig}source = 5\n"), vec!["t.toml:3: rig.source: unknown field"]),
+        (format!("{rig}[sppol]\npath = \"x\"\n"), vec!["t.toml:3: sppol: unknown field"]),
+        ("[rig]\nid = \"Van 7\"\n".to_string(), vec!["t.toml:2: rig.id:"]),
+        // Accepted before, broken at run time.
+        ("[rig]\nid = \"a\"\nbucket-ms = 4294967295\n".to_string(), vec!["t.toml:3: rig.bucket-ms:"]),
+        ("[rig]\nid = \"a\"\nbucket-ms = 0\n".to_string(), vec!["t.toml:3: rig.bucket-ms:"]),
+        ("[rig]\nid = \"a\"\nbucket-ms = 1000000\n[[source]]\nid = \"m\"\nkind = \"synthetic-audio\"\n".to_string(),
+         vec!["t.toml:3: rig.bucket-ms: 1000000 must be", "t.toml:3: rig.bucket-ms: 1000000 ms makes blocks of 183.1 MiB"]),
+        ("[rig]\nid = \"a\"\nbucket-ms = 30000\n[[source]]\nid = \"m\"\nkind = \"alsa\"\n".to_string(), vec!["t.toml:3: rig.bucket-ms: 30000 ms makes blocks"]),
+        (format!("{rig}[spool]\nfree-reserve = \"0\"\n"), vec!["t.toml:4: spool.free-reserve:"]),
+        (format!("{rig}[pulsar]\nmax-in-flight-bytes = 0\n"), vec!["t.toml:4: pulsar.max-in-flight-bytes:"]),
+        (format!("{rig}[pulsar]\nsend-timeout-ms = 0\n"), vec!["t.toml:4: pulsar.send-timeout-ms: 0 is below 1000"]),
+        (format!("{rig}[pulsar]\nsend-timeout-ms = 999\n"), vec!["t.toml:4: pulsar.send-timeout-ms:"]),
+        (format!("{rig}[pulsar]\nbatch-max-bytes = 0\n"), vec!["t.toml:4: pulsar.batch-max-bytes:"]),
+        (format!("{rig}[spool]\npath = \"/var/lib/rigd\\u0000/spool\"\n"), vec!["t.toml:4: spool.path: contains a NUL byte"]),
+        (format!("{rig}[pulsar]\ntoken-file = \"/etc/a\\u0000b\"\n"), vec!["t.toml:4: pulsar.token-file: contains a NUL byte"]),
+        (format!("{rig}[web]\ntoken-file = \"\"\n"), vec!["t.toml:4: web.token-file: must not be empty"]),
+        (format!("{rig}[[source]]\nid = \"g\"\nkind = \"serial\"\ndevice = \"/dev/tty\\u0000S0\"\n"), vec!["t.toml:6: source[0].device: contains a NUL byte"]),
+        (format!("{rig}[[source]]\nid = \"{long}\"\nkind = \"synthetic-serial\"\n"), vec!["t.toml:4: source[0].id: 256 bytes long"]),
+        // A default that clashes with a written key: the written one's line.
+        (format!("{rig}{cam}frame-bytes = \"60MiB\"\n"), vec!["t.toml:6: source[0].frame-bytes:"]),
+        // A key left at its default names its table's line, or only the file.
+        (format!("{rig}[pulsar]\nmax-frame-bytes = \"512KiB\"\n[[source]]\nid = \"m\"\nkind = \"synthetic-audio\"\nsample-rate = 384000\nchannels = 32\n"),
+         vec!["t.toml:1: rig.bucket-ms: 33 ms makes blocks"]),
+    ];
+    for (text, want) in cases {
+        let got = problems(&text);
+        assert_eq!(got.len(), want.len(), "{text}\n{got:#?}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(g.starts_with(w), "{text}\nwant {w}\ngot  {g}");
+        }
+    }
+}
+
+#[test]
+fn topic_template_expands() {
+    let c = PulsarConfig::default();
+    assert_eq!(
+        c.topic_for("van-07", "front"),
+        "persistent://public/default/van-07-front"
+    );
+}
+
+#[test]
+fn clock_keys_have_defaults_and_are_validated() {
+    let c = Config::parse("[rig]\nid = \"a\"\n[clock]\ninterface = \"eth0\"\n", "t").unwrap();
+    assert_eq!(c.clock.log_announce_interval, 1);
+    assert_eq!(c.clock.lock_threshold_ns, 1_000);
+    assert_eq!(c.clock.delay_mechanism, DelayMechanism::E2e);
+    let p = problems(
+        "[rig]\nid = \"a\"\n[clock]\ninterface = \"eth0\"\nlog-sync-interval = -9\n\
+         lock-threshold-ns = 5000\nunlock-threshold-ns = 10\nsimulate-ppm = 500.0\n",
+    );
+    assert_eq!(p.len(), 3, "{p:?}");
+    assert!(p[0].contains("clock.log-sync-interval"), "{p:?}");
+    let p = problems("[rig]\nid = \"a\"\n[clock]\ndelay-mechanism = \"e2e\"\nlog-sync = 1\n");
+    assert!(p[0].contains("log-sync"), "{p:?}");
+}
+
+#[test]
+fn clock_targets_system_is_accepted_phc_and_knobs_on_a_real_clock_are_not() {
+    let base = "[rig]\nid = \"a\"\n[clock]\ninterface = \"eth0\"\n";
+    assert_eq!(
+        problems(&format!("{base}target = \"system\"\n")),
+        Vec::<String>::new()
+    );
+    let p = problems(&format!("{base}target = \"phc\"\n"));
+    assert!(
+        p.len() == 1 && p[0].contains("clock.target: `phc`"),
+        "{p:?}"
+    );
+    let p = problems(&format!("{base}target = \"system\"\nsimulate-ppm = 50.0\n"));
+    assert!(p.len() == 1 && p[0].contains("simulate-ppm"), "{p:?}");
+}
+
+#[test]
+fn bandwidth_priority_and_drain_have_defaults_and_are_validated() {
+    let base = "[rig]\nid = \"a\"\n[pulsar]\nurl = \"pulsar://h:6650\"\n";
+    let c = Config::parse(
+        &format!(
+            "{base}max-bandwidth = \"1800kbit\"\n[[source]]\nid = \"g\"\nkind = \"synthetic-serial\"\n\
+             [[source]]\nid = \"m\"\nkind = \"synthetic-audio\"\n[[source]]\nid = \"c\"\n\
+             kind = \"synthetic-camera\"\npriority = 0\ndrain = \"in-order\"\n"
+        ),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(c.pulsar.max_bandwidth, Some(Bandwidth(1_800_000)));
+    assert_eq!(c.pulsar.max_bandwidth.unwrap().bytes_per_second(), 225_000);
+    let prio: Vec<_> = c
+        .sources
+        .iter()
+        .map(|s| (s.priority(), s.drain()))
+        .collect();
+    assert_eq!(
+        prio,
+        [
+            (0, Drain::LiveFirst),
+            (1, Drain::LiveFirst),
+            (0, Drain::InOrder)
+        ]
+    );
+    assert_eq!(Bandwidth::parse("2mbit"), Ok(Bandwidth(2_000_000)));
+    assert_eq!(Bandwidth::parse("1.5mbit"), Ok(Bandwidth(1_500_000)));
+    assert!(Bandwidth::parse("2MB").is_err());
+    let p = problems(&format!("{base}max-bandwidth = \"1800kb\"\n"));
+    assert!(
+        p.len() == 1 && p[0].starts_with("t.toml:5: pulsar.max-bandwidth: unknown rate unit"),
+        "{p:?}"
+    );
+    let p = problems(&format!("{base}max-bandwidth = \"10bit\"\n"));
+    assert_eq!(
+        p,
+        ["t.toml:5: pulsar.max-bandwidth: 10 bit/s must be between 64kbit and 100gbit (below, a 16 KiB grant and a chunk ahead of a keepalive answer can outlast the broker's keepalive)"]
+    );
+    let src = "[[source]]\nid = \"g\"\nkind = \"synthetic-serial\"\n";
+    let p = problems(&format!("{base}{src}priority = 10\n"));
+    assert_eq!(
+        p,
+        ["t.toml:8: source[0].priority: 10 must be between 0 (first) and 9"]
+    );
+    let p = problems(&format!("{base}{src}priority = -1\n"));
+    assert!(
+        p.len() == 1 && p[0].starts_with("t.toml:8: source[0].priority"),
+        "{p:?}"
+    );
+    let p = problems(&format!("{base}{src}drain = \"newest\"\n"));
+    assert!(
+        p.len() == 1
+            && p[0].starts_with("t.toml:8: source[0].drain")
+            && p[0].contains("live-first"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn a_misspelt_key_or_variant_gets_a_suggestion() {
+    let p = problems("[rig]\nid = \"a\"\n[spool]\nmax-byts = 5\n");
+    assert!(p[0].contains("did you mean `max-bytes`?"), "{p:?}");
+    let p = problems("[rig]\nid = \"a\"\n[spool]\nmode = \"alway\"\n");
+    assert!(p[0].contains("did you mean `always`?"), "{p:?}");
+    let p = problems("[rig]\nid = \"a\"\n[spool]\nzzzzzzzz = 5\n");
+    assert!(!p[0].contains("did you mean"), "{p:?}");
+    assert_eq!(edit_distance("kitten", "sitting"), 3);
+}
+
+#[test]
+fn every_unknown_key_and_type_error_is_reported_in_one_run() {
+    let p = problems(
+        "[rig]\nid = \"a\"\n[spool]\nmax-byts = 5\nfsync-ms = \"often\"\n[web]\nbnd = \"x\"\n",
+    );
+    assert_eq!(p.len(), 3, "{p:?}");
+    assert!(
+        p[0].starts_with("t.toml:4: spool.max-byts") && p[0].contains("did you mean `max-bytes`?"),
+        "{p:?}"
+    );
+    assert!(p[1].starts_with("t.toml:5: spool.fsync-ms"), "{p:?}");
+    assert!(p[2].starts_with("t.toml:7: web.bnd"), "{p:?}");
+    // Inside one [[source]] table as well.
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\nfsp = 3\nwidth = \"wide\"\n",
+    );
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(p[0].starts_with("t.toml:6: source[0].fsp"), "{p:?}");
+    assert!(p[1].starts_with("t.toml:7: source[0].width"), "{p:?}");
+}

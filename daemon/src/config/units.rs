@@ -1,0 +1,140 @@
+//! Units a config is written in: byte sizes (`20GiB`) and bandwidths (`2Mbit/s`).
+
+use super::*;
+
+/// A bit rate written as tc writes one: "1800kbit", "2mbit", "64000bit" (SI: k = 1000). Held in
+/// bits per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Bandwidth(pub u64);
+
+impl Bandwidth {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: f64 = num
+            .parse()
+            .ok()
+            .filter(|n: &f64| n.is_finite())
+            .ok_or_else(|| format!("`{s}` is not a rate like 1800kbit"))?;
+        let mult = match unit.trim().to_ascii_lowercase().as_str() {
+            "bit" => 1.0,
+            "kbit" => 1e3,
+            "mbit" => 1e6,
+            "gbit" => 1e9,
+            other => {
+                return Err(format!(
+                    "unknown rate unit `{other}` in `{s}` (use bit, kbit, mbit, gbit)"
+                ))
+            }
+        };
+        let bits = n * mult;
+        if bits >= u64::MAX as f64 {
+            return Err(format!("`{s}` is too large"));
+        }
+        Ok(Bandwidth(bits.round() as u64))
+    }
+
+    pub fn bytes_per_second(self) -> u64 {
+        self.0 / 8
+    }
+}
+
+impl Serialize for Bandwidth {
+    /// As written: `"1800000bit"` (what [`Bandwidth::parse`] reads back).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}bit", self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Bandwidth {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Bandwidth::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A byte count written as an integer or a string with a unit ("8GiB", "512 MiB", "64k").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("`{s}` is not a size like 512MiB"))?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" => 1_000,
+            "kib" => 1 << 10,
+            "m" | "mb" => 1_000_000,
+            "mib" => 1 << 20,
+            "g" | "gb" => 1_000_000_000,
+            "gib" => 1 << 30,
+            "t" | "tb" => 1_000_000_000_000,
+            "tib" => 1 << 40,
+            other => {
+                return Err(format!(
+                    "unknown size unit `{other}` (use B, KiB, MiB, GiB, TiB)"
+                ))
+            }
+        };
+        n.checked_mul(mult)
+            .map(ByteSize)
+            .ok_or_else(|| format!("`{s}` is too large"))
+    }
+}
+
+impl ByteSize {
+    /// `2.1 GiB`, `512 B`: for people (not parsed back).
+    pub fn human(self) -> String {
+        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let mut v = self.0 as f64;
+        let mut u = 0;
+        while v >= 1024.0 && u + 1 < UNITS.len() {
+            v /= 1024.0;
+            u += 1;
+        }
+        if u == 0 {
+            format!("{} B", self.0)
+        } else {
+            format!("{v:.1} {}", UNITS[u])
+        }
+    }
+}
+
+impl Serialize for ByteSize {
+    /// In bytes, an integer (what the config reads back).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Size;
+        impl serde::de::Visitor<'_> for Size {
+            type Value = ByteSize;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a whole number of bytes or a size like \"512MiB\"")
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<ByteSize, E> {
+                u64::try_from(n)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom(format!("size must not be negative, got {n}")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<ByteSize, E> {
+                Ok(ByteSize(n))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ByteSize, E> {
+                ByteSize::parse(s).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(Size)
+    }
+}

@@ -1,0 +1,51 @@
+//! `[web]`: the status page's address, TLS and who may reach it.
+
+use super::*;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct WebConfig {
+    #[serde(default = "default_bind")]
+    pub bind: String,
+    /// Control actions are disabled without it.
+    pub token_file: Option<PathBuf>,
+    /// Certificate chain (PEM) for HTTPS; with `tls-key-file` the UI and API are served over
+    /// TLS only (plain HTTP is refused), so the control token never crosses the rig's network in
+    /// clear.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key_file: Option<PathBuf>,
+    /// Networks whose clients get an answer at all, reads included (`10.0.0.0/8`, `fe80::/10`,
+    /// a bare address); absent: loopback, RFC 1918, link-local and IPv6 ULA, the networks next
+    /// to the rig (`rigd_web::access`). `["0.0.0.0/0", "::/0"]` answers everyone.
+    pub allow_from: Option<Vec<String>>,
+}
+
+fn default_bind() -> String {
+    "127.0.0.1:8088".to_string()
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        Self {
+            bind: default_bind(),
+            token_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            allow_from: None,
+        }
+    }
+}
+
+impl WebConfig {
+    /// The networks allowed to connect (see `allow_from`); entries that do not parse are
+    /// [`Config::problems`].
+    pub fn allow_list(&self) -> rigd_web::access::AllowList {
+        match &self.allow_from {
+            None => rigd_web::access::AllowList::private(),
+            Some(nets) => rigd_web::access::AllowList::new(
+                nets.iter().filter_map(|n| n.parse().ok()).collect(),
+            ),
+        }
+    }
+}
