@@ -132,6 +132,9 @@ impl Default for ClockConfig {
 
 impl ClockConfig {
     pub(super) fn problems(&self, p: &mut Vec<String>) {
+        if let Some(i) = &self.interface {
+            no_nul(p, "clock.interface", i);
+        }
         if self.interface.as_deref() == Some("") {
             p.push("clock.interface: must not be empty (leave it out for no PTP)".to_string());
         }

@@ -228,34 +228,12 @@ impl Config {
             ));
         }
         self.clock.problems(&mut p);
-        if let Some(i) = &self.clock.interface {
-            no_nul(&mut p, "clock.interface", i);
-        }
         let mut seen = std::collections::HashSet::new();
         for (i, s) in self.sources.iter().enumerate() {
             let key = format!("source[{i}]");
-            if !is_name(s.id()) {
-                p.push(format!("{key}.id: `{}` must match [a-z0-9-]+", s.id()));
-            }
+            s.problems(&mut p, &key, self.pulsar.max_frame_bytes.0);
             if !seen.insert(s.id()) {
                 p.push(format!("{key}.id: `{}` is used by another source", s.id()));
-            }
-            if s.id() == EVENTS_SOURCE {
-                p.push(format!(
-                    "{key}.id: `events` is reserved for technician event markers"
-                ));
-            }
-            if s.id().len() > MAX_SOURCE_ID_BYTES {
-                p.push(format!(
-                    "{key}.id: {} bytes long, at most {MAX_SOURCE_ID_BYTES} (the spool record holds it)",
-                    s.id().len()
-                ));
-            }
-            if s.priority() > MAX_PRIORITY {
-                p.push(format!(
-                    "{key}.priority: {} must be between 0 (first) and {MAX_PRIORITY}",
-                    s.priority()
-                ));
             }
             if let Some(block) = self.audio_block_bytes(s) {
                 let limit = MAX_AUDIO_BLOCK.min(self.pulsar.max_frame_bytes.0);
@@ -269,245 +247,10 @@ impl Config {
                     ));
                 }
             }
-            match s {
-                SourceConfig::SyntheticCamera(c) => {
-                    positive(&mut p, &key, "fps", c.fps);
-                    if c.fps > 1000.0 {
-                        p.push(format!("{key}.fps: {} is above 1000", c.fps));
-                    }
-                    for (name, v) in [("width", c.width), ("height", c.height)] {
-                        if v == 0 || v > 16_384 {
-                            p.push(format!("{key}.{name}: {v} must be between 1 and 16384"));
-                        }
-                    }
-                    if c.format == rigd_drivers::synthetic::CameraFormat::Yuyv && c.width % 2 != 0 {
-                        // YUYV packs two pixels' chroma together.
-                        p.push(format!(
-                            "{key}.width: {} must be even with format = \"yuyv\"",
-                            c.width
-                        ));
-                    }
-                    if let Some(b) = c.frame_bytes {
-                        if b.0 > self.pulsar.max_frame_bytes.0 {
-                            p.push(format!(
-                                "{key}.frame-bytes: {} is above pulsar.max-frame-bytes ({})",
-                                b.0, self.pulsar.max_frame_bytes.0
-                            ));
-                        }
-                    }
-                }
-                SourceConfig::SyntheticAudio(c) => {
-                    sample_rate_problems(&mut p, &key, c.sample_rate);
-                    if !(1..=32).contains(&c.channels) {
-                        p.push(format!(
-                            "{key}.channels: {} must be between 1 and 32",
-                            c.channels
-                        ));
-                    }
-                    positive(&mut p, &key, "tone-hz", c.tone_hz);
-                }
-                SourceConfig::Serial(c) => c.problems(&mut p, &key),
-                SourceConfig::Alsa(c) => c.problems(&mut p, &key),
-                SourceConfig::V4l(c) => c.problems(&mut p, &key),
-                SourceConfig::SyntheticSerial(c) => {
-                    positive(&mut p, &key, "rate-hz", c.rate_hz);
-                    if c.rate_hz > 10_000.0 {
-                        p.push(format!("{key}.rate-hz: {} is above 10000", c.rate_hz));
-                    }
-                }
-            }
         }
-        if let Some(url) = &self.pulsar.url {
-            match crate::service::service_url(url) {
-                Err(why) => p.push(format!("pulsar.url: {why}")),
-                // TLS settings with a clear link: the operator believes the link is encrypted
-                // (and authenticated by certificate) while it is not.
-                Ok(false) => {
-                    let tls = [
-                        ("pulsar.tls-cert-file", self.pulsar.tls_cert_file.is_some()),
-                        ("pulsar.tls-key-file", self.pulsar.tls_key_file.is_some()),
-                        ("pulsar.tls-ca-file", self.pulsar.tls_ca_file.is_some()),
-                    ];
-                    if let Some((key, _)) = tls.iter().find(|(_, set)| *set) {
-                        p.push(format!(
-                            "{key}: set with a clear pulsar:// URL, so the link would be neither encrypted nor authenticated by certificate; use pulsar+ssl://"
-                        ));
-                    }
-                }
-                Ok(true) => {}
-            }
-        }
-        let mut rest = self.pulsar.topic.as_str();
-        while let Some(open) = rest.find('{') {
-            let after = &rest[open + 1..];
-            match after.find('}') {
-                Some(close) => {
-                    let name = &after[..close];
-                    if name != "rig" && name != "source" {
-                        p.push(format!(
-                            "pulsar.topic: unknown placeholder `{{{name}}}` (known: {{rig}}, {{source}})"
-                        ));
-                    }
-                    rest = &after[close + 1..];
-                }
-                None => {
-                    p.push("pulsar.topic: `{` without a closing `}`".to_string());
-                    break;
-                }
-            }
-        }
-        if !self.pulsar.topic.contains("{source}") {
-            p.push("pulsar.topic: must contain {source} (one topic per source)".to_string());
-        }
-        if self.pulsar.max_in_flight == 0 {
-            p.push("pulsar.max-in-flight: must be at least 1".to_string());
-        }
-        if self.pulsar.max_in_flight_bytes.0 < MIN_IN_FLIGHT_BYTES {
-            p.push(format!(
-                "pulsar.max-in-flight-bytes: {} is below {} (nothing would be sent)",
-                self.pulsar.max_in_flight_bytes.0,
-                ByteSize(MIN_IN_FLIGHT_BYTES).human()
-            ));
-        }
-        if self.pulsar.send_timeout_ms < 1000 {
-            p.push(format!(
-                "pulsar.send-timeout-ms: {} is below 1000: it is how long a connection may make no \
-                 progress before it counts as dead (the uplink waits at least 10 s)",
-                self.pulsar.send_timeout_ms
-            ));
-        } else if self.pulsar.send_timeout_ms > 3_600_000 {
-            p.push(format!(
-                "pulsar.send-timeout-ms: {} is above one hour (3600000)",
-                self.pulsar.send_timeout_ms
-            ));
-        }
-        for (key, file) in [
-            ("pulsar.token-file", &self.pulsar.token_file),
-            ("pulsar.tls-ca-file", &self.pulsar.tls_ca_file),
-            ("pulsar.tls-cert-file", &self.pulsar.tls_cert_file),
-            ("pulsar.tls-key-file", &self.pulsar.tls_key_file),
-            (
-                "pulsar.encryption-key-file",
-                &self.pulsar.encryption_key_file,
-            ),
-            ("web.token-file", &self.web.token_file),
-            ("web.tls-cert-file", &self.web.tls_cert_file),
-            ("web.tls-key-file", &self.web.tls_key_file),
-        ] {
-            if let Some(f) = file {
-                no_nul(&mut p, key, &f.to_string_lossy());
-                if f.as_os_str().is_empty() {
-                    p.push(format!("{key}: must not be empty (leave it out for none)"));
-                }
-            }
-        }
-        both(
-            &mut p,
-            ("web.tls-cert-file", self.web.tls_cert_file.is_some()),
-            ("web.tls-key-file", self.web.tls_key_file.is_some()),
-            "HTTPS needs both",
-        );
-        both(
-            &mut p,
-            ("pulsar.tls-cert-file", self.pulsar.tls_cert_file.is_some()),
-            ("pulsar.tls-key-file", self.pulsar.tls_key_file.is_some()),
-            "a client certificate needs its key",
-        );
-        both(
-            &mut p,
-            (
-                "pulsar.encryption-key-file",
-                self.pulsar.encryption_key_file.is_some(),
-            ),
-            (
-                "pulsar.encryption-key-name",
-                self.pulsar.encryption_key_name.is_some(),
-            ),
-            "consumers find the private key by the name",
-        );
-        if let Some(name) = &self.pulsar.encryption_key_name {
-            if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
-                p.push(
-                    "pulsar.encryption-key-name: 1 to 255 bytes, no control characters".to_string(),
-                );
-            }
-        }
-        if !(60..=30 * 86_400).contains(&self.pulsar.encryption_key_rotation_s) {
-            p.push(format!(
-                "pulsar.encryption-key-rotation-s: {} must be between 60 (a minute) and 2592000 (30 days)",
-                self.pulsar.encryption_key_rotation_s
-            ));
-        }
-        if self.pulsar.batch_max_messages == 0 {
-            p.push(
-                "pulsar.batch-max-messages: must be at least 1 (1 turns batching off)".to_string(),
-            );
-        }
-        if self.pulsar.batch_max_bytes.0 < 1 << 10 {
-            p.push(format!(
-                "pulsar.batch-max-bytes: {} is below 1KiB (batch-max-messages = 1 turns batching off)",
-                self.pulsar.batch_max_bytes.0
-            ));
-        }
-        if self.pulsar.batch_max_bytes.0 > 4 << 20 {
-            p.push(
-                "pulsar.batch-max-bytes: must be at most 4MiB (below the broker's message size)"
-                    .to_string(),
-            );
-        }
-        if self.pulsar.batch_delay_ms > 1000 {
-            p.push("pulsar.batch-delay-ms: must be at most 1000".to_string());
-        }
-        if let Some(b) = self.pulsar.max_bandwidth {
-            if !(MIN_BANDWIDTH..=MAX_BANDWIDTH).contains(&b.0) {
-                p.push(format!(
-                    "pulsar.max-bandwidth: {} bit/s must be between 64kbit and 100gbit (below, a 16 KiB grant and a chunk ahead of a keepalive answer can outlast the broker's keepalive)",
-                    b.0
-                ));
-            }
-            if self.pulsar.url.is_none() {
-                p.push(
-                    "pulsar.max-bandwidth: set without pulsar.url (nothing is sent)".to_string(),
-                );
-            }
-        }
-        if self.pulsar.max_frame_bytes.0 == 0 || self.pulsar.max_frame_bytes.0 > 1 << 30 {
-            p.push("pulsar.max-frame-bytes: must be between 1 and 1GiB".to_string());
-        }
-        if self.spool.max_bytes.0 < 1 << 20 {
-            p.push(format!(
-                "spool.max-bytes: {} is below 1MiB",
-                self.spool.max_bytes.0
-            ));
-        }
-        if self.spool.fsync_ms == 0 || self.spool.fsync_ms > 60_000 {
-            p.push(format!(
-                "spool.fsync-ms: {} must be between 1 and 60000",
-                self.spool.fsync_ms
-            ));
-        }
-        if self.spool.free_reserve.0 < MIN_FREE_RESERVE {
-            p.push(format!(
-                "spool.free-reserve: {} is below {} (the spool would fill its filesystem)",
-                self.spool.free_reserve.0,
-                ByteSize(MIN_FREE_RESERVE).human()
-            ));
-        }
-        if self.spool.path.as_os_str().is_empty() {
-            p.push("spool.path: must not be empty".to_string());
-        }
-        no_nul(&mut p, "spool.path", &self.spool.path.to_string_lossy());
-        if self.web.bind.parse::<SocketAddr>().is_err() {
-            p.push(format!(
-                "web.bind: `{}` is not an address like 127.0.0.1:8088",
-                self.web.bind
-            ));
-        }
-        for net in self.web.allow_from.iter().flatten() {
-            if let Err(e) = net.parse::<rigd_web::access::Cidr>() {
-                p.push(format!("web.allow-from: {e}"));
-            }
-        }
+        self.pulsar.problems(&mut p);
+        self.spool.problems(&mut p);
+        self.web.problems(&mut p);
         p
     }
 
@@ -573,6 +316,16 @@ const MIN_FREE_RESERVE: u64 = 1 << 20;
 /// grants and a chunk still goes out well within the broker's 30 s keepalive tick.
 const MIN_BANDWIDTH: u64 = 64_000;
 const MAX_BANDWIDTH: u64 = 100_000_000_000;
+
+/// A file a key names: no NUL byte, not empty (whether it exists is the preflight's question).
+fn file_problems(p: &mut Vec<String>, key: &str, file: Option<&Path>) {
+    if let Some(f) = file {
+        no_nul(p, key, &f.to_string_lossy());
+        if f.as_os_str().is_empty() {
+            p.push(format!("{key}: must not be empty (leave it out for none)"));
+        }
+    }
+}
 
 /// A path or device name goes to the kernel as a C string: a NUL byte cuts it.
 /// Two settings that only make sense together: naming one without the other is a mistake.

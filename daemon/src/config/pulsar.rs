@@ -126,3 +126,149 @@ impl PulsarConfig {
         crate::wire::topic(&self.topic, rig, source)
     }
 }
+
+impl PulsarConfig {
+    /// What is wrong with the `[pulsar]` table alone.
+    pub(super) fn problems(&self, p: &mut Vec<String>) {
+        if let Some(url) = &self.url {
+            match crate::service::service_url(url) {
+                Err(why) => p.push(format!("pulsar.url: {why}")),
+                // TLS settings with a clear link: the operator believes the link is encrypted
+                // (and authenticated by certificate) while it is not.
+                Ok(false) => {
+                    let tls = [
+                        ("pulsar.tls-cert-file", self.tls_cert_file.is_some()),
+                        ("pulsar.tls-key-file", self.tls_key_file.is_some()),
+                        ("pulsar.tls-ca-file", self.tls_ca_file.is_some()),
+                    ];
+                    if let Some((key, _)) = tls.iter().find(|(_, set)| *set) {
+                        p.push(format!(
+                            "{key}: set with a clear pulsar:// URL, so the link would be neither encrypted nor authenticated by certificate; use pulsar+ssl://"
+                        ));
+                    }
+                }
+                Ok(true) => {}
+            }
+        }
+        let mut rest = self.topic.as_str();
+        while let Some(open) = rest.find('{') {
+            let after = &rest[open + 1..];
+            match after.find('}') {
+                Some(close) => {
+                    let name = &after[..close];
+                    if name != "rig" && name != "source" {
+                        p.push(format!(
+                            "pulsar.topic: unknown placeholder `{{{name}}}` (known: {{rig}}, {{source}})"
+                        ));
+                    }
+                    rest = &after[close + 1..];
+                }
+                None => {
+                    p.push("pulsar.topic: `{` without a closing `}`".to_string());
+                    break;
+                }
+            }
+        }
+        if !self.topic.contains("{source}") {
+            p.push("pulsar.topic: must contain {source} (one topic per source)".to_string());
+        }
+        if self.max_in_flight == 0 {
+            p.push("pulsar.max-in-flight: must be at least 1".to_string());
+        }
+        if self.max_in_flight_bytes.0 < MIN_IN_FLIGHT_BYTES {
+            p.push(format!(
+                "pulsar.max-in-flight-bytes: {} is below {} (nothing would be sent)",
+                self.max_in_flight_bytes.0,
+                ByteSize(MIN_IN_FLIGHT_BYTES).human()
+            ));
+        }
+        if self.send_timeout_ms < 1000 {
+            p.push(format!(
+                "pulsar.send-timeout-ms: {} is below 1000: it is how long a connection may make no \
+                 progress before it counts as dead (the uplink waits at least 10 s)",
+                self.send_timeout_ms
+            ));
+        } else if self.send_timeout_ms > 3_600_000 {
+            p.push(format!(
+                "pulsar.send-timeout-ms: {} is above one hour (3600000)",
+                self.send_timeout_ms
+            ));
+        }
+        for (key, file) in [
+            ("pulsar.token-file", &self.token_file),
+            ("pulsar.tls-ca-file", &self.tls_ca_file),
+            ("pulsar.tls-cert-file", &self.tls_cert_file),
+            ("pulsar.tls-key-file", &self.tls_key_file),
+            ("pulsar.encryption-key-file", &self.encryption_key_file),
+        ] {
+            file_problems(p, key, file.as_deref());
+        }
+        both(
+            p,
+            ("pulsar.tls-cert-file", self.tls_cert_file.is_some()),
+            ("pulsar.tls-key-file", self.tls_key_file.is_some()),
+            "a client certificate needs its key",
+        );
+        both(
+            p,
+            (
+                "pulsar.encryption-key-file",
+                self.encryption_key_file.is_some(),
+            ),
+            (
+                "pulsar.encryption-key-name",
+                self.encryption_key_name.is_some(),
+            ),
+            "consumers find the private key by the name",
+        );
+        if let Some(name) = &self.encryption_key_name {
+            if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+                p.push(
+                    "pulsar.encryption-key-name: 1 to 255 bytes, no control characters".to_string(),
+                );
+            }
+        }
+        if !(60..=30 * 86_400).contains(&self.encryption_key_rotation_s) {
+            p.push(format!(
+                "pulsar.encryption-key-rotation-s: {} must be between 60 (a minute) and 2592000 (30 days)",
+                self.encryption_key_rotation_s
+            ));
+        }
+        if self.batch_max_messages == 0 {
+            p.push(
+                "pulsar.batch-max-messages: must be at least 1 (1 turns batching off)".to_string(),
+            );
+        }
+        if self.batch_max_bytes.0 < 1 << 10 {
+            p.push(format!(
+                "pulsar.batch-max-bytes: {} is below 1KiB (batch-max-messages = 1 turns batching off)",
+                self.batch_max_bytes.0
+            ));
+        }
+        if self.batch_max_bytes.0 > 4 << 20 {
+            p.push(
+                "pulsar.batch-max-bytes: must be at most 4MiB (below the broker's message size)"
+                    .to_string(),
+            );
+        }
+        if self.batch_delay_ms > 1000 {
+            p.push("pulsar.batch-delay-ms: must be at most 1000".to_string());
+        }
+        if let Some(b) = self.max_bandwidth {
+            if !(MIN_BANDWIDTH..=MAX_BANDWIDTH).contains(&b.0) {
+                p.push(format!(
+                    "pulsar.max-bandwidth: {} bit/s must be between 64kbit and 100gbit (below, a 16 KiB grant and a chunk ahead of a keepalive answer can outlast the broker's keepalive)",
+                    b.0
+                ));
+            }
+            if self.url.is_none() {
+                p.push(
+                    "pulsar.max-bandwidth: set without pulsar.url (nothing is sent)".to_string(),
+                );
+            }
+        }
+        if self.max_frame_bytes.0 == 0 || self.max_frame_bytes.0 > 1 << 30 {
+            p.push("pulsar.max-frame-bytes: must be between 1 and 1GiB".to_string());
+        }
+    }
+}

@@ -587,3 +587,77 @@ pub(super) fn sample_rate_problems(p: &mut Vec<String>, key: &str, rate: u32) {
         ));
     }
 }
+
+impl SourceConfig {
+    /// What is wrong with this source alone (its head and its kind's settings); `key` names it
+    /// (`source[1]`), `max_frame_bytes` is `pulsar.max-frame-bytes`.
+    pub(super) fn problems(&self, p: &mut Vec<String>, key: &str, max_frame_bytes: u64) {
+        if !is_name(self.id()) {
+            p.push(format!("{key}.id: `{}` must match [a-z0-9-]+", self.id()));
+        }
+        if self.id() == EVENTS_SOURCE {
+            p.push(format!(
+                "{key}.id: `events` is reserved for technician event markers"
+            ));
+        }
+        if self.id().len() > MAX_SOURCE_ID_BYTES {
+            p.push(format!(
+                "{key}.id: {} bytes long, at most {MAX_SOURCE_ID_BYTES} (the spool record holds it)",
+                self.id().len()
+            ));
+        }
+        if self.priority() > MAX_PRIORITY {
+            p.push(format!(
+                "{key}.priority: {} must be between 0 (first) and {MAX_PRIORITY}",
+                self.priority()
+            ));
+        }
+        match self {
+            SourceConfig::SyntheticCamera(c) => {
+                positive(p, key, "fps", c.fps);
+                if c.fps > 1000.0 {
+                    p.push(format!("{key}.fps: {} is above 1000", c.fps));
+                }
+                for (name, v) in [("width", c.width), ("height", c.height)] {
+                    if v == 0 || v > 16_384 {
+                        p.push(format!("{key}.{name}: {v} must be between 1 and 16384"));
+                    }
+                }
+                if c.format == rigd_drivers::synthetic::CameraFormat::Yuyv && c.width % 2 != 0 {
+                    // YUYV packs two pixels' chroma together.
+                    p.push(format!(
+                        "{key}.width: {} must be even with format = \"yuyv\"",
+                        c.width
+                    ));
+                }
+                if let Some(b) = c.frame_bytes {
+                    if b.0 > max_frame_bytes {
+                        p.push(format!(
+                            "{key}.frame-bytes: {} is above pulsar.max-frame-bytes ({})",
+                            b.0, max_frame_bytes
+                        ));
+                    }
+                }
+            }
+            SourceConfig::SyntheticAudio(c) => {
+                sample_rate_problems(p, key, c.sample_rate);
+                if !(1..=32).contains(&c.channels) {
+                    p.push(format!(
+                        "{key}.channels: {} must be between 1 and 32",
+                        c.channels
+                    ));
+                }
+                positive(p, key, "tone-hz", c.tone_hz);
+            }
+            SourceConfig::Serial(c) => c.problems(p, key),
+            SourceConfig::Alsa(c) => c.problems(p, key),
+            SourceConfig::V4l(c) => c.problems(p, key),
+            SourceConfig::SyntheticSerial(c) => {
+                positive(p, key, "rate-hz", c.rate_hz);
+                if c.rate_hz > 10_000.0 {
+                    p.push(format!("{key}.rate-hz: {} is above 10000", c.rate_hz));
+                }
+            }
+        }
+    }
+}

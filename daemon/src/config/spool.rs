@@ -61,3 +61,32 @@ impl Default for SpoolConfig {
         }
     }
 }
+
+impl SpoolConfig {
+    /// What is wrong with the `[spool]` table alone.
+    pub(super) fn problems(&self, p: &mut Vec<String>) {
+        if self.max_bytes.0 < 1 << 20 {
+            p.push(format!(
+                "spool.max-bytes: {} is below 1MiB",
+                self.max_bytes.0
+            ));
+        }
+        if self.fsync_ms == 0 || self.fsync_ms > 60_000 {
+            p.push(format!(
+                "spool.fsync-ms: {} must be between 1 and 60000",
+                self.fsync_ms
+            ));
+        }
+        if self.free_reserve.0 < MIN_FREE_RESERVE {
+            p.push(format!(
+                "spool.free-reserve: {} is below {} (the spool would fill its filesystem)",
+                self.free_reserve.0,
+                ByteSize(MIN_FREE_RESERVE).human()
+            ));
+        }
+        if self.path.as_os_str().is_empty() {
+            p.push("spool.path: must not be empty".to_string());
+        }
+        no_nul(p, "spool.path", &self.path.to_string_lossy());
+    }
+}

@@ -49,3 +49,33 @@ impl WebConfig {
         }
     }
 }
+
+impl WebConfig {
+    /// What is wrong with the `[web]` table alone.
+    pub(super) fn problems(&self, p: &mut Vec<String>) {
+        both(
+            p,
+            ("web.tls-cert-file", self.tls_cert_file.is_some()),
+            ("web.tls-key-file", self.tls_key_file.is_some()),
+            "HTTPS needs both",
+        );
+        for (key, file) in [
+            ("web.token-file", &self.token_file),
+            ("web.tls-cert-file", &self.tls_cert_file),
+            ("web.tls-key-file", &self.tls_key_file),
+        ] {
+            file_problems(p, key, file.as_deref());
+        }
+        if self.bind.parse::<SocketAddr>().is_err() {
+            p.push(format!(
+                "web.bind: `{}` is not an address like 127.0.0.1:8088",
+                self.bind
+            ));
+        }
+        for net in self.allow_from.iter().flatten() {
+            if let Err(e) = net.parse::<rigd_web::access::Cidr>() {
+                p.push(format!("web.allow-from: {e}"));
+            }
+        }
+    }
+}
