@@ -116,10 +116,11 @@ def arrived(ns: str, rig: str, sources: list[str], timeout: float) -> int:
             if len(paced) >= 10:
                 # Each block is one bucket; a bucket without a block is a stall of the TCG guest
                 # that rigd re-anchored over (counted there as device drops). The samples of the
-                # buckets that have a block match the rate within 1 %, and stalls are at most 25 %
-                # of the window (measured: 2 % alone, 12 % beside the other CI lanes: the guest's
-                # stalls are the host's load, which a vehicle does not have; a device at a wrong
-                # rate stalls or re-anchors on nearly every period).
+                # buckets that have a block match the rate within 1 %, and stalls are at most two
+                # thirds of the window (measured: 2 % alone; beside the other CI lanes 12 %, 14 %
+                # and 41 % (3 Dec 2026, with the rate still 16005/s): the guest's stalls are the
+                # host's load, which a vehicle does not have; a device at a wrong rate stalls or
+                # re-anchors on nearly every period).
                 caps = [int(m["properties"]["capture-ns"]) for m in paced]
                 bucket_ns = int(p["bucket-ms"]) * 1_000_000
                 samples = sum(int(m["properties"]["frames"]) for m in paced[:-1])
@@ -132,8 +133,8 @@ def arrived(ns: str, rig: str, sources: list[str], timeout: float) -> int:
                         f"{missing} buckets stalled in {span:.2f} s")
                 if span < 5 or abs(measured - rate) > rate / 100:
                     problems.append(f"{src}: {measured:.0f} samples/s over {present} buckets, not {rate} within 1%")
-                if missing > (present + missing) / 4:
-                    problems.append(f"{src}: {missing} of {present + missing} buckets stalled (more than 25 %)")
+                if missing * 3 > (present + missing) * 2:
+                    problems.append(f"{src}: {missing} of {present + missing} buckets stalled (more than two thirds)")
             else:
                 problems.append(f"{src}: only {len(paced)} audio blocks for the pacing check")
         else:
