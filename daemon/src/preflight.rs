@@ -85,10 +85,8 @@ pub fn warnings(config: &Config) -> Vec<String> {
         }
     }
     for (i, s) in config.sources.iter().enumerate() {
-        let device = match s {
-            crate::config::SourceConfig::Serial(c) => &c.device,
-            crate::config::SourceConfig::V4l(c) => &c.device,
-            _ => continue,
+        let Some(device) = s.device_file() else {
+            continue;
         };
         if device.starts_with('/') && std::fs::metadata(device).is_err() {
             w.push(format!(

@@ -28,6 +28,16 @@ impl SourceConfig {
         }
     }
 
+    /// The device file the source opens, for kinds that open one (checked by `check`: a USB
+    /// device may appear later, so a missing one is a warning).
+    pub fn device_file(&self) -> Option<&str> {
+        match self {
+            SourceConfig::Serial(c) => Some(&c.device),
+            SourceConfig::V4l(c) => Some(&c.device),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             SourceConfig::SyntheticCamera(_) => "synthetic-camera",
