@@ -78,8 +78,8 @@ pub struct ProducerConfig {
     pub batch: BatchPolicy,
     /// `pulsar.max-bandwidth`, shared by every producer: each socket write waits for it.
     pub budget: Option<Arc<Budget>>,
-    /// This producer's rank in the budget ([`super::budget::rank`]); an even rank is a source's
-    /// live producer (see [`Producer::to_backlog`]).
+    /// This producer's rank in the budget ([`super::budget::rank`]); a rank below
+    /// `FIRST_BACKLOG_RANK` is a source's live producer (see [`Producer::to_backlog`]).
     pub rank: usize,
     /// Shared by a source's producers (one per epoch); None: its own.
     pub stats: Option<Arc<ProducerStats>>,
@@ -282,7 +282,7 @@ impl Producer {
             stats: cfg.stats.clone().unwrap_or_default(),
             connected: AtomicBool::new(false),
             held: AtomicUsize::new(0),
-            live: AtomicBool::new(cfg.rank % 2 == 0),
+            live: AtomicBool::new(cfg.rank < super::budget::FIRST_BACKLOG_RANK),
             acks,
             work: Notify::new(),
             room: Notify::new(),
