@@ -218,7 +218,7 @@ impl Lane {
     }
 
     /// Frame `seq` was captured. `admitted`: its number is below the durable floor (else
-    /// dropped); `paused`: a technician paused publishing; `live`: the live producer now.
+    /// dropped); `paused`: a technician paused publishing.
     pub fn captured(&mut self, seq: u64, admitted: bool, paused: bool) -> Capture {
         self.next_seq = self.next_seq.max(seq + 1);
         if !admitted {
