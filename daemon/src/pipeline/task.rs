@@ -243,23 +243,27 @@ impl LaneTask {
         let admitted = self.spool.admit_seq(&self.source, frame.seq);
         let spill = match lane.captured(frame.seq, admitted, paused) {
             Capture::Drop => return,
-            Capture::Submit { start } => match producers
-                .get(start)
-                .map(|p| (p, p.try_submit(frame)))
-            {
-                Some((_, Ok(()))) => None,
-                Some((p, Err(frame))) => {
-                    if p.is_connected() {
-                        // The link is up and moving: the window is full (under a budget, the
-                        // budget is spent). The frame waits in the spool.
-                        self.stats
-                            .waiting_for_bandwidth
-                            .fetch_add(1, Ordering::Relaxed);
+            // The lane submits only to an epoch it opened a producer for; were one missing, the
+            // frame is refused like any other and waits in the spool (no panic in a lane).
+            Capture::Submit { start } => match producers.get(start) {
+                Some(p) => match p.try_submit(frame) {
+                    Ok(()) => None,
+                    Err(frame) => {
+                        if p.is_connected() {
+                            // The link is up and moving: the window is full (under a budget,
+                            // the budget is spent). The frame waits in the spool.
+                            self.stats
+                                .waiting_for_bandwidth
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        lane.refused(frame.seq);
+                        Some(frame)
                     }
+                },
+                None => {
                     lane.refused(frame.seq);
                     Some(frame)
                 }
-                None => unreachable!("the lane submits only to an epoch it opened a producer for"),
             },
             Capture::Spool => Some(frame),
         };
