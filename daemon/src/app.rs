@@ -166,7 +166,15 @@ impl LaneWiring<'_> {
             seal: self
                 .encryption
                 .clone()
-                .map(|e| (e, config.pulsar.compression)),
+                .map(|encryptor| crate::seal::Sealing {
+                    encryptor,
+                    compression: config.pulsar.compression,
+                    piece: config
+                        .pulsar
+                        .max_bandwidth
+                        .map(|b| crate::uplink::budget::bytes_ahead(b.bytes_per_second()))
+                        .map_or(crate::seal::PIECE, |ahead| ahead.min(crate::seal::PIECE)),
+                }),
             stats: stats.clone(),
             paused: self.paused.clone(),
             shutdown: self.shutdown.clone(),

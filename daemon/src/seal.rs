@@ -17,8 +17,8 @@
 //! hours). RSA only: the C++ and Python clients decrypt RSA-wrapped keys only (`PEM_read_bio_RSA_PUBKEY`),
 //! and the Java client's EC scheme is Bouncy Castle's ECIES, which no other client reads.
 //!
-//! Spooled frames are *sealed*: compressed, cut into pieces of at most [`PIECE`] bytes and each piece
-//! encrypted, with the wrapped data key beside them, so that every piece is a wire-ready Pulsar
+//! Spooled frames are *sealed*: compressed, cut into pieces of at most [`PIECE`] bytes (less under a
+//! bandwidth budget: [`Sealing::piece`]) and each piece encrypted, with the wrapped data key beside them, so that every piece is a wire-ready Pulsar
 //! message. The rig holds only the public key: after a restart it cannot read its spool back, and
 //! it does not need to, it sends the pieces as they are. Layout of a sealed payload
 //! (little-endian):
@@ -220,14 +220,16 @@ impl Encryptor {
         (k.key.clone(), self.seal_with(&k, plain))
     }
 
-    /// Seals a frame for the spool: compressed, cut into pieces, each piece encrypted.
-    pub fn seal_frame(&self, compression: Compression, mut frame: Frame) -> Frame {
+    /// Seals a frame for the spool: compressed, cut into pieces of at most `piece` bytes (more only
+    /// where the layout's 65,535 pieces would not hold it), each piece encrypted.
+    pub fn seal_frame(&self, compression: Compression, piece: usize, mut frame: Frame) -> Frame {
         if frame.sealed {
             return frame;
         }
         let (code, wire) = crate::payload::compress(compression, &frame.payload);
         let k = self.data_key();
-        let pieces: Vec<Piece> = crate::payload::cut(wire.len(), PIECE)
+        let piece = piece.max(wire.len().div_ceil(u16::MAX as usize)).max(1);
+        let pieces: Vec<Piece> = crate::payload::cut(wire.len(), piece)
             .into_iter()
             .filter(|r| !r.is_empty())
             .map(|r| self.seal_with(&k, &wire[r]))
@@ -242,6 +244,24 @@ impl Encryptor {
         frame.payload = sealed.encode();
         frame.sealed = true;
         frame
+    }
+}
+
+/// How a lane seals its frames for the spool.
+#[derive(Clone)]
+pub struct Sealing {
+    pub encryptor: Arc<Encryptor>,
+    pub compression: Compression,
+    /// Plaintext bytes per piece: [`PIECE`], or under a bandwidth budget what the budget sends in
+    /// a few seconds (`uplink::budget::bytes_ahead`). A piece is one SEND that cannot be cut
+    /// again, so a larger one would hold the connection past the broker's keepalive.
+    pub piece: usize,
+}
+
+impl Sealing {
+    pub fn seal(&self, frame: Frame) -> Frame {
+        self.encryptor
+            .seal_frame(self.compression, self.piece, frame)
     }
 }
 
@@ -451,7 +471,7 @@ mod tests {
         let (public, private) = keys();
         let e = Encryptor::new(public, "fleet-2026", Duration::from_secs(3600)).unwrap();
         let text = b"$GPRMC,123519,A,4807.038,N,01131.000,E*6A\r\n".repeat(40_000);
-        let sealed = e.seal_frame(Compression::Zstd, frame(text.clone()));
+        let sealed = e.seal_frame(Compression::Zstd, PIECE, frame(text.clone()));
         assert!(sealed.sealed);
         let s = Sealed::parse(&sealed.payload).unwrap();
         assert_eq!(s.key.name.as_ref(), "fleet-2026");
@@ -472,7 +492,7 @@ mod tests {
         let payload: Vec<u8> = (0..(PIECE * 2 + 100))
             .map(|i| (i * 7 % 251) as u8)
             .collect();
-        let sealed = e.seal_frame(Compression::None, frame(payload.clone()));
+        let sealed = e.seal_frame(Compression::None, PIECE, frame(payload.clone()));
         let s = Sealed::parse(&sealed.payload).unwrap();
         assert_eq!(s.pieces.len(), 3);
         assert_eq!(s.total, payload.len());
@@ -483,10 +503,39 @@ mod tests {
     }
 
     #[test]
+    fn under_a_budget_pieces_hold_what_it_sends_in_a_few_seconds_and_open_to_the_frame() {
+        // Issue 31.2: a sealed piece is one SEND that cannot be cut again; at 200 kbit/s a 1 MiB
+        // piece took ~42 s, past the broker's keepalive tick.
+        let (public, private) = keys();
+        let sealing = Sealing {
+            encryptor: Arc::new(Encryptor::new(public, "k", Duration::from_secs(3600)).unwrap()),
+            compression: Compression::None,
+            piece: 50_000,
+        };
+        let payload: Vec<u8> = (0..2_000_000).map(|i| (i * 7 % 251) as u8).collect();
+        let sealed = sealing.seal(frame(payload.clone()));
+        let s = Sealed::parse(&sealed.payload).unwrap();
+        assert_eq!(s.pieces.len(), 40);
+        assert!(s
+            .pieces
+            .iter()
+            .all(|p| p.ciphertext.len() <= 50_000 + TAG_LEN));
+        let opened = Decryptor::new(private).open_frame(&sealed).unwrap();
+        assert_eq!(&opened.payload[..], &payload[..]);
+        // The layout counts pieces in 16 bits: a piece never gets so small that it cannot.
+        let tiny = Sealing {
+            piece: 1,
+            ..sealing
+        };
+        let s = Sealed::parse(&tiny.seal(frame(payload)).payload).unwrap();
+        assert!(s.pieces.len() <= u16::MAX as usize, "{}", s.pieces.len());
+    }
+
+    #[test]
     fn damage_is_reported_not_decrypted() {
         let (public, private) = keys();
         let e = Encryptor::new(public, "k", Duration::from_secs(3600)).unwrap();
-        let sealed = e.seal_frame(Compression::None, frame(vec![1; 1000]));
+        let sealed = e.seal_frame(Compression::None, PIECE, frame(vec![1; 1000]));
         let mut bad = sealed.payload.to_vec();
         let last = bad.len() - 1;
         bad[last] ^= 1;

@@ -21,6 +21,13 @@ if [ $QUICK = 0 ]; then
 fi
 cargo build --release --locked -p rigd >&2
 cargo bench --locked -p rigd --no-run >&2 2>/dev/null || cargo bench --locked -p rigd --no-run
+# Each bench binary's path, resolved once: the sections run them directly (no cargo start per row).
+bench_bin() {
+  cargo bench --locked -q -p rigd --bench "$1" --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == sys.argv[1]][-1])' "$1"
+}
+UPLINK_BENCH=$(bench_bin uplink)
+SPOOL_BENCH=$(bench_bin spool)
 export PULSAR_DATA=${PULSAR_DATA:-$ROOT/target/pulsar-data}
 started=0
 if ! tests/pulsar/broker.sh status >/dev/null 2>&1; then tests/pulsar/broker.sh start >/dev/null; started=1; fi
@@ -61,7 +68,7 @@ else
 fi
 for p in $plan; do
   IFS=: read -r size count batching <<<"$p"
-  r=$(cargo bench --locked -q -p rigd --bench uplink -- "$URL" "persistent://public/default/bench-rigd-$run_id-$size-$batching" "$size" "$count" 500 "$batching" 2>/dev/null | grep '^{')
+  r=$("$UPLINK_BENCH" "$URL" "persistent://public/default/bench-rigd-$run_id-$size-$batching" "$size" "$count" 500 "$batching" 2>/dev/null | grep '^{')
   j=$("$JAVA_HOME/bin/java" -Xmx1g -cp "target/bench-java:$LIB/*" JavaProducer "$URL" "persistent://public/default/bench-java-$run_id-$size-$batching" "$size" "$count" "$batching" 500 2>/dev/null | grep '^{')
   python3 - "$r" "$j" "$batching" <<'PY'
 import json, sys
@@ -82,11 +89,11 @@ keydir=$(mktemp -d); openssl genrsa -out "$keydir/fleet.key.pem" 2048 2>/dev/nul
 openssl rsa -in "$keydir/fleet.key.pem" -pubout -out "$keydir/fleet.pem" 2>/dev/null
 count=1000; [ $QUICK = 1 ] && count=20
 runs=()
-cargo bench --locked -q -p rigd --bench uplink -- "$URL" "persistent://public/default/bench-enc-$run_id-warmup" 1048576 "$count" 500 false >/dev/null 2>&1
+"$UPLINK_BENCH" "$URL" "persistent://public/default/bench-enc-$run_id-warmup" 1048576 "$count" 500 false >/dev/null 2>&1
 for round in 1 2 3 4 5; do
   for enc in off on; do
     key=(); [ $enc = on ] && key=("$keydir/fleet.pem")
-    runs+=("$enc $(cargo bench --locked -q -p rigd --bench uplink -- "$URL" "persistent://public/default/bench-enc-$run_id-$round-$enc" 1048576 "$count" 500 false "${key[@]}" 2>/dev/null | grep '^{')")
+    runs+=("$enc $("$UPLINK_BENCH" "$URL" "persistent://public/default/bench-enc-$run_id-$round-$enc" 1048576 "$count" 500 false "${key[@]}" 2>/dev/null | grep '^{')")
   done
 done
 rm -rf "$keydir"
@@ -113,7 +120,7 @@ echo "|---|---|---|---|---|---|---|---|"
 if [ $QUICK = 1 ]; then plan="4096:33554432 1048576:67108864"; else plan="4096:536870912 1048576:1073741824"; fi
 for p in $plan; do
   size=${p%%:*}; total=${p##*:}
-  out=$(cargo bench --locked -q -p rigd --bench spool -- "$ROOT/target/bench-spool" "$size" "$total" 50 2>/dev/null | grep '^{')
+  out=$("$SPOOL_BENCH" "$ROOT/target/bench-spool" "$size" "$total" 50 2>/dev/null | grep '^{')
   python3 - "$out" <<'PY'
 import json, sys
 rows = {json.loads(l)["what"]: json.loads(l) for l in sys.argv[1].splitlines()}
@@ -154,9 +161,7 @@ section startup
 echo "## Startup to READY (sd_notify), empty spool and a large one"
 echo
 spool_bytes=$((10 << 30)); [ $QUICK = 1 ] && spool_bytes=$((256 << 20))
-filler=$(cargo bench --locked -q -p rigd --bench spool --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "spool"][-1])')
-python3 tests/bench/startup.py --spool-bytes "$spool_bytes" --rigd target/release/rigd --filler "$filler"
+python3 tests/bench/startup.py --spool-bytes "$spool_bytes" --rigd target/release/rigd --filler "$SPOOL_BENCH"
 echo
 
 section fleet

@@ -25,9 +25,9 @@ pub struct LaneTask {
     pub frames: mpsc::Receiver<Frame>,
     pub uplink: Option<Uplink>,
     pub spool: Arc<Spool>,
-    /// With end-to-end encryption every frame is sealed before it is spooled (compressed with
-    /// `compression`, encrypted for the fleet key): the spool holds only ciphertext.
-    pub seal: Option<(Arc<crate::seal::Encryptor>, crate::config::Compression)>,
+    /// With end-to-end encryption every frame is sealed before it is spooled (compressed, cut
+    /// into pieces, encrypted for the fleet key): the spool holds only ciphertext.
+    pub seal: Option<crate::seal::Sealing>,
     pub stats: Arc<LaneStats>,
     /// Raised by a technician (web UI): submit nothing new, spool as during an outage.
     pub paused: Arc<AtomicBool>,
@@ -286,8 +286,8 @@ impl LaneTask {
     fn append(&self, frame: &Frame) -> bool {
         let sealed;
         let frame = match &self.seal {
-            Some((encryptor, compression)) if !frame.sealed => {
-                sealed = encryptor.seal_frame(*compression, frame.clone());
+            Some(sealing) if !frame.sealed => {
+                sealed = sealing.seal(frame.clone());
                 &sealed
             }
             _ => frame,

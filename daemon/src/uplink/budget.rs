@@ -26,6 +26,17 @@ pub const RANKS: usize = 20;
 /// Ranks below this are live traffic; a backlog's rank is this plus its priority.
 pub const FIRST_BACKLOG_RANK: usize = RANKS / 2;
 
+/// Under a budget, one SEND (a chunk, a batch, a sealed piece) and the write-ahead hold at most
+/// this many seconds of the rate: a SEND takes a few seconds however large the frame, and a
+/// keepalive answer queued behind the write-ahead goes out within seconds (the broker closes a
+/// connection whose PING is not answered by its next keepalive tick, 30 s later by default).
+pub const SECONDS_AHEAD: u64 = 2;
+
+/// What [`SECONDS_AHEAD`] of a rate of `bytes_per_second` is, in bytes.
+pub fn bytes_ahead(bytes_per_second: u64) -> usize {
+    (bytes_per_second * SECONDS_AHEAD) as usize
+}
+
 /// The rank of a source's traffic: every source's live frames before any backlog, then priority
 /// 0 first. (Before, rank was `priority * 2 + backlog`: a camera's live frames waited behind the
 /// audio backlog after an outage, p99 16 s under a budget.)

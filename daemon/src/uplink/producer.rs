@@ -32,11 +32,6 @@ const WRITE_AHEAD: usize = 1 << 20;
 /// ... under a bandwidth budget: little, so that a keepalive answer queued behind it goes out soon
 /// (it jumps the budget's queue, see `urgent`).
 const BUDGET_WRITE_AHEAD: usize = 64 << 10;
-/// Under a bandwidth budget, a chunk (or batch) and the write-ahead hold at most this much of the
-/// rate: a SEND takes a few seconds however large the frame, and a keepalive answer queued behind
-/// the write-ahead goes out within seconds (the broker closes a connection whose PING is not
-/// answered by its next keepalive tick, 30 s later by default).
-const BUDGET_SECONDS_AHEAD: u64 = 2;
 /// A link with no progress for this long while frames are outstanding is reported stalled
 /// (status: not connected; new frames spool).
 const LINK_STALL_AFTER: Duration = Duration::from_secs(5);
@@ -273,7 +268,7 @@ impl Producer {
                 max_chunk_bytes: cfg
                     .budget
                     .as_ref()
-                    .map(|b| (b.rate() * BUDGET_SECONDS_AHEAD) as usize),
+                    .map(|b| super::budget::bytes_ahead(b.rate())),
             },
             now,
         );
@@ -527,7 +522,7 @@ impl Session {
                 let mut w = shared.window();
                 w.close_batch_if_due(now);
                 let ahead = match &self.budget {
-                    Some(b) => BUDGET_WRITE_AHEAD.min((b.rate() * BUDGET_SECONDS_AHEAD) as usize),
+                    Some(b) => BUDGET_WRITE_AHEAD.min(super::budget::bytes_ahead(b.rate())),
                     None => WRITE_AHEAD,
                 };
                 let publish_ms = (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64;

@@ -544,10 +544,14 @@ fn a_sealed_frame_goes_out_as_its_pieces_and_is_never_batched() {
     let t0 = Instant::now();
     // The window itself has no key: a sealed frame carries its own (a restart after a spool).
     let mut w = connected(cfg(), t0, None);
-    let big = enc.seal_frame(Compression::None, frame(0, 3 * MB + 5, 1));
+    let big = enc.seal_frame(
+        Compression::None,
+        crate::seal::PIECE,
+        frame(0, 3 * MB + 5, 1),
+    );
     let small = [
-        enc.seal_frame(Compression::None, frame(1, 100, 2)),
-        enc.seal_frame(Compression::None, frame(2, 100, 2)),
+        enc.seal_frame(Compression::None, crate::seal::PIECE, frame(1, 100, 2)),
+        enc.seal_frame(Compression::None, crate::seal::PIECE, frame(2, 100, 2)),
     ];
     let pieces = crate::seal::Sealed::parse(&big.payload).unwrap().pieces;
     w.submit(big, t0).unwrap();
@@ -593,8 +597,11 @@ fn a_reconnect_to_a_smaller_broker_limit_splits_batches_and_refuses_sealed_piece
         w.submit(frame(seq, 60_000, 7), t0).unwrap(); // one batch of 1.2 MB
     }
     w.close_batch_if_due(t0 + Duration::from_secs(1));
-    w.submit(enc.seal_frame(Compression::None, frame(20, 3 * MB, 8)), t0)
-        .unwrap();
+    w.submit(
+        enc.seal_frame(Compression::None, crate::seal::PIECE, frame(20, 3 * MB, 8)),
+        t0,
+    )
+    .unwrap();
     w.submit(frame(21, 100_000, 9), t0).unwrap();
     w.close_batch_if_due(t0 + Duration::from_secs(2));
     let first = write_all(&mut w, t0);
@@ -649,8 +656,11 @@ fn under_a_budget_chunks_and_batches_hold_a_few_seconds_of_it_and_sealed_pieces_
         w.submit(frame(seq, 5_000, 2), t0).unwrap();
     }
     w.close_batch_if_due(t0 + Duration::from_secs(1));
-    w.submit(enc.seal_frame(Compression::None, frame(40, 2 * MB, 3)), t0)
-        .unwrap();
+    w.submit(
+        enc.seal_frame(Compression::None, crate::seal::PIECE, frame(40, 2 * MB, 3)),
+        t0,
+    )
+    .unwrap();
     let sent = sends(&mut w, t0);
     let pieces = sent
         .iter()
