@@ -47,6 +47,30 @@ impl BrokerLast {
     }
 }
 
+/// Whether the first producer creation of a process reads the topic's last entry ([`super::probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// Another run's frames cannot be on the topic under this name, or this process already knows.
+    No,
+    /// The broker keeps no deduplication state (forgotten overnight, or dedup off): the topic's
+    /// last entry, once it holds still, says what is stored.
+    LastEntry,
+    /// The broker named its last sequence id, but not how many chunks that id's frame was cut
+    /// into; a frame cut by a smaller `maxMessageSize` before a restart may be judged complete
+    /// by this run's own cut. The entry's `num_chunks_from_msg` says ([`resend`]).
+    ChunksOf(u64),
+}
+
+/// Decides [`Probe`] at a producer creation: `created`, this process created the producer
+/// before (it knows its own cut); `fresh`, the topic holds no frame of this producer name.
+pub fn probe(created: bool, fresh: bool, broker_last_id: Option<u64>) -> Probe {
+    match broker_last_id {
+        _ if created || fresh => Probe::No,
+        None => Probe::LastEntry,
+        Some(id) => Probe::ChunksOf(id),
+    }
+}
+
 /// What a frame's send must do, given the broker's last persisted sequence id for the producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resend {
@@ -106,6 +130,26 @@ pub fn resend(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restart_reads_the_chunk_count_of_the_broker_s_last_id_as_well() {
+        // Issue 31.7 with deduplication on: the broker's id alone is chunk 1 of frame 7; if the
+        // frame had 3 chunks then and this run cuts it into 2, only the entry's count tells.
+        let id = sequence_id(7, 0, 1);
+        assert_eq!(probe(false, false, Some(id)), Probe::ChunksOf(id));
+        assert_eq!(probe(false, false, None), Probe::LastEntry);
+        assert_eq!(probe(true, false, Some(id)), Probe::No);
+        assert_eq!(probe(false, true, None), Probe::No);
+        let told = BrokerLast {
+            sequence_id: id,
+            chunks: Some(3),
+        };
+        assert_ne!(resend(7, 0, 2, Some(told), false), Resend::Done);
+        assert_eq!(
+            resend(7, 0, 2, Some(BrokerLast::id(id)), false),
+            Resend::Done
+        );
+    }
 
     #[test]
     fn sequence_ids_keep_capture_order_and_room_for_resends_and_chunks() {

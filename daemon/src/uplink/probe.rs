@@ -4,7 +4,10 @@
 //! an earlier run: the broker forgets a producer's deduplication state after
 //! `brokerDeduplicationProducerInactivityTimeoutMinutes` (6 h by default: a vehicle parked
 //! overnight), and keeps none when deduplication is off. The topic's last message is what was
-//! persisted, so frames of the earlier run up to it are not sent twice.
+//! persisted, so frames of the earlier run up to it are not sent twice. Also when the broker does
+//! name its last sequence id: the id does not say how many chunks its frame was cut into, and a
+//! restart may cut the same frame into fewer (`plan::Probe::ChunksOf`; the answer needs no
+//! settling then, the broker's state is what it persisted).
 //!
 //! The probe speaks the protocol itself, on a connection set up like the producer's (the same
 //! lookup, token and TLS identity, client certificate included), and reads only the last entry's
@@ -31,7 +34,9 @@ use super::plan::BrokerLast;
 /// the caller then trusts the broker's answer alone. A last entry from another producer name (a
 /// source's epochs share the topic, see `spool::split`) says nothing about this producer's
 /// frames: an error.
-pub async fn last_entry(setup: &mut Setup) -> Result<Option<BrokerLast>, LinkError> {
+/// `settle`: wait for the broker's last confirmed entry to hold still (see [`Settle`]); not needed
+/// when the broker has named the id already (its deduplication state is what it persisted).
+pub async fn last_entry(setup: &mut Setup, settle: bool) -> Result<Option<BrokerLast>, LinkError> {
     let mut link = setup.lookup().await?;
     let subscription = format!(
         "rigd-probe-{}-{:x}",
@@ -42,6 +47,7 @@ pub async fn last_entry(setup: &mut Setup) -> Result<Option<BrokerLast>, LinkErr
     // The broker answers with its last *confirmed* entry: what a killed run's connection had
     // handed it may still be on its way to the bookies for a moment. The answer counts once it
     // holds still (see [`Settle`]).
+    let wait = settle;
     let mut settle = Settle::default();
     let last = loop {
         let now = Instant::now();
@@ -49,6 +55,9 @@ pub async fn last_entry(setup: &mut Setup) -> Result<Option<BrokerLast>, LinkErr
         if let Some(settled) = settle.observe(last.as_ref().map(|m| (m.ledger_id, m.entry_id)), now)
         {
             break settled.and(last);
+        }
+        if !wait {
+            break last;
         }
         tokio::time::sleep(SETTLE_POLL).await;
     };

@@ -423,10 +423,19 @@ impl Session {
             let result = match established {
                 Ok((mut link, broker_id)) => {
                     let mut broker_last = broker_id.map(BrokerLast::id);
-                    if !self.created && broker_last.is_none() && !self.fresh {
-                        broker_last = tokio::select! {
-                            r = probe(&self.setup) => r,
+                    let asked = super::plan::probe(self.created, self.fresh, broker_id);
+                    if asked != super::plan::Probe::No {
+                        let read = tokio::select! {
+                            r = probe(&self.setup, asked) => r,
                             _ = stopped(&mut self.shutdown, &shared) => break,
+                        };
+                        broker_last = match asked {
+                            // The entry of the broker's id: its chunk count; another entry
+                            // (a later epoch's producer) says nothing of it.
+                            super::plan::Probe::ChunksOf(id) => {
+                                read.filter(|r| r.sequence_id == id).or(broker_last)
+                            }
+                            _ => read,
                         };
                     }
                     self.created = true;
@@ -683,16 +692,23 @@ fn answered_urgently(cmd: &pulsar::proto::BaseCommand) -> bool {
     cmd.auth_challenge.is_some() || cmd.r#type == Type::Ping as i32
 }
 
-/// The broker keeps no deduplication state for the producer (forgotten after a long absence,
-/// or dedup off): ask the topic what it holds (see [`super::probe`]). Bounded; on failure the
-/// broker's answer stands (frames of an earlier run may then arrive twice, never lost).
-async fn probe(setup: &Setup) -> Option<BrokerLast> {
+/// Asks the topic what it holds (see [`super::probe`], [`super::plan::Probe`]): the broker keeps
+/// no deduplication state for the producer (forgotten after a long absence, or dedup off), or
+/// named an id without its frame's chunk count. Bounded; on failure the broker's answer stands
+/// (frames of an earlier run may then arrive twice, never lost).
+async fn probe(setup: &Setup, asked: super::plan::Probe) -> Option<BrokerLast> {
     // A connection of its own, so that the producer's is not disturbed.
     let mut own = setup.sibling();
-    let r = tokio::time::timeout(PROBE_TIMEOUT, super::probe::last_entry(&mut own))
+    let settle = asked == super::plan::Probe::LastEntry;
+    let r = tokio::time::timeout(PROBE_TIMEOUT, super::probe::last_entry(&mut own, settle))
         .await
         .unwrap_or_else(|_| Err(LinkError::Timeout("the probe".into())));
     match r {
+        Ok(Some(last)) if !settle => {
+            tracing::debug!(topic = %setup.topic, last_sequence_id = last.sequence_id, chunks = ?last.chunks,
+                "the broker's last entry for this producer");
+            Some(last)
+        }
         Ok(Some(last)) => {
             tracing::info!(topic = %setup.topic, last_sequence_id = last.sequence_id,
                 seq = super::plan::capture_seq(last.sequence_id), chunks = ?last.chunks,
@@ -700,6 +716,11 @@ async fn probe(setup: &Setup) -> Option<BrokerLast> {
             Some(last)
         }
         Ok(None) => None,
+        Err(e) if !settle => {
+            tracing::warn!(topic = %setup.topic, error = %e,
+                "cannot read the topic's last message; a frame cut into chunks before the restart is judged by this run's cut");
+            None
+        }
         Err(e) => {
             tracing::warn!(topic = %setup.topic, error = %e,
                 "cannot read the topic's last message; frames of an earlier run may arrive twice");
