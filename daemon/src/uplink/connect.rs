@@ -21,6 +21,11 @@ use super::codec;
 const PROTOCOL_VERSION: i32 = 21;
 /// Each request of the setup (TCP connect, TLS handshake, each command and its answer).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a producer whose broker took no connection checks whether it does again
+/// ([`Setup::reachable`]).
+pub const REACH_EVERY: Duration = Duration::from_millis(500);
+/// ... and how long one check waits for the SYN's answer.
+pub const REACH_TIMEOUT: Duration = Duration::from_secs(1);
 /// The socket's send buffer. Small enough that bytes the socket accepts are close to bytes the
 /// link carried (write progress means the link moves: a silent link stops it within a second or
 /// two even at 1 Mbit/s), large enough for a cellular link's bandwidth-delay product.
@@ -136,7 +141,17 @@ impl Link {
         what: &'static str,
         matches: impl Fn(&BaseCommand) -> bool,
     ) -> Result<codec::Inbound, LinkError> {
-        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+        self.frame_within(what, REQUEST_TIMEOUT, matches).await
+    }
+
+    /// [`Link::frame`] within `timeout`.
+    async fn frame_within(
+        &mut self,
+        what: &'static str,
+        timeout: Duration,
+        matches: impl Fn(&BaseCommand) -> bool,
+    ) -> Result<codec::Inbound, LinkError> {
+        let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let frame = tokio::time::timeout_at(deadline, self.inbound.recv())
                 .await
@@ -249,6 +264,11 @@ pub struct Setup {
     /// Every message is end-to-end encrypted: the producer says so, as a namespace whose policy
     /// requires encryption refuses a producer that does not.
     pub encrypted: bool,
+    /// How long a broker that took the TCP connection has to answer CONNECT. A starting broker
+    /// takes connections seconds before it answers them; a producer coming back after an outage
+    /// asks with short deadlines that grow (`producer::Recovery`), so that an attempt is pending
+    /// when the broker starts to answer, never a 10 s one that began just before.
+    pub handshake_timeout: Duration,
 }
 
 impl Setup {
@@ -268,6 +288,7 @@ impl Setup {
             next_request: 1,
             next_host: 0,
             service_host: None,
+            handshake_timeout: REQUEST_TIMEOUT,
             encrypted: false,
         }
     }
@@ -282,6 +303,28 @@ impl Setup {
             self.token.clone(),
             self.tls.clone(),
         )
+    }
+
+    /// Resolves once one of the service URL's hosts takes a TCP connection again (checked every
+    /// [`REACH_EVERY`], each try bounded by [`REACH_TIMEOUT`]): a sign of life that ends a
+    /// producer's backoff after an outage. A bare connect and close, no Pulsar handshake: a refused
+    /// port answers at once with a reset, a silent link costs one SYN per try.
+    pub(super) async fn reachable(&self) {
+        let Ok(hosts) = Endpoint::parse_service(&self.url) else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(REACH_EVERY).await;
+            for ep in &hosts {
+                let addr = ep.addr();
+                let tried =
+                    tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect(&addr))
+                        .await;
+                if let Ok(Ok(_)) = tried {
+                    return;
+                }
+            }
+        }
     }
 
     pub(super) fn request_id(&mut self) -> u64 {
@@ -310,7 +353,12 @@ impl Setup {
             socket.connect(sa).await
         })
         .await
-        .map_err(|_| LinkError::Timeout(format!("TCP connect to {addr}")))?
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer (a silent link?)",
+            ))
+        })
         .map_err(connect_err)?;
         tcp.set_nodelay(true)?;
         let stream: Box<dyn Conn> = if ep.tls {
@@ -407,9 +455,26 @@ impl Setup {
             ..Default::default()
         })
         .await?;
-        let connected = link
-            .response("CONNECTED", |c| c.connected.is_some())
-            .await?;
+        // A broker that took the connection and does not answer is not serving yet (it is
+        // starting): the same as one that takes no connection, for the producer's pace.
+        let connected = match link
+            .frame_within("CONNECTED", self.handshake_timeout, |c| {
+                c.connected.is_some()
+            })
+            .await
+        {
+            Err(LinkError::Timeout(_)) => Err(LinkError::Connect {
+                addr: addr.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "took the connection, no CONNECTED within {} ms (the broker starting?)",
+                        self.handshake_timeout.as_millis()
+                    ),
+                ),
+            }),
+            r => r.map(|f| f.cmd),
+        }?;
         if let Some(size) = connected.connected.and_then(|c| c.max_message_size) {
             link.max_message_size = size.max(64 << 10) as usize;
         }

@@ -408,12 +408,17 @@ impl Session {
         let mut owner_backoff = Backoff::new(Duration::from_millis(100), OWNER_RETRY_MAX, seed ^ 1);
         let mut last_logged_error = String::new();
         let mut moving_since: Option<Instant> = None;
+        // Attempts since the broker took a connection again after an outage (None: not recovering).
+        let mut since_life: Option<u32> = None;
         let shared = self.shared.clone();
         let stats = &shared.stats;
         loop {
             if self.stopping() {
                 break;
             }
+            self.setup.handshake_timeout =
+                super::session::handshake_timeout(since_life, super::connect::REQUEST_TIMEOUT);
+            since_life = since_life.map(|k| k.saturating_add(1));
             let established = tokio::select! {
                 r = tokio::time::timeout(SETUP_TIMEOUT, self.setup.establish()) => {
                     r.unwrap_or_else(|_| Err(LinkError::Timeout("connection setup".into())))
@@ -439,6 +444,7 @@ impl Session {
                         };
                     }
                     self.created = true;
+                    since_life = None;
                     backoff.reset();
                     owner_backoff.reset();
                     moving_since = None;
@@ -474,6 +480,7 @@ impl Session {
                 }
                 Err(e) => Err(e),
             };
+            let mut pace = Pace::Backoff;
             let delay = match result {
                 Err(LinkError::Shutdown) => break,
                 Err(e) => {
@@ -494,19 +501,26 @@ impl Session {
                     // failing since (reset only by a connection): a move that outlasts the
                     // fast window backs off for good, not for one attempt
                     let since = *moving_since.get_or_insert_with(Instant::now);
-                    match Pace::after(&e, since.elapsed()) {
+                    pace = Pace::after(&e, since.elapsed());
+                    match pace {
                         Pace::Terminated => {
                             stats.terminated.store(true, Ordering::Relaxed);
                             TERMINATED_RETRY
                         }
                         Pace::OwnerMoving => owner_backoff.next_delay(),
-                        Pace::Backoff => backoff.next_delay(),
+                        Pace::Unreachable | Pace::Backoff => backoff.next_delay(),
                     }
                 }
                 Ok(()) => backoff.next_delay(),
             };
+            let watch = pace == Pace::Unreachable;
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
+                _ = self.setup.reachable(), if watch => {
+                    tracing::debug!(topic = %self.setup.topic, "the broker takes connections again");
+                    backoff.reset();
+                    since_life.get_or_insert(0);
+                }
                 _ = stopped(&mut self.shutdown, &shared) => break,
             }
         }
@@ -740,7 +754,12 @@ enum Pace {
     /// than let the backoff grow past the moment the topic is served again, for
     /// [`MOVING_FAST_FOR`].
     OwnerMoving,
-    /// Anything else: exponential backoff up to 10 s.
+    /// The service URL's hosts take no TCP connection (refused, reset, no route, or a SYN
+    /// unanswered): exponential backoff up to 10 s, cut short by the first sign of life (a TCP
+    /// connect that succeeds, [`Setup::reachable`]), which also resets the backoff. Before, the
+    /// uplink was back up to a whole backoff step after the broker: ~21 s after a 40 s outage.
+    Unreachable,
+    /// Anything else (the broker answered and refused): exponential backoff up to 10 s.
     Backoff,
 }
 
@@ -754,6 +773,7 @@ impl Pace {
             {
                 Pace::OwnerMoving
             }
+            LinkError::Connect { .. } => Pace::Unreachable,
             _ => Pace::Backoff,
         }
     }
@@ -829,9 +849,13 @@ mod tests {
         // a move that lasts past the fast window: a sick cluster, back off as usual
         assert_eq!(Pace::after(&unloading, MOVING_FAST_FOR), Pace::Backoff);
         assert_eq!(Pace::after(&owner_gone, MOVING_FAST_FOR), Pace::Backoff);
-        // the service URL's own hosts down: the cluster is not there, back off as usual
-        assert_eq!(Pace::after(&refused(), now), Pace::Backoff);
+        // the service URL's own hosts down: the cluster is not there, back off until it takes a
+        // connection again
+        assert_eq!(Pace::after(&refused(), now), Pace::Unreachable);
+        assert_eq!(Pace::after(&refused(), MOVING_FAST_FOR), Pace::Unreachable);
         assert_eq!(Pace::after(&LinkError::Closed, now), Pace::Backoff);
+        let refusal = LinkError::Broker("AuthenticationError".into());
+        assert_eq!(Pace::after(&refusal, now), Pace::Backoff);
         assert_eq!(
             Pace::after(&LinkError::Terminated("t".into()), now),
             Pace::Terminated

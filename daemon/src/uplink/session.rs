@@ -14,6 +14,23 @@ pub const DEAD_IDLE: Duration = Duration::from_secs(90);
 /// On shutdown: how long outstanding receipts are waited for before the frames go to the spool.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
+/// Coming back after an outage: the CONNECT deadline of the first attempt after the broker takes
+/// connections again; each later attempt doubles it, up to `connect::REQUEST_TIMEOUT`.
+pub const RECOVERY_HANDSHAKE: Duration = Duration::from_secs(1);
+
+/// The CONNECT deadline of an attempt: `since_life` is the number of attempts since the broker
+/// took a connection again after an outage (None: not recovering, the full deadline). A starting
+/// broker takes connections many seconds before it answers them, and answers a CONNECT that
+/// waited as soon as it serves: short deadlines that grow keep an attempt pending at that moment
+/// (a 10 s attempt begun just before it timed out up to 10 s later: 22 s to the first receipt
+/// after a 5 s broker restart, measured) without asking a slow link every second for long.
+pub fn handshake_timeout(since_life: Option<u32>, full: Duration) -> Duration {
+    match since_life {
+        None => full,
+        Some(k) => RECOVERY_HANDSHAKE.saturating_mul(1 << k.min(8)).min(full),
+    }
+}
+
 /// What the broker's silence calls for at a keepalive tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keepalive {
@@ -119,6 +136,17 @@ impl Urgent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_an_outage_connect_deadlines_start_short_and_double_to_the_full_one() {
+        let full = Duration::from_secs(10);
+        assert_eq!(handshake_timeout(None, full), full);
+        let seq: Vec<u64> = (0..6)
+            .map(|k| handshake_timeout(Some(k), full).as_secs())
+            .collect();
+        assert_eq!(seq, [1, 2, 4, 8, 10, 10]);
+        assert_eq!(handshake_timeout(Some(u32::MAX), full), full);
+    }
 
     #[test]
     fn the_brokers_silence_asks_for_a_ping_then_proves_the_connection_dead() {

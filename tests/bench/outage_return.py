@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Back within 2 s of the link (issue 26): the time from the broker taking connections again to
+rigd's first receipt after an outage, for two kinds of outage:
+
+- `silent`: the broker's port cut by tc (an 8 bit/s htb class: SYNs go unanswered, the open
+  connection hangs without a reset, as a cellular link does); counted from the restore;
+- `down`: the broker stopped (connections refused) and started again; counted from the moment it
+  answers a CONNECT (a starting broker takes TCP connections ~10-20 s before it answers them,
+  printed per round; a pending CONNECT is answered the moment it serves).
+
+Each rigd given (`--rigd`, and `--rigd-before` for the build to compare with) runs side by side
+through the same outage: one rig each, a 100 Hz serial source, so a receipt follows within 10 ms
+of the uplink being back. "First receipt" is the first rise of the source's `published` count
+(polled every 20 ms) after the outage. Medians of `--rounds` rounds with the spread.
+
+Needs root (tc). Runs a broker of its own on ports 6950-6952, never the test broker, and stops it.
+Usage: tests/bench/outage_return.py [--quick] [--outages 40,120] [--kinds silent,down] [--rounds 3]
+                                   [--rigd BIN] [--rigd-before BIN]"""
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PORT = 6950
+os.environ.update({"PULSAR_URL": f"pulsar://127.0.0.1:{PORT}", "PULSAR_ADMIN_URL": f"http://127.0.0.1:{PORT + 1}"})
+BROKER_ENV = {**os.environ, "PULSAR_DATA": str(ROOT / "target" / "pulsar-data-bench-outage"),
+              "PULSAR_PORT": str(PORT), "PULSAR_HTTP_PORT": str(PORT + 1), "PULSAR_BOOKIE_PORT": str(PORT + 2)}
+sys.path.insert(0, str(ROOT / "tests"))
+
+from harness import Rigd, ShapedBrokerPort, namespace_with_dedup, unique  # noqa: E402
+
+
+def broker(cmd: str):
+    subprocess.run([str(ROOT / "tests" / "pulsar" / "broker.sh"), cmd], env=BROKER_ENV, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def accepts() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", PORT), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+# CONNECT as the protocol frames it: total size, command size, BaseCommand {type: CONNECT (2),
+# connect: {client_version: "bench" (1), protocol_version: 15 (4)}} in protobuf.
+_CONNECT_BODY = b"\x0a\x05bench\x20\x0f"
+_CMD = b"\x08\x02\x12" + bytes([len(_CONNECT_BODY)]) + _CONNECT_BODY
+CONNECT = (len(_CMD) + 4).to_bytes(4, "big") + len(_CMD).to_bytes(4, "big") + _CMD
+
+
+def answers_at(deadline_s: float = 120) -> float:
+    """When the broker first answers CONNECT with CONNECTED (BaseCommand type 3): a connection that
+    a starting broker took is answered the moment it serves. Retried while connections fail."""
+    t0 = time.time()
+    while time.time() - t0 < deadline_s:
+        try:
+            with socket.create_connection(("127.0.0.1", PORT), timeout=0.2) as c:
+                c.settimeout(deadline_s)
+                c.sendall(CONNECT)
+                head = c.recv(10)
+                if len(head) >= 10 and head[8:10] == b"\x08\x03":
+                    return time.time()
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError("the broker never answered CONNECT")
+
+
+class Cut(ShapedBrokerPort):
+    """The broker port's own htb class: cut to 8 bit/s (silent: nothing passes, nothing is reset).
+    The restore makes the class anew: an htb class changed back to a high rate keeps the packets
+    queued at 8 bit/s behind its old schedule (measured: connects still timed out 6 s after)."""
+
+    def cut(self):
+        self.change_class("rate", "8bit", "ceil", "8bit", "burst", "1600", "cburst", "1600")
+
+    def restore(self):
+        self.remove()
+        self.__enter__()
+
+
+def config(ns: str, rig: str) -> str:
+    return f"""
+[rig]
+id = "{rig}"
+
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = 100
+
+[pulsar]
+url = "pulsar://127.0.0.1:{PORT}"
+topic = "persistent://{ns}/{{rig}}-{{source}}"
+
+[spool]
+path = "spool"
+
+[web]
+bind = "127.0.0.1:{{WEB_PORT}}"
+"""
+
+
+def published(d: Rigd) -> int:
+    return d.status()["sources"][0]["published"]
+
+
+def back_after(rigs: dict, since: float, deadline_s: float = 120, base=None) -> dict:
+    """Seconds from `since` to each rig's first receipt after the counts `base` (None: not within
+    the deadline; a receipt before `since` counts as 0)."""
+    base = base or {name: published(d) for name, d in rigs.items()}
+    out = {}
+    while len(out) < len(rigs) and time.time() - since < deadline_s:
+        for name, d in rigs.items():
+            if name not in out and published(d) > base[name]:
+                out[name] = max(0.0, time.time() - since)
+        time.sleep(0.02)
+    return {name: out.get(name) for name in rigs}
+
+
+def one_round(kind: str, outage_s: float, rigs: dict, link: Cut) -> dict:
+    for d in rigs.values():
+        d.wait_for(lambda s: s["uplink"]["connected"] and s["sources"][0]["published"] > 0, timeout=120,
+                   what="publishing")
+    if kind == "silent":
+        link.cut()
+        time.sleep(outage_s)
+        # The base counts are read before the restore: nothing is received while the link is cut.
+        rigs_base_taken = time.time()
+        link.restore()
+        return back_after(rigs, rigs_base_taken)
+    broker("stop")
+    time.sleep(outage_s)
+    starting = subprocess.Popen([str(ROOT / "tests" / "pulsar" / "broker.sh"), "start"], env=BROKER_ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not accepts():
+        time.sleep(0.02)
+    t_accept = time.time()
+    base = {name: published(d) for name, d in rigs.items()}
+    t_answer = answers_at()
+    r = back_after(rigs, t_answer, base=base)
+    starting.wait(timeout=120)
+    print(f"  the port took connections {t_answer - t_accept:.1f} s before the broker answered CONNECT",
+          file=sys.stderr)
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="one 5 s outage of each kind (CI smoke)")
+    ap.add_argument("--outages", default="40,120", help="outage lengths in seconds, comma-separated")
+    ap.add_argument("--kinds", default="silent,down")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rigd", default=str(ROOT / "target" / "release" / "rigd"))
+    ap.add_argument("--rigd-before", help="another build, run side by side through the same outages")
+    ap.add_argument("--logs", action="store_true", help="print each rig's uplink log lines at the end")
+    a = ap.parse_args()
+    outages = [5.0] if a.quick else [float(x) for x in a.outages.split(",")]
+    rounds = 1 if a.quick else a.rounds
+    bins = {"after": a.rigd, **({"before": a.rigd_before} if a.rigd_before else {})}
+    broker("start")
+    results = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp, Cut(1_000_000, port=PORT) as link:
+            rigs = {}
+            ns = namespace_with_dedup(unique("bench-outage"))
+            for name, binary in bins.items():
+                os.environ["RIGD_BIN"] = binary
+                rigs[name] = Rigd(Path(tmp) / name, config(ns, unique(f"out-{name}"))).start()
+            try:
+                for outage in outages:
+                    for kind in a.kinds.split(","):
+                        for _ in range(rounds):
+                            r = one_round(kind, outage, rigs, link)
+                            print(f"outage {outage:.0f} s {kind}: " + ", ".join(
+                                f"{n} {v:.2f} s" if v is not None else f"{n} not back" for n, v in r.items()),
+                                file=sys.stderr)
+                            for n, v in r.items():
+                                results.setdefault((outage, kind, n), []).append(v)
+            finally:
+                for name, d in rigs.items():
+                    d.stop()
+                    d.close()
+                    if a.logs:
+                        lines = [line for line in d.log().splitlines() if "uplink" in line]
+                        print(f"== {name}\n" + "\n".join(lines[-30:]), file=sys.stderr)
+    finally:
+        broker("stop")
+
+    def cell(xs):
+        if not xs:
+            return "-"
+        if any(x is None for x in xs):
+            return f"not back within 120 s in {sum(x is None for x in xs)} of {len(xs)}"
+        return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+    print("| outage | kind | " + " | ".join(f"{n}: s to the first receipt, median (min-max)" for n in bins)
+          + " | rounds |")
+    print("|---|---|" + "---|" * len(bins) + "---|")
+    for outage in outages:
+        for kind in a.kinds.split(","):
+            print(f"| {outage:.0f} s | {kind} | "
+                  + " | ".join(cell(results.get((outage, kind, n), [])) for n in bins) + f" | {rounds} |")
+
+
+if __name__ == "__main__":
+    main()
