@@ -115,6 +115,8 @@ MALFORMED = {
     "url without a host": (BASE + '[pulsar]\nurl = "pulsar://"\n', [("pulsar.url", 4)]),
     "url port not a number": (BASE + '[pulsar]\nurl = "pulsar://broker:66a50"\n', [("pulsar.url", 4)]),
     "url with a path": (BASE + '[pulsar]\nurl = "pulsar://broker:8080/admin"\n', [("pulsar.url", 4)]),
+    # It passed: without a port the path became part of the host, `broker/admin`.
+    "url with a path and no port": (BASE + '[pulsar]\nurl = "pulsar://broker/admin"\n', [("pulsar.url", 4)]),
     "client certificate with a clear url": (BASE + '[pulsar]\nurl = "pulsar://broker:6650"\ntls-cert-file = "/etc/rigd/rig.pem"\n'
                                             'tls-key-file = "/etc/rigd/rig.key.pem"\n',
                                             [("pulsar.tls-cert-file: set with a clear pulsar:// URL", 5),
