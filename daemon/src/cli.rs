@@ -121,7 +121,8 @@ fn read_token(path: Option<&PathBuf>) -> Result<Option<String>, ExitCode> {
 enum SpoolCommand {
     /// Per source: records, bytes, first and last capture time; quarantined records.
     Stat(SpoolArgs),
-    /// Read every record back and check it: exit 1 when any is corrupt.
+    /// Read every record back and check it: exit 1 when any is corrupt, 77 when a file of the
+    /// spool cannot be read by this user (a permission problem, not damage).
     Verify(SpoolArgs),
 }
 
@@ -354,7 +355,7 @@ fn fail(e: &crate::replay::ReplayError) -> ExitCode {
             copy.display()
         ));
     }
-    ExitCode::from(if e.is_usage() { 2 } else { 1 })
+    ExitCode::from(e.exit_status())
 }
 
 /// One JSON object on stdout.
