@@ -26,7 +26,7 @@ enum Command {
     /// Run the daemon (without --config: the embedded default, synthetic sources, no broker).
     /// Exits 2 when the config is wrong, 75 when the host is not ready for it (retried by systemd).
     Run {
-        /// The config file (TOML; see the README's "Config").
+        /// The config file (TOML; see the README's "Configuration").
         #[arg(long, short, value_name = "FILE")]
         config: Option<PathBuf>,
     },
@@ -51,6 +51,7 @@ enum Command {
     Tail(TailArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     Completions {
+        /// The shell to complete for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
