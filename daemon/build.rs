@@ -22,12 +22,11 @@ fn main() {
     // (Only paths that exist: cargo reruns the script at every build for one that does not.)
     if let Some(git_dir) = git(&["rev-parse", "--absolute-git-dir"]) {
         let git_dir = Path::new(&git_dir);
-        let head = git(&["symbolic-ref", "-q", "HEAD"]).map(|h| git_dir.join(h));
-        let watched = [
-            Some(git_dir.join("HEAD")),
-            head,
-            Some(git_dir.join("packed-refs")),
-        ];
+        // `--git-path`: in a linked worktree the branch and packed-refs live in the common
+        // directory, not in the worktree's own (whose HEAD names the branch and never changes).
+        let path = |p: &str| git(&["rev-parse", "--git-path", p]).map(|p| Path::new(&dir).join(p));
+        let head = git(&["symbolic-ref", "-q", "HEAD"]).and_then(|h| path(&h));
+        let watched = [Some(git_dir.join("HEAD")), head, path("packed-refs")];
         for path in watched.into_iter().flatten().filter(|p| p.exists()) {
             println!("cargo:rerun-if-changed={}", path.display());
         }

@@ -26,7 +26,7 @@ enum Command {
     /// Run the daemon (without --config: the embedded default, synthetic sources, no broker).
     /// Exits 2 when the config is wrong, 75 when the host is not ready for it (retried by systemd).
     Run {
-        /// The config file (TOML; see the README's "Config").
+        /// The config file (TOML; see the README's "Configuration").
         #[arg(long, short, value_name = "FILE")]
         config: Option<PathBuf>,
     },
@@ -51,6 +51,7 @@ enum Command {
     Tail(TailArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     Completions {
+        /// The shell to complete for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
@@ -121,7 +122,8 @@ fn read_token(path: Option<&PathBuf>) -> Result<Option<String>, ExitCode> {
 enum SpoolCommand {
     /// Per source: records, bytes, first and last capture time; quarantined records.
     Stat(SpoolArgs),
-    /// Read every record back and check it: exit 1 when any is corrupt.
+    /// Read every record back and check it: exit 1 when any is corrupt, 77 when a file of the
+    /// spool cannot be read by this user (a permission problem, not damage).
     Verify(SpoolArgs),
 }
 
@@ -354,7 +356,7 @@ fn fail(e: &crate::replay::ReplayError) -> ExitCode {
             copy.display()
         ));
     }
-    ExitCode::from(if e.is_usage() { 2 } else { 1 })
+    ExitCode::from(e.exit_status())
 }
 
 /// One JSON object on stdout.

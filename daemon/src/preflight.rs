@@ -1,31 +1,36 @@
 //! What the host must offer a valid config before capture starts: the files it names exist and
 //! say something, the spool's path can be a directory on a filesystem larger than its reserve, the
 //! web port is free. `rigd check` reports these with the config's own problems; `rigd run` refuses
-//! to start (exit 2) on any of them, before it opens the spool or starts a source.
+//! to start on any of them, before it opens the spool or starts a source: with exit 75 when the
+//! host may offer it later (a token file not yet provisioned, a spool disk not yet mounted, a port
+//! still held: systemd tries again), with exit 2 when no host can (a spool path on `/proc`, or that
+//! is a file or runs through one: the config must change), see [`HostProblem`].
 //!
 //! Each problem is `key: what is wrong`, like [`Config::problems`], so that
 //! [`Config::check`] names the file and the line of the key.
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{read_token, Config};
+use crate::config::{read_token, Config, HostProblem};
+// `Fix`: the config must change (exit 2); `NotReady`: the host may offer it later (exit 75).
+use HostProblem::{Config as Fix, NotReady};
 
 /// Every problem of the host with `config` (none: the daemon can start).
-pub fn problems(config: &Config) -> Vec<String> {
+pub fn problems(config: &Config) -> Vec<HostProblem> {
     host_problems(config, false)
 }
 
 /// [`problems`] for `rigd check`: the web port held by the running rigd of the config's own
 /// spool is no problem there (see [`warnings`]).
-pub fn check_problems(config: &Config) -> Vec<String> {
+pub fn check_problems(config: &Config) -> Vec<HostProblem> {
     host_problems(config, true)
 }
 
-fn host_problems(config: &Config, check: bool) -> Vec<String> {
+fn host_problems(config: &Config, check: bool) -> Vec<HostProblem> {
     let mut p = Vec::new();
     if let Some(path) = &config.pulsar.token_file {
         if let Err(e) = read_token(path) {
-            p.push(format!("pulsar.token-file: {e}"));
+            p.push(NotReady(format!("pulsar.token-file: {e}")));
         }
     }
     let client = crate::app::client_cert(config);
@@ -43,21 +48,21 @@ fn host_problems(config: &Config, check: bool) -> Vec<String> {
             } else {
                 "pulsar.tls-cert-file"
             };
-            p.push(format!("{key}: {e}"));
+            p.push(NotReady(format!("{key}: {e}")));
         }
         // An expired certificate is not a reason to stop capturing: the status page and the
         // alerts say it (`identity::problem`) while frames go to the spool.
     }
     if let Err(e) = crate::app::encryption(config) {
-        p.push(e.to_string());
+        p.push(NotReady(e.to_string()));
     }
     if let Err(e) = crate::app::web_tls(config) {
-        p.push(e.to_string());
+        p.push(NotReady(e.to_string()));
     }
     spool_problems(config, &mut p);
     if let Some(e) = web_port_taken(config) {
         if !(check && spool_in_use(&config.spool.path)) {
-            p.push(e);
+            p.push(NotReady(e));
         }
     }
     p
@@ -115,17 +120,20 @@ pub fn spool_in_use(path: &Path) -> bool {
     })
 }
 
-fn spool_problems(config: &Config, p: &mut Vec<String>) {
+/// Whether the spool can be created and written at `spool.path`. A path that is a file, runs
+/// through a file or lies on a kernel pseudo-filesystem is the config's to fix; one that cannot be
+/// written yet (a disk not mounted over a root-owned or read-only mount point) is the host's.
+fn spool_problems(config: &Config, p: &mut Vec<HostProblem>) {
     let path = &config.spool.path;
     if path.as_os_str().is_empty() || path.to_string_lossy().contains('\0') {
         return; // Config::problems says so
     }
     match std::fs::metadata(path) {
         Ok(m) if !m.is_dir() => {
-            p.push(format!(
+            p.push(Fix(format!(
                 "spool.path: {} exists and is not a directory",
                 path.display()
-            ));
+            )));
             return;
         }
         Ok(_) => {}
@@ -136,7 +144,7 @@ fn spool_problems(config: &Config, p: &mut Vec<String>) {
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
             ) => {}
         Err(e) => {
-            p.push(format!("spool.path: {}: {e}", path.display()));
+            p.push(NotReady(format!("spool.path: {}: {e}", path.display())));
             return;
         }
     }
@@ -145,41 +153,43 @@ fn spool_problems(config: &Config, p: &mut Vec<String>) {
         return;
     };
     if !existing.is_dir() {
-        p.push(format!(
+        p.push(Fix(format!(
             "spool.path: cannot create {}: {} is not a directory",
             path.display(),
             existing.display()
-        ));
+        )));
         return;
     }
     if let Some(fs) = pseudo_filesystem(&existing) {
-        p.push(format!(
+        p.push(Fix(format!(
             "spool.path: {} is on {fs}, not on a disk",
             path.display()
-        ));
+        )));
         return;
     }
     // Read-only (EROFS: a disk not mounted yet under a read-only root, or ProtectSystem) or not
     // this user's to write: the spool cannot be created or written there.
     if let Err(e) = rustix::fs::access(&existing, rustix::fs::Access::WRITE_OK) {
-        p.push(format!(
+        p.push(NotReady(format!(
             "spool.path: {} cannot be written ({}: {})",
             path.display(),
             existing.display(),
             std::io::Error::from(e)
-        ));
+        )));
         return;
     }
     if let Ok(st) = rustix::fs::statvfs(&existing) {
         let size = st.f_blocks.saturating_mul(st.f_frsize);
         let reserve = config.spool.free_reserve.0;
         if size > 0 && reserve >= size {
-            p.push(format!(
+            // Not ready rather than wrong: the disk the spool belongs on may not be mounted
+            // yet, and the reserve is measured against the filesystem below it.
+            p.push(NotReady(format!(
                 "spool.free-reserve: {} is not below the size of the spool's filesystem ({}, at {}): every frame would be dropped",
                 config.spool.free_reserve.human(),
                 crate::config::ByteSize(size).human(),
                 existing.display()
-            ));
+            )));
         }
     }
 }
@@ -217,6 +227,10 @@ fn existing_ancestor(path: &Path) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
+    fn texts(p: Vec<HostProblem>) -> Vec<String> {
+        p.iter().map(|p| p.text().to_string()).collect()
+    }
+
     fn config(dir: &Path, extra: &str) -> Config {
         let text = format!(
             "[rig]\nid = \"a\"\n[spool]\npath = \"{}/spool\"\n[web]\nbind = \"127.0.0.1:0\"\n{extra}",
@@ -228,15 +242,18 @@ mod tests {
     #[test]
     fn a_usable_host_has_no_problems() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(problems(&config(dir.path(), "")), Vec::<String>::new());
+        assert_eq!(problems(&config(dir.path(), "")), Vec::new());
     }
 
     #[test]
-    fn a_spool_path_that_is_a_file_is_named() {
+    fn a_spool_path_that_is_a_file_is_the_configs_to_fix() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("spool"), b"x").unwrap();
         let p = problems(&config(dir.path(), ""));
-        assert!(p.len() == 1 && p[0].starts_with("spool.path:"), "{p:?}");
+        assert!(
+            matches!(&p[..], [HostProblem::Config(l)] if l.starts_with("spool.path:")),
+            "{p:?}"
+        );
         std::fs::remove_file(dir.path().join("spool")).unwrap();
         std::fs::write(dir.path().join("file"), b"x").unwrap();
         let c = Config::parse(
@@ -248,7 +265,25 @@ mod tests {
         )
         .unwrap();
         let p = problems(&c);
-        assert!(p.len() == 1 && p[0].contains("is not a directory"), "{p:?}");
+        assert!(
+            matches!(&p[..], [HostProblem::Config(l)] if l.contains("is not a directory")),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_spool_on_a_pseudo_filesystem_is_the_configs_to_fix() {
+        // It was filed as the host's (exit 75), so systemd restarted a config no host can run.
+        let c = Config::parse(
+            "[rig]\nid = \"a\"\n[spool]\npath = \"/proc/rigd-spool\"\n[web]\nbind = \"127.0.0.1:0\"\n",
+            "t",
+        )
+        .unwrap();
+        let p = problems(&c);
+        assert!(
+            matches!(&p[..], [HostProblem::Config(l)] if l.contains("is on proc")),
+            "{p:?}"
+        );
     }
 
     #[test]
@@ -258,7 +293,7 @@ mod tests {
         c.pulsar.token_file = Some(dir.path().join("no-token"));
         c.pulsar.tls_ca_file = Some(dir.path().join("no-ca.pem"));
         c.spool.free_reserve = crate::config::ByteSize(1 << 60);
-        let p = problems(&c);
+        let p = texts(problems(&c));
         for key in [
             "pulsar.token-file:",
             "pulsar.tls-ca-file:",
@@ -268,7 +303,7 @@ mod tests {
         }
         std::fs::write(dir.path().join("empty"), "\n").unwrap();
         c.pulsar.token_file = Some(dir.path().join("empty"));
-        assert!(problems(&c)
+        assert!(texts(problems(&c))
             .iter()
             .any(|l| l.starts_with("pulsar.token-file:") && l.contains("empty")));
     }
@@ -280,6 +315,9 @@ mod tests {
         let mut c = config(dir.path(), "");
         c.web.bind = held.local_addr().unwrap().to_string();
         let p = problems(&c);
-        assert!(p.len() == 1 && p[0].starts_with("web.bind:"), "{p:?}");
+        assert!(
+            matches!(&p[..], [HostProblem::NotReady(l)] if l.starts_with("web.bind:")),
+            "{p:?}"
+        );
     }
 }

@@ -83,6 +83,16 @@ impl ReplayError {
         )
     }
 
+    /// The offline tools' exit status for this error: 2 for a usage error, 77 (EX_NOPERM) for a
+    /// spool file this user may not read, 1 otherwise.
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            ReplayError::Spool(SpoolError::Unreadable { .. }) => 77,
+            e if e.is_usage() => 2,
+            _ => 1,
+        }
+    }
+
     fn output(path: impl Into<PathBuf>, op: &'static str) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
         move |source| ReplayError::Output { path, op, source }

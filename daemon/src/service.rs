@@ -35,8 +35,16 @@ impl Endpoint {
                 "unsupported service URL `{url}` (use pulsar:// or pulsar+ssl://)"
             ));
         };
-        rest.trim_end_matches('/')
-            .split(',')
+        let rest = rest.trim_end_matches('/');
+        // A service URL names brokers only: `pulsar://host/admin` would otherwise make the
+        // host `host/admin`, which `check` passed and the uplink then failed to resolve forever.
+        if let Some(at) = rest.find(['/', '?', '#', '@']) {
+            return Err(format!(
+                "`{url}` has `{}` after its brokers: a service URL is scheme://host[:port][,host[:port]...], without a path, query or user",
+                &rest[at..]
+            ));
+        }
+        rest.split(',')
             .map(|hostport| {
                 let hostport = hostport.trim();
                 let (host, port) = match hostport.rsplit_once(':') {
@@ -92,6 +100,22 @@ mod tests {
         assert_eq!(Endpoint::parse("pulsar://[::1]:7000").unwrap().host, "::1");
         assert!(Endpoint::parse("http://x").is_err());
         assert!(Endpoint::parse("pulsar://x:notaport").is_err());
+    }
+
+    #[test]
+    fn a_service_url_with_a_path_is_refused() {
+        // `pulsar://host/admin` parsed as the host `host/admin` (issue 32).
+        for url in [
+            "pulsar://host/admin",
+            "pulsar://host:6650/admin",
+            "pulsar+ssl://a:1,b/x/",
+            "pulsar://host?x=1",
+            "pulsar://user@host:6650",
+        ] {
+            let e = Endpoint::parse_service(url).unwrap_err();
+            assert!(e.contains("after its brokers"), "{url}: {e}");
+        }
+        assert!(Endpoint::parse_service("pulsar://host/").is_ok());
     }
 
     #[test]

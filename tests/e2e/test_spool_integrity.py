@@ -346,7 +346,8 @@ def test_a_full_filesystem_loses_nothing_spooled_and_counters_stay_sane(tmp_path
 def test_the_offline_tools_read_a_read_only_copy_as_another_user(tmp_path):
     """Issue 32: `rigd spool verify` as a non-root user on a copy whose files are 0444 said "index
     damaged ... Permission denied" and exited 1: the private copy of the index kept mode 0444 and
-    sled could not open it. A data engineer's copy must verify as the spool itself does."""
+    sled could not open it. A data engineer's copy must verify as the spool itself does, and a file
+    of it the user may not read is a permission problem, never corruption."""
     import shutil
     import tempfile
     capture(tmp_path, seconds=3)
@@ -366,6 +367,17 @@ def test_the_offline_tools_read_a_read_only_copy_as_another_user(tmp_path):
         got = json.loads(subprocess.run(nobody + ["spool", "stat", "--spool", str(copy), "--json"], capture_output=True,
                                         text=True, timeout=120, cwd=top, check=True).stdout)
         assert got["sources"] == truth["sources"] and not got.get("index_damage"), (got, truth)
+        # A segment the user may not read (a copy with root's 0400 files) is a permission problem,
+        # said once with the file's name and exit 77 (EX_NOPERM): before, `verify` listed each of
+        # its records as corrupt ("cannot open segment: Permission denied") and exited 1.
+        segment = sorted((copy / "segments").glob("*.seg"))[0]
+        segment.chmod(0o400)
+        for tool in (["spool", "verify"], ["spool", "stat"], ["replay", "--out", str(top / "out")]):
+            r = subprocess.run(nobody + tool + ["--spool", str(copy)], capture_output=True, text=True, timeout=120,
+                               cwd=top)
+            assert r.returncode == 77, (tool, r.stdout[-2000:], r.stderr[-2000:])
+            assert str(segment) in r.stderr and "permission problem, not damage" in r.stderr, (tool, r.stderr)
+            assert "corrupt" not in (r.stdout + r.stderr).lower(), (tool, r.stdout[-2000:], r.stderr)
     finally:
         for p in [top, *top.rglob("*")]:
             if p.is_dir():

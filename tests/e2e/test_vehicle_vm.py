@@ -1,7 +1,8 @@
 """Vehicle in a box: tests/vm/vehicle.sh boots a Debian guest (systemd as PID 1, the rigd .deb,
 vivid, snd-aloop and a host-fed 8250 UART) under QEMU TCG against this run's broker, and judges
 what reached the broker with the official Python client: frames of every device, the web UI, a
-network cut that spools and drains, the watchdog restarting a SIGSTOPped daemon, a power cut (QEMU
+network cut that spools and drains, the watchdog restarting a SIGSTOPped daemon, config faults (a bad
+key stops the unit, a late token file and a late spool disk are retried until they appear), a power cut (QEMU
 killed) in `always` mode with a reboot from the same disk, and every (source, seq) exactly once.
 The guest image is cached in ~/.cache/rigd-vm: the first run debootstraps it (a few minutes)."""
 
@@ -27,6 +28,7 @@ CHECKS = [
     "web UI answers with the three devices running",
     "network cut of 20 s: the spool grows, then drains",
     "watchdog restarts a SIGSTOPped daemon",
+    "config faults: a bad key stops the unit (no restart)",
     "power cut (SIGKILL of QEMU) during a network cut",
     "every (source, seq) on the broker exactly once",
 ]

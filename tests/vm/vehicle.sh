@@ -250,15 +250,24 @@ watchdog() {
 }
 check watchdog
 
-CHECK="config faults: a bad key stops the unit (no restart); a token file not yet provisioned is retried until it appears"
+CHECK="config faults: a bad key stops the unit (no restart); a token file not yet provisioned, a spool disk not yet mounted are retried until they appear"
 rigd_active() { guest 'systemctl is-active rigd' 30 | grep -q '^active'; }
+# The spool on a disk of its own (docs/SYSTEMD.md, "The spool on its own disk"): a drop-in lets the
+# unit write its mount point despite ProtectSystem=strict.
+SPOOL_DROPIN=/etc/systemd/system/rigd.service.d/spool-disk.conf
+# Stopped rigd's spool from the spool disk back to /var/lib/rigd/spool, when the config names the
+# disk's: the checks after this one (the power cut, exactly once) go on with the same spool, its
+# sequence numbers continuing.
+SPOOL_BACK="if grep -q '^path = \"/mnt/spool/rigd\"' /etc/rigd/rigd.toml && [ -d /mnt/spool/rigd/segments ]; then systemctl stop rigd; rm -rf /var/lib/rigd/spool; cp -a /mnt/spool/rigd /var/lib/rigd/spool; fi"
 config_faults() {
   local rc=0
   guest 'cp /etc/rigd/rigd.toml /root/rigd.toml.good' 30 >/dev/null
   config_fault_steps || rc=1
-  # Whatever happened, the checks after this one need the good config running.
-  if ! rigd_active; then
-    guest 'cp /root/rigd.toml.good /etc/rigd/rigd.toml; systemctl reset-failed rigd; systemctl restart rigd' 240 >/dev/null || true
+  # Whatever happened, the checks after this one need the good config running, on its own spool.
+  # (`guest` reports the shell's output, not the command's status.)
+  if ! rigd_active || [ "$(guest "cmp -s /root/rigd.toml.good /etc/rigd/rigd.toml && [ ! -e $SPOOL_DROPIN ] && ! mountpoint -q /mnt/spool && echo same" 30)" != same ]; then
+    log "  restoring the good config"
+    guest "$SPOOL_BACK; umount /mnt/spool 2>/dev/null; rm -f $SPOOL_DROPIN; systemctl daemon-reload; cp /root/rigd.toml.good /etc/rigd/rigd.toml; chown -R rigd:rigd /var/lib/rigd; systemctl reset-failed rigd; systemctl restart rigd" 240 >/dev/null || true
   fi
   wait_for 120 drained || rc=1
   return $rc
@@ -284,6 +293,35 @@ config_fault_steps() {
   guest 'echo not-checked-by-this-broker > /etc/rigd/late.token; chgrp rigd /etc/rigd/late.token; chmod 0640 /etc/rigd/late.token' 30 >/dev/null
   wait_for 180 rigd_active || { log "  not active after the token appeared"; return 1; }
   log "  active $(secs "$t0" "$(now)") s after the start, once the token appeared"
+  # The spool on a disk of its own, not mounted yet: its mount point is root's (0755), so user rigd
+  # cannot create the spool in it: exit 75, retried, until the disk is mounted with the spool's
+  # directory rigd's. The spool moves there (and back after) so that its sequence numbers go on.
+  local since written
+  guest "systemctl stop rigd; mkdir -p /mnt/spool ${SPOOL_DROPIN%/*}; chown root:root /mnt/spool; chmod 0755 /mnt/spool; printf '[Service]\\nReadWritePaths=/mnt/spool\\n' > $SPOOL_DROPIN; systemctl daemon-reload; cp /root/rigd.toml.good /etc/rigd/rigd.toml; sed -i 's|^path = \"/var/lib/rigd/spool\"|path = \"/mnt/spool/rigd\"|' /etc/rigd/rigd.toml; systemctl reset-failed rigd" 120 >/dev/null
+  since=$(guest 'date +%s' 30 | tr -dc 0-9)
+  [ "$(guest "grep -c '^path = \"/mnt/spool/rigd\"' /etc/rigd/rigd.toml" 30)" = 1 ] || { log "  the config does not name /mnt/spool/rigd"; return 1; }
+  guest 'systemctl start --no-block rigd' 30 >/dev/null
+  t0=$(now)
+  sleep 10
+  n1=$(guest 'systemctl show -p NRestarts --value rigd' 30 | tr -dc 0-9)
+  state=$(guest 'systemctl show -p ActiveState -p SubState -p ExecMainStatus rigd' 30 | tr '\n' ' ')
+  journal=$(guest "journalctl -u rigd --since @$since --no-pager | grep -m1 'spool.path: /mnt/spool/rigd'" 30 || true)
+  local retries; retries=$(guest "journalctl -u rigd --since @$since --no-pager | grep -c 'spool.path: /mnt/spool/rigd cannot be written'" 30 | tr -dc 0-9)
+  log "  spool disk not mounted: NRestarts $n1 after $(secs "$t0" "$(now)") s ($state); $retries refusals in the journal: ${journal:0:200}"
+  [ "${n1:-0}" -ge 2 ] && [ "${retries:-0}" -ge 2 ] && grep -q 'cannot be written' <<<"$journal" || return 1
+  # The disk appears: a tmpfs stands in for it, the spool's directory rigd's (moved in whole by a rename).
+  guest "mount -t tmpfs -o size=512m,mode=0755 spool-disk /mnt/spool; cp -a /var/lib/rigd/spool /mnt/spool/rigd.new; chown -R rigd:rigd /mnt/spool/rigd.new; touch /root/spool-mounted; mv /mnt/spool/rigd.new /mnt/spool/rigd" 120 >/dev/null
+  local t_mount; t_mount=$(now)
+  wait_for 180 rigd_active || { log "  not active after the spool disk was mounted"; return 1; }
+  log "  active $(secs "$t_mount" "$(now)") s after the spool disk was mounted"
+  sleep 6
+  written=$(guest "find /mnt/spool/rigd/segments -type f -newer /root/spool-mounted | wc -l; findmnt -n -o SOURCE,FSTYPE /mnt/spool" 30 | tr '\n' ' ')
+  log "  spool disk: $written(segment files written since the mount, the filesystem)"
+  [ "${written%% *}" -ge 1 ] || return 1
+  wait_for 120 drained || { log "  not drained from the spool disk"; return 1; }
+  # Back to the spool in /var/lib/rigd for the checks after this one.
+  guest "$SPOOL_BACK; umount /mnt/spool; rm -f $SPOOL_DROPIN; systemctl daemon-reload; cp /root/rigd.toml.good /etc/rigd/rigd.toml; chown -R rigd:rigd /var/lib/rigd/spool; systemctl reset-failed rigd; systemctl restart rigd" 240 >/dev/null
+  wait_for 120 rigd_active || { log "  not active again on /var/lib/rigd/spool"; return 1; }
 }
 check config_faults
 

@@ -55,6 +55,28 @@ pub enum ConfigError {
     Host { problems: Vec<String> },
 }
 
+/// A problem of the host with a valid config, as [`crate::preflight`] finds it
+/// (`key: what is wrong`), and whether waiting can fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostProblem {
+    /// No host will ever offer it: the config names a place where no spool can be (a kernel
+    /// pseudo-filesystem such as `/proc`, a path that is a file or runs through one). Only the
+    /// config can change: a [`ConfigError::Invalid`], `run` exits 2.
+    Config(String),
+    /// The host does not offer it yet (a token file not provisioned, a spool disk not mounted,
+    /// a port held): it may by the next try. Alone, a [`ConfigError::Host`]: `run` exits 75.
+    NotReady(String),
+}
+
+impl HostProblem {
+    /// The problem as `key: what is wrong`.
+    pub fn text(&self) -> &str {
+        match self {
+            HostProblem::Config(p) | HostProblem::NotReady(p) => p,
+        }
+    }
+}
+
 impl ConfigError {
     /// `run`'s exit status: 2 for a config to fix (systemd's `RestartPreventExitStatus=2`), 75
     /// for a host not ready yet (restarted).
@@ -127,7 +149,7 @@ impl Config {
     /// host's, [`crate::preflight`]) with its own.
     pub fn load_with(
         path: &Path,
-        more: impl FnOnce(&Config) -> Vec<String>,
+        more: impl FnOnce(&Config) -> Vec<HostProblem>,
     ) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
@@ -145,7 +167,7 @@ impl Config {
     pub fn parse_with(
         text: &str,
         origin: &str,
-        more: impl FnOnce(&Config) -> Vec<String>,
+        more: impl FnOnce(&Config) -> Vec<HostProblem>,
     ) -> Result<Self, ConfigError> {
         let invalid = |problems| ConfigError::Invalid { problems };
         let written = Written::scan(text, origin);
@@ -193,7 +215,14 @@ impl Config {
         };
         let mut problems = config.problems();
         let host = more(&config);
-        if problems.is_empty() && !host.is_empty() {
+        let transient = host.iter().all(|p| matches!(p, HostProblem::NotReady(_)));
+        let host: Vec<String> = host
+            .into_iter()
+            .map(|p| match p {
+                HostProblem::Config(p) | HostProblem::NotReady(p) => p,
+            })
+            .collect();
+        if problems.is_empty() && transient && !host.is_empty() {
             return Err(ConfigError::Host {
                 problems: config.written.lines(host),
             });

@@ -121,6 +121,18 @@ pub enum SpoolError {
     Locked { path: PathBuf },
     #[error("{path} is not a spool directory (no segments/ in it)")]
     NotSpool { path: PathBuf },
+    /// A file of the spool this user may not read (a copy owned by another user, files 0400):
+    /// a permission problem, not damage (the offline tools exit 77, EX_NOPERM).
+    #[error("{path}: {source}: this user may not read it (a permission problem, not damage): read the spool as its owner (sudo), or make a copy you can read (cp -r, chmod -R u+rX)")]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Whether an I/O error is the file's permissions (EACCES, EPERM), not its content.
+pub(crate) fn denied(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::PermissionDenied
 }
 
 /// Per-source spool counters (status and metrics). `pushed` and `popped` are the queue depth as two

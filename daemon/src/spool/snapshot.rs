@@ -6,6 +6,8 @@
 //!   quarantined.
 //! - A spool held by a live process is refused ([`SpoolError::Locked`]); while the view is open it
 //!   holds a shared lock, so a daemon cannot start on the spool underneath it.
+//! - A segment this user may not read is a permission problem ([`SpoolError::Unreadable`]), found
+//!   when the view opens: it is never reported as a corrupt record.
 //! - The records listed are the index's live ones, per source in `seq` order (capture order).
 //!   Only when the index cannot be opened, or when asked, are the segments scanned instead; a
 //!   scan also finds records the daemon had already published and removed from the index.
@@ -97,6 +99,12 @@ impl SpoolSnapshot {
             }
             // A copy made without LOCK, or a spool never opened: nobody can hold it.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) if super::denied(&source) => {
+                return Err(SpoolError::Unreadable {
+                    path: path.join("LOCK"),
+                    source,
+                })
+            }
             Err(source) => {
                 return Err(SpoolError::Io {
                     path,
@@ -123,6 +131,16 @@ impl SpoolSnapshot {
         };
         let sizes = snap.segment_sizes()?;
         let segments: Vec<u64> = sizes.keys().copied().collect();
+        // A segment this user may not read would read as damage record by record ("cannot open
+        // segment: Permission denied", counted corrupt): say what it is, once, before listing.
+        for &id in &segments {
+            let file = snap.segment_path(id);
+            if let Err(source) = File::open(&file) {
+                if super::denied(&source) {
+                    return Err(SpoolError::Unreadable { path: file, source });
+                }
+            }
+        }
         let from_index = if scan {
             Err(Unlisted::Damaged("asked for (--scan)".to_string()))
         } else {
@@ -242,10 +260,19 @@ impl SpoolSnapshot {
     }
 
     fn segment_sizes(&self) -> Result<BTreeMap<u64, u64>, SpoolError> {
-        let io = |source| SpoolError::Io {
-            path: self.path.clone(),
-            op: "list segments",
-            source,
+        let io = |source: std::io::Error| {
+            if super::denied(&source) {
+                SpoolError::Unreadable {
+                    path: self.path.join("segments"),
+                    source,
+                }
+            } else {
+                SpoolError::Io {
+                    path: self.path.clone(),
+                    op: "list segments",
+                    source,
+                }
+            }
         };
         let mut ids = BTreeMap::new();
         for entry in std::fs::read_dir(self.path.join("segments")).map_err(io)? {
@@ -430,10 +457,17 @@ impl SpoolSnapshot {
     fn list_from_segments(&mut self, segments: &[u64]) -> Result<(), SpoolError> {
         let mut found: BTreeMap<Arc<str>, BTreeMap<u64, Entry>> = BTreeMap::new();
         for &id in segments {
-            let data = std::fs::read(self.segment_path(id)).map_err(|source| SpoolError::Io {
-                path: self.path.clone(),
-                op: "read segment",
-                source,
+            let file = self.segment_path(id);
+            let data = std::fs::read(&file).map_err(|source| {
+                if super::denied(&source) {
+                    SpoolError::Unreadable { path: file, source }
+                } else {
+                    SpoolError::Io {
+                        path: self.path.clone(),
+                        op: "read segment",
+                        source,
+                    }
+                }
             })?;
             for item in scan_segment(&data) {
                 match item {
