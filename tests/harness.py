@@ -393,6 +393,16 @@ class ShapedBrokerPort(LoopbackQdisc):
     def set_rate(self, rate_kbit: int):
         self.change_class(*self.rate(rate_kbit))
 
+    def renew(self, rate_kbit: int):
+        """The class made anew at `rate_kbit`. After a cut to a few bits per second, `set_rate`
+        leaves the packets queued then behind the old schedule (a TCP connect to the broker still
+        timed out 6 s after a change back to 1 Gbit/s, measured 3 Dec 2026; the thin-link test saw
+        the uplink back ~21 s after its restore), which a link coming back does not do. What the
+        cut class held is dropped, as a radio link drops it."""
+        self.remove()
+        self.rate_kbit = rate_kbit
+        self.__enter__()
+
 
 def received_seqs(topic: str, url: str = BROKER_URL, idle: float = 6) -> list[int]:
     """The `seq` property of every message on `topic`, in delivery order (Exclusive subscription:

@@ -13,9 +13,10 @@ through the same outage: one rig each, a 100 Hz serial source, so a receipt foll
 of the uplink being back. "First receipt" is the first rise of the source's `published` count
 (polled every 20 ms) after the outage. Medians of `--rounds` rounds with the spread.
 
-Needs root (tc). Runs a broker of its own on ports 6950-6952, never the test broker, and stops it.
+Needs root (tc). Runs a broker of its own on ports 6950-6952, never the test broker, and stops it;
+or, with `--port P`, shapes the broker on P that the caller started for it (`silent` only).
 Usage: tests/bench/outage_return.py [--quick] [--outages 40,120] [--kinds silent,down] [--rounds 3]
-                                   [--rigd BIN] [--rigd-before BIN]"""
+                                   [--rigd BIN] [--rigd-before BIN] [--port P]"""
 
 import argparse
 import os
@@ -28,8 +29,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-PORT = 6950
-os.environ.update({"PULSAR_URL": f"pulsar://127.0.0.1:{PORT}", "PULSAR_ADMIN_URL": f"http://127.0.0.1:{PORT + 1}"})
+# `--port P`: shape the broker already on P (the bench's own: tests/bench/run.sh passes the broker it
+# started) instead of starting one; only the `silent` kind then (it never stops that broker).
+_port_arg = sys.argv.index("--port") + 1 if "--port" in sys.argv else 0
+PORT = int(sys.argv[_port_arg]) if _port_arg else 6950
+OWN_BROKER = not _port_arg
+if OWN_BROKER:
+    os.environ.update({"PULSAR_URL": f"pulsar://127.0.0.1:{PORT}", "PULSAR_ADMIN_URL": f"http://127.0.0.1:{PORT + 1}"})
+else:  # the caller's broker: its admin URL from PULSAR_ADMIN_URL (default 8080, as the tests)
+    os.environ["PULSAR_URL"] = f"pulsar://127.0.0.1:{PORT}"
 BROKER_ENV = {**os.environ, "PULSAR_DATA": str(ROOT / "target" / "pulsar-data-bench-outage"),
               "PULSAR_PORT": str(PORT), "PULSAR_HTTP_PORT": str(PORT + 1), "PULSAR_BOOKIE_PORT": str(PORT + 2)}
 sys.path.insert(0, str(ROOT / "tests"))
@@ -76,16 +84,14 @@ def answers_at(deadline_s: float = 120) -> float:
 
 
 class Cut(ShapedBrokerPort):
-    """The broker port's own htb class: cut to 8 bit/s (silent: nothing passes, nothing is reset).
-    The restore makes the class anew: an htb class changed back to a high rate keeps the packets
-    queued at 8 bit/s behind its old schedule (measured: connects still timed out 6 s after)."""
+    """The broker port's own htb class: cut to 8 bit/s (silent: nothing passes, nothing is reset),
+    restored as a class made anew (`renew`)."""
 
     def cut(self):
         self.change_class("rate", "8bit", "ceil", "8bit", "burst", "1600", "cburst", "1600")
 
     def restore(self):
-        self.remove()
-        self.__enter__()
+        self.renew(1_000_000)
 
 
 def config(ns: str, rig: str) -> str:
@@ -163,11 +169,14 @@ def main():
     ap.add_argument("--rigd", default=str(ROOT / "target" / "release" / "rigd"))
     ap.add_argument("--rigd-before", help="another build, run side by side through the same outages")
     ap.add_argument("--logs", action="store_true", help="print each rig's uplink log lines at the end")
+    ap.add_argument("--port", type=int, help="the broker to shape (started by the caller); silent outages only")
     a = ap.parse_args()
     outages = [5.0] if a.quick else [float(x) for x in a.outages.split(",")]
     rounds = 1 if a.quick else a.rounds
     bins = {"after": a.rigd, **({"before": a.rigd_before} if a.rigd_before else {})}
-    broker("start")
+    kinds = a.kinds.split(",") if OWN_BROKER else ["silent"]
+    if OWN_BROKER:
+        broker("start")
     results = {}
     try:
         with tempfile.TemporaryDirectory() as tmp, Cut(1_000_000, port=PORT) as link:
@@ -178,7 +187,7 @@ def main():
                 rigs[name] = Rigd(Path(tmp) / name, config(ns, unique(f"out-{name}"))).start()
             try:
                 for outage in outages:
-                    for kind in a.kinds.split(","):
+                    for kind in kinds:
                         for _ in range(rounds):
                             r = one_round(kind, outage, rigs, link)
                             print(f"outage {outage:.0f} s {kind}: " + ", ".join(
@@ -194,7 +203,8 @@ def main():
                         lines = [line for line in d.log().splitlines() if "uplink" in line]
                         print(f"== {name}\n" + "\n".join(lines[-30:]), file=sys.stderr)
     finally:
-        broker("stop")
+        if OWN_BROKER:
+            broker("stop")
 
     def cell(xs):
         if not xs:
@@ -207,7 +217,7 @@ def main():
           + " | rounds |")
     print("|---|---|" + "---|" * len(bins) + "---|")
     for outage in outages:
-        for kind in a.kinds.split(","):
+        for kind in kinds:
             print(f"| {outage:.0f} s | {kind} | "
                   + " | ".join(cell(results.get((outage, kind, n), [])) for n in bins) + f" | {rounds} |")
 

@@ -157,6 +157,19 @@ else
 fi
 echo
 
+section outage-return
+echo "## Back after an outage: broker answering again to the first receipt (a silent link cut by tc, and the broker stopped and started)"
+echo
+if [ "$(id -u)" != 0 ]; then
+  echo "(skipped: tc needs root)"
+elif [ $QUICK = 1 ]; then
+  # the smoke: one silent 5 s cut of this run's own broker (never one somebody else started)
+  if [ "$started" = 1 ]; then python3 tests/bench/outage_return.py --quick --port 6650; else echo "(skipped: the broker is not this run's)"; fi
+else
+  python3 tests/bench/outage_return.py --outages 40,120 --rounds 3
+fi
+echo
+
 section startup
 echo "## Startup to READY (sd_notify), empty spool and a large one"
 echo

@@ -32,11 +32,18 @@ BUDGET_KBIT = 1800
 class Link(ShapedBrokerPort):
     """The broker port's class, which can be cut (an outage) and restored."""
 
+    cut_now = False
+
     def cut(self):
         self.change_class("rate", "8bit", "ceil", "8bit", "burst", "1600", "cburst", "1600")
+        self.cut_now = True
 
     def restore(self, rate_kbit=LINK_KBIT):
-        self.set_rate(rate_kbit)
+        if self.cut_now:
+            self.renew(rate_kbit)  # (a cut class changed back keeps its queue behind the old schedule)
+        else:
+            self.set_rate(rate_kbit)
+        self.cut_now = False
 
 
 def config(ns, rig, cam_fps=5):

@@ -100,6 +100,8 @@ pub struct Link {
     pub producer_id: u64,
     pub last_inbound: Instant,
     token: Token,
+    /// The TCP socket under the stream (TLS or not), a duplicate descriptor, for [`Link::reset`].
+    socket: std::os::fd::OwnedFd,
 }
 
 impl Drop for Link {
@@ -109,6 +111,18 @@ impl Drop for Link {
 }
 
 impl Link {
+    /// Ends a link given up on with a reset instead of a close: a closed socket's kernel keeps
+    /// sending what it still buffers (up to the send buffer, 256 KiB) once the link is back, outside
+    /// the bandwidth budget, to a connection nobody reads; the frames go again on the next
+    /// connection anyway. Measured on the thin-link test's 2 Mbit/s link after a 25 s cut: the wire
+    /// carried 1922 kbit/s against an 1800 kbit/s budget for half a minute, 1844 normally.
+    pub fn reset(self) {
+        if let Err(e) = rustix::net::sockopt::set_socket_linger(&self.socket, Some(Duration::ZERO))
+        {
+            tracing::debug!(error = %e, "cannot set SO_LINGER 0 on a failed link; closing it");
+        }
+    }
+
     /// Writes a command and whatever is buffered, within the request deadline.
     pub(super) async fn command(&mut self, cmd: BaseCommand) -> Result<(), LinkError> {
         codec::encode_command(&cmd, &mut self.out);
@@ -361,6 +375,7 @@ impl Setup {
         })
         .map_err(connect_err)?;
         tcp.set_nodelay(true)?;
+        let socket = rustix::io::dup(&tcp).map_err(std::io::Error::from)?;
         let stream: Box<dyn Conn> = if ep.tls {
             let tls = self.tls.clone().ok_or_else(|| {
                 LinkError::Broker("pulsar+ssl:// without a TLS configuration".into())
@@ -421,6 +436,7 @@ impl Setup {
             producer_id: 1,
             last_inbound: Instant::now(),
             token: self.token.clone(),
+            socket,
         };
         let token = self.token.current()?;
         // A client certificate is the identity when there is no token: the broker's TLS

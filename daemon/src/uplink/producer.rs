@@ -476,6 +476,9 @@ impl Session {
                     shared.window().disconnected();
                     shared.set_connected(false);
                     shared.room.notify_one();
+                    if r.is_err() {
+                        link.reset();
+                    }
                     r
                 }
                 Err(e) => Err(e),
