@@ -24,7 +24,7 @@ pub fn producer_name(rig: &str, source: &str) -> String {
 }
 
 /// The producer name of a source's epoch starting at capture sequence `start` (see
-/// `spool::split`): the stable name for the first epoch, `rigd-{rig}-{source}-e{start}` after a
+/// `spool::epochs`): the stable name for the first epoch, `rigd-{rig}-{source}-e{start}` after a
 /// live-first split. Names need only be unique within the source's topic.
 pub fn epoch_producer_name(rig: &str, source: &str, start: u64) -> String {
     match start {

@@ -87,13 +87,13 @@ async fn republish(
     };
     let (shutdown_tx, shutdown) = watch::channel(false);
     // One producer per sending epoch of each source, under the name the daemon used for it
-    // (`spool::split`): deduplication is per producer name, so a frame republished under another
+    // (`spool::epochs`): deduplication is per producer name, so a frame republished under another
     // epoch's name would be dropped, or would make that name drop the frames still to come.
     let mut epochs = Vec::with_capacity(plan.len());
     let mut first_sender = Vec::with_capacity(plan.len());
     let mut wanted: Vec<(usize, u64)> = Vec::new();
     for (i, p) in plan.iter().enumerate() {
-        let persisted = crate::spool::split::read_epochs(snap.path(), &p.source).map_err(|e| {
+        let persisted = crate::spool::epochs::read_epochs(snap.path(), &p.source).map_err(|e| {
             ReplayError::Pulsar {
                 url: target.url.clone(),
                 why: format!("{}: sending epochs: {e}", p.source),

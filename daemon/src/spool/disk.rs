@@ -1,14 +1,16 @@
-//! File I/O on segments and quarantine files, behind [`Disk`] so that tests can inject faults.
+//! The spool's file I/O, behind [`Disk`] so that tests can inject faults: every file the spool
+//! writes (segments, quarantine, the sequence floor `SEQ`, the `epochs/` lists, the `RIG`
+//! identity) is created, written, synced, renamed and removed through it.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-/// The spool's file I/O on segments and quarantine, behind a trait so that tests can fail any
-/// call (EIO, ENOSPC, EMFILE), make writes short or torn, or watch the order of the syncs. The
-/// index is sled's own business and not behind it.
+/// The spool's file I/O, behind a trait so that tests can fail any call (EIO, ENOSPC, EMFILE),
+/// make writes short or torn, or watch the order of the syncs. The index is sled's own business
+/// and not behind it; nor is `LOCK`, which holds no data (only its flock matters).
 pub(crate) trait Disk: Send + Sync {
-    /// fdatasync of a segment file.
+    /// fdatasync of a file.
     fn sync_data(&self, file: &File) -> std::io::Result<()>;
     /// fsync of a directory, after an entry in it was created or removed.
     fn sync_dir(&self, dir: &Path) -> std::io::Result<()>;
@@ -23,6 +25,25 @@ pub(crate) trait Disk: Send + Sync {
     /// Opens a segment for reading.
     fn open(&self, path: &Path) -> std::io::Result<File> {
         File::open(path)
+    }
+    /// Opens an existing file for writes in place (`SEQ`).
+    fn open_rw(&self, path: &Path) -> std::io::Result<File> {
+        OpenOptions::new().read(true).write(true).open(path)
+    }
+    /// Creates a file, or empties the one there (the temporary file of an atomic replace).
+    fn create_truncate(&self, path: &Path) -> std::io::Result<File> {
+        File::create(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        std::fs::rename(from, to)
+    }
+    /// A directory and its parents.
+    fn create_dir(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
+    /// Cuts a file to `len` bytes.
+    fn set_len(&self, file: &File, len: u64) -> std::io::Result<()> {
+        file.set_len(len)
     }
     /// A whole segment.
     fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
@@ -96,10 +117,25 @@ pub(super) mod libc_errno {
     pub const ENOSPC: i32 = 28;
 }
 
-/// Replaces `dir/name` with `bytes` so that a power cut leaves the old file or the new one: to
-/// `name.tmp`, fsynced, renamed over `name`, the directory fsynced.
-pub(super) fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    replace_file_on(&Os, dir, name, bytes).map_err(|e| e.source)
+/// All of `buf` at `offset`, through `disk`'s (possibly short) writes.
+pub(super) fn write_all_at(
+    disk: &dyn Disk,
+    file: &File,
+    mut buf: &[u8],
+    mut offset: u64,
+) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match disk.write_at(file, buf, offset) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                buf = &buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// An atomic replace that failed, and whether before or after its rename: before it, the old
@@ -112,14 +148,14 @@ pub(super) struct ReplaceFailed {
     pub source: std::io::Error,
 }
 
-/// [`replace_file`] through `disk` (so that tests can fail its syncs).
+/// Replaces `dir/name` with `bytes` through `disk`, so that a power cut leaves the old file or the
+/// new one: to `name.tmp`, fsynced, renamed over `name`, the directory fsynced.
 pub(super) fn replace_file_on(
     disk: &dyn Disk,
     dir: &Path,
     name: &str,
     bytes: &[u8],
 ) -> Result<(), ReplaceFailed> {
-    use std::io::Write;
     let failed = |renamed, op| {
         move |source| ReplaceFailed {
             renamed,
@@ -129,11 +165,14 @@ pub(super) fn replace_file_on(
     };
     let tmp = dir.join(format!("{name}.tmp"));
     {
-        let mut f = File::create(&tmp).map_err(failed(false, "create"))?;
-        f.write_all(bytes).map_err(failed(false, "write"))?;
+        let f = disk
+            .create_truncate(&tmp)
+            .map_err(failed(false, "create"))?;
+        write_all_at(disk, &f, bytes, 0).map_err(failed(false, "write"))?;
         disk.sync_data(&f).map_err(failed(false, "sync"))?;
     }
-    std::fs::rename(&tmp, dir.join(name)).map_err(failed(false, "rename"))?;
+    disk.rename(&tmp, &dir.join(name))
+        .map_err(failed(false, "rename"))?;
     disk.sync_dir(dir).map_err(failed(true, "sync directory"))
 }
 /// Bytes the filesystem allocated to a file (a sparse file takes less than its length).

@@ -7,7 +7,8 @@
 //! numbers, and the broker's deduplication would drop every such frame as a duplicate: silent
 //! loss. So the spool reserves numbers ahead, durably, in a file of its own (hi-lo): the floor is
 //! moved [`STEP`] past the next number before frames get within `STEP / 2` of it, and a frame is
-//! numbered only below a durable floor ([`Spool::admit_seq`]: a frame past it is dropped, counted).
+//! numbered only below a durable floor ([`super::Spool::admit_seq`]: a frame past it is dropped,
+//! counted).
 //! After index damage, numbering resumes at the floor.
 //!
 //! The file holds two slots of equal size, written in place in turn (the LMDB meta-page way):
@@ -17,15 +18,17 @@
 //! reader takes the other. Overwriting blocks the file already has needs no free space, so the
 //! floor moves on a full disk (issue 31.3: after a crash, rigd starts and captures there). The
 //! file is created (or grown, or converted from version 1, a single text slot) by the atomic
-//! replace of [`super::disk::replace_file`]; while that fails, the floor stays where it is.
+//! replace of [`super::disk::replace_file_on`]; while that fails, the floor stays where it is.
+//! Every write goes through the spool's [`Disk`].
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Spool, SpoolError, CRASH_SEQ_MARGIN};
+use super::disk::{replace_file_on, write_all_at, Disk};
+use super::{SpoolError, CRASH_SEQ_MARGIN};
 
 pub const FILE: &str = "SEQ";
 
@@ -43,8 +46,8 @@ const HEADER_V2: &str = "rigd-seq-floor 2 ";
 
 /// The floors in memory, as last made durable (or read).
 #[derive(Default)]
-pub(super) struct Floors {
-    pub(super) reserved: BTreeMap<Arc<str>, u64>,
+struct Floors {
+    reserved: BTreeMap<Arc<str>, u64>,
     /// When the last write failed, while it has not succeeded since.
     failed_at: Option<Instant>,
     /// `SEQ` (version 2) open for in-place writes, and its slot size.
@@ -56,13 +59,13 @@ pub(super) struct Floors {
 /// Reads `SEQ` from a spool directory: source -> floor (empty when absent; `Err` when it does not
 /// parse).
 pub fn read(dir: &Path) -> Result<BTreeMap<String, u64>, String> {
-    read_slots(dir).map(|(floors, _, _)| floors)
+    read_slots(&super::disk::Os, dir).map(|(floors, _, _)| floors)
 }
 
 /// The floors, the generation they were written with and the slot size (0: not version 2).
-fn read_slots(dir: &Path) -> Result<(BTreeMap<String, u64>, u64, usize), String> {
+fn read_slots(disk: &dyn Disk, dir: &Path) -> Result<(BTreeMap<String, u64>, u64, usize), String> {
     let path = dir.join(FILE);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match disk.read(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((BTreeMap::new(), 0, 0)),
         Err(e) => return Err(format!("{}: {e}", path.display())),
@@ -157,14 +160,49 @@ fn encode_slot(generation: u64, floors: &BTreeMap<Arc<str>, u64>, slot: usize) -
     Some(out)
 }
 
-impl Spool {
+/// `SEQ` as read at open, before [`Floor::install`] takes it.
+pub(super) struct Loaded {
+    pub(super) floors: BTreeMap<Arc<str>, u64>,
+    generation: u64,
+    slot: usize,
+}
+
+/// The sequence floor of a spool: the floors as last made durable, and `SEQ` open for writes.
+pub(super) struct Floor {
+    root: PathBuf,
+    disk: Arc<dyn Disk>,
+    state: Mutex<Floors>,
+}
+
+impl Floor {
+    pub(super) fn new(root: &Path, disk: Arc<dyn Disk>) -> Self {
+        Floor {
+            root: root.to_path_buf(),
+            disk,
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, Floors> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn io(&self, op: &'static str) -> impl Fn(std::io::Error) -> SpoolError + '_ {
+        move |source| SpoolError::Io {
+            path: self.root.clone(),
+            op,
+            source,
+        }
+    }
+
     /// Makes sure every number below `next + STEP / 2` of `source` is under its durable floor,
     /// moving the floor to `next + STEP` (one write) when it is not. Called with each source's
     /// next number before the frame that takes it can be published. Ok when `next` is below
     /// the durable floor, whether or not a due write succeeded; Err (the write's error) when it
-    /// is not: the frame that would take `next` must not be numbered ([`Spool::admit_seq`]).
-    pub(super) fn reserve_seq(&self, source: &Arc<str>, next: u64) -> Result<(), SpoolError> {
-        let mut f = self.floors.lock().unwrap_or_else(|p| p.into_inner());
+    /// is not: the frame that would take `next` must not be numbered
+    /// ([`super::Spool::admit_seq`]).
+    pub(super) fn reserve(&self, source: &Arc<str>, next: u64) -> Result<(), SpoolError> {
+        let mut f = self.state();
         let floor = f.reserved.get(source).copied().unwrap_or(0);
         if next.saturating_add(STEP / 2) < floor {
             return Ok(());
@@ -184,10 +222,10 @@ impl Spool {
         }
         let mut new = f.reserved.clone();
         new.insert(source.clone(), next.saturating_add(STEP));
-        match self.write_floors(&mut f, &new) {
+        match self.write(&mut f, &new) {
             Ok(()) => {
                 if f.failed_at.take().is_some() {
-                    tracing::info!(spool = %self.path.display(),
+                    tracing::info!(spool = %self.root.display(),
                         "spool: the sequence floor (SEQ) is written again; numbering goes on");
                 }
                 f.reserved = new;
@@ -195,7 +233,7 @@ impl Spool {
             }
             Err(e) => {
                 if f.failed_at.is_none() {
-                    tracing::error!(spool = %self.path.display(), error = %e, source = %source, floor,
+                    tracing::error!(spool = %self.root.display(), error = %e, source = %source, floor,
                         "spool: cannot move the sequence floor (SEQ); frames are numbered up to it, past it they are dropped (counted) until it can be written");
                 }
                 f.failed_at = Some(Instant::now());
@@ -206,25 +244,12 @@ impl Spool {
 
     /// One durable write of the floors: in place into the older slot when `SEQ` is version 2
     /// and they fit, else a new file by atomic replace.
-    fn write_floors(
-        &self,
-        f: &mut Floors,
-        floors: &BTreeMap<Arc<str>, u64>,
-    ) -> std::io::Result<()> {
+    fn write(&self, f: &mut Floors, floors: &BTreeMap<Arc<str>, u64>) -> std::io::Result<()> {
         let generation = f.generation + 1;
         let at = |slot: usize| (generation % 2) * slot as u64;
         if let Some((file, slot)) = &f.slots {
             if let Some(bytes) = encode_slot(generation, floors, *slot) {
-                let mut done = 0;
-                while done < bytes.len() {
-                    let n = self
-                        .disk
-                        .write_at(file, &bytes[done..], at(*slot) + done as u64)?;
-                    if n == 0 {
-                        return Err(std::io::ErrorKind::WriteZero.into());
-                    }
-                    done += n;
-                }
+                write_all_at(self.disk.as_ref(), file, &bytes, at(*slot))?;
                 self.disk.sync_data(file)?;
                 f.generation = generation;
                 return Ok(());
@@ -240,89 +265,67 @@ impl Spool {
         let s = fits(slot).expect("sized to fit");
         let start = at(slot) as usize;
         bytes[start..start + slot].copy_from_slice(&s);
-        super::disk::replace_file_on(self.disk.as_ref(), &self.path, FILE, &bytes)
-            .map_err(|e| e.source)?;
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .open(self.path.join(FILE))?;
+        replace_file_on(self.disk.as_ref(), &self.root, FILE, &bytes).map_err(|e| e.source)?;
+        let file = self.disk.open_rw(&self.root.join(FILE))?;
         f.slots = Some((file, slot));
         f.generation = generation;
         Ok(())
     }
 
     /// The durable floor of a source (0: none recorded).
-    pub(super) fn floor(&self, source: &Arc<str>) -> u64 {
-        let f = self.floors.lock().unwrap_or_else(|p| p.into_inner());
-        f.reserved.get(source).copied().unwrap_or(0)
+    pub(super) fn get(&self, source: &Arc<str>) -> u64 {
+        self.state().reserved.get(source).copied().unwrap_or(0)
     }
 
-    /// Whether a frame of `source` may take the number `seq`: it is below the durable floor
-    /// (moved first when due). A frame that may not is dropped by the caller; it is counted here.
-    pub fn admit_seq(&self, source: &Arc<str>, seq: u64) -> bool {
-        if self.reserve_seq(source, seq).is_ok() {
-            return true;
-        }
-        self.drop_frame(source, super::drops::Loss::Floor);
-        false
+    /// The sources that have a floor.
+    pub(super) fn sources(&self) -> Vec<Arc<str>> {
+        self.state().reserved.keys().cloned().collect()
     }
 
-    /// At open: the floors from `SEQ`. `index_lost`: the index was blank or rebuilt, so its
-    /// notes may be behind what was handed out; every source resumes at least at its floor.
-    /// A `SEQ` that is absent or of version 1 is written as version 2 now, while there may
-    /// still be room for it (failing that, at the next reservation).
-    pub(super) fn load_floors(&self, index_lost: bool) -> Result<(), SpoolError> {
-        let (floors, generation, slot) = match read_slots(&self.path) {
+    /// At open: the floors in `SEQ` (none when it does not parse: logged, and rewritten at the
+    /// next reservation).
+    pub(super) fn read(&self) -> Loaded {
+        let (floors, generation, slot) = match read_slots(self.disk.as_ref(), &self.root) {
             Ok(f) => f,
             Err(e) => {
-                tracing::error!(spool = %self.path.display(), error = %e,
+                tracing::error!(spool = %self.root.display(), error = %e,
                     "spool: the sequence floor does not parse; ignored, rewritten at the next reservation");
                 (BTreeMap::new(), 0, 0)
             }
         };
-        let mut raised = 0;
-        for (source, floor) in &floors {
-            let source: Arc<str> = source.as_str().into();
-            if index_lost && self.noted_seq(&source)?.is_none_or(|n| n < *floor) {
-                self.meta
-                    .insert(super::index::seq_note_key(source), &floor.to_le_bytes()[..])
-                    .map_err(self.ix())?;
-                raised += 1;
-            }
+        Loaded {
+            floors: floors
+                .into_iter()
+                .map(|(s, n)| (Arc::from(s.as_str()), n))
+                .collect(),
+            generation,
+            slot,
         }
-        if raised > 0 {
-            self.index.flush().map_err(self.ix())?;
-            tracing::warn!(spool = %self.path.display(), sources = raised,
-                "spool: the index did not know where numbering had got to; sequence numbers resume at the floor in SEQ");
-        }
-        let mut f = self.floors.lock().unwrap_or_else(|p| p.into_inner());
-        f.reserved = floors
-            .into_iter()
-            .map(|(s, n)| (Arc::from(s.as_str()), n))
-            .collect();
-        f.generation = generation;
-        let file = (slot > 0)
-            .then(|| {
-                File::options()
-                    .read(true)
-                    .write(true)
-                    .open(self.path.join(FILE))
-            })
+    }
+
+    /// At open, after [`Floor::read`]: the floors in force. A `SEQ` that is absent or of
+    /// version 1 is written as version 2 now, while there may still be room for it (failing
+    /// that, at the next reservation).
+    pub(super) fn install(&self, loaded: Loaded) {
+        let mut f = self.state();
+        f.reserved = loaded.floors;
+        f.generation = loaded.generation;
+        let file = (loaded.slot > 0)
+            .then(|| self.disk.open_rw(&self.root.join(FILE)))
             .transpose();
         match file {
-            Ok(Some(file)) => f.slots = Some((file, slot)),
+            Ok(Some(file)) => f.slots = Some((file, loaded.slot)),
             Ok(None) => {
                 let floors = f.reserved.clone();
-                if let Err(e) = self.write_floors(&mut f, &floors) {
-                    tracing::warn!(spool = %self.path.display(), error = %e,
+                if let Err(e) = self.write(&mut f, &floors) {
+                    tracing::warn!(spool = %self.root.display(), error = %e,
                         "spool: cannot write the sequence floor (SEQ) yet; tried again at the next reservation");
                 }
             }
             Err(e) => {
-                tracing::warn!(spool = %self.path.display(), error = %e,
+                tracing::warn!(spool = %self.root.display(), error = %e,
                     "spool: cannot open the sequence floor (SEQ) for writing; it is replaced at the next reservation");
             }
         }
-        Ok(())
     }
 }

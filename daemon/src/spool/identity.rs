@@ -4,11 +4,13 @@
 //!
 //! Written by the daemon at open when it differs from what is there: to `RIG.tmp`, fsynced, then
 //! renamed over `RIG` and the directory fsynced, so a power cut leaves the old file or the new
-//! one. A failure to write it (a full disk) is logged, never fatal: the records do not depend on
-//! it.
+//! one (through the spool's [`Disk`]). A failure to write it (a full disk) is logged, never
+//! fatal: the records do not depend on it.
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+use super::disk::{replace_file_on, Disk};
 
 pub const FILE: &str = "RIG";
 
@@ -45,17 +47,18 @@ pub fn read(dir: &Path) -> Result<Option<RigIdentity>, String> {
     }
 }
 
-/// Stores `id` in `dir` unless it is there already.
-pub fn write(dir: &Path, id: &RigIdentity) -> std::io::Result<()> {
+/// Stores `id` in `dir` through `disk`, unless it is there already.
+pub(super) fn write(disk: &dyn Disk, dir: &Path, id: &RigIdentity) -> std::io::Result<()> {
     if read(dir).ok().flatten().as_ref() == Some(id) {
         return Ok(());
     }
-    super::disk::replace_file(dir, FILE, id.encode().as_bytes())
+    replace_file_on(disk, dir, FILE, id.encode().as_bytes()).map_err(|e| e.source)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spool::disk::Os;
 
     #[test]
     fn round_trips_and_is_rewritten_only_when_it_changes() {
@@ -66,13 +69,13 @@ mod tests {
             bucket_ms: 33,
             topic: "persistent://public/default/{rig}-{source}".into(),
         };
-        write(dir.path(), &id).unwrap();
+        write(&Os, dir.path(), &id).unwrap();
         assert_eq!(read(dir.path()).unwrap(), Some(id.clone()));
         let other = RigIdentity {
             rig: "van-08".into(),
             ..id
         };
-        write(dir.path(), &other).unwrap();
+        write(&Os, dir.path(), &other).unwrap();
         assert_eq!(read(dir.path()).unwrap(), Some(other));
         std::fs::write(dir.path().join(FILE), "rig = 3").unwrap();
         assert!(read(dir.path()).is_err());

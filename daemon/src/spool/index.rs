@@ -1,69 +1,37 @@
-//! The index: record locations in sled pages, the changes not yet committed to it ([`Pending`]),
-//! and the sequence notes.
+//! The index: the sled database ([`Index`] owns it), record locations in its pages, the changes
+//! not yet committed to them ([`Pending`]), the sequence notes, the segment ledger and the flags
+//! of `meta` (`clean`, `mode`, `counts`, `rebuild`), and the damage found in it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::disk::no_room;
-use super::{ledger, pages, Spool, SpoolError};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Location {
-    pub(super) segment: u64,
-    pub(super) offset: u64,
-    pub(super) len: u32,
-    /// Capture time of the frame, so the oldest age is known without reading the record.
-    pub(super) capture_ns: i64,
-}
-
-impl Location {
-    /// The earlier one-entry-per-record index value (still read, see [`pages`]).
-    #[cfg(test)]
-    pub(super) fn encode(&self) -> [u8; 28] {
-        let mut b = [0u8; 28];
-        b[..8].copy_from_slice(&self.segment.to_le_bytes());
-        b[8..16].copy_from_slice(&self.offset.to_le_bytes());
-        b[16..20].copy_from_slice(&self.len.to_le_bytes());
-        b[20..].copy_from_slice(&self.capture_ns.to_le_bytes());
-        b
-    }
-    pub(super) fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != 28 {
-            return None;
-        }
-        Some(Location {
-            segment: u64::from_le_bytes(b[..8].try_into().ok()?),
-            offset: u64::from_le_bytes(b[8..16].try_into().ok()?),
-            len: u32::from_le_bytes(b[16..20].try_into().ok()?),
-            capture_ns: i64::from_le_bytes(b[20..].try_into().ok()?),
-        })
-    }
-}
+use super::pages::{self, Location};
+use super::{ledger, SpoolError};
 
 /// Index changes not yet in sled (see the module's invariants). Every append takes the next
 /// `serial`; a commit moves to sled what was appended before the data flush it made.
 #[derive(Default)]
-pub(super) struct Pending {
-    pub(super) serial: u64,
+struct Pending {
+    serial: u64,
     /// Per source: seq -> (location, serial of the append).
-    pub(super) entries: HashMap<Arc<str>, BTreeMap<u64, (Location, u64)>>,
+    entries: HashMap<Arc<str>, BTreeMap<u64, (Location, u64)>>,
     /// Per source: (next sequence, serial when noted).
-    pub(super) seq_notes: HashMap<Arc<str>, (u64, u64)>,
+    seq_notes: HashMap<Arc<str>, (u64, u64)>,
     /// Per source: the highest seq ever indexed (committed or not), so that an append above it
     /// needs no index lookup.
-    pub(super) highest: HashMap<Arc<str>, u64>,
+    highest: HashMap<Arc<str>, u64>,
     /// Per source: committed records removed since the last commit (their pages still list them).
-    pub(super) removed: HashMap<Arc<str>, BTreeSet<u64>>,
+    removed: HashMap<Arc<str>, BTreeSet<u64>>,
     /// Sources whose oldest capture time is refreshed at the next commit (it moved by a removal).
-    pub(super) stale_oldest: HashSet<Arc<str>>,
+    stale_oldest: HashSet<Arc<str>>,
 }
 
 /// Opens the sled index. sled's own file lock can outlive a closed handle for a moment (its
 /// threads finish asynchronously), so a busy lock is waited for rather than mistaken for damage:
 /// treating it as damage would rebuild the index from segments and resurrect removed records.
-pub(super) fn open_index(path: &Path) -> Result<sled::Db, IndexOpen> {
+fn open_index(path: &Path) -> Result<sled::Db, IndexOpen> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let p = path.to_path_buf();
@@ -97,7 +65,7 @@ pub(super) fn open_index(path: &Path) -> Result<sled::Db, IndexOpen> {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub(super) enum IndexOpen {
+enum IndexOpen {
     #[error("index busy: {0}")]
     Busy(sled::Error),
     #[error("index damaged: {0}")]
@@ -123,7 +91,7 @@ pub(super) fn read_ledger(meta: &sled::Tree) -> sled::Result<Option<BTreeMap<u64
 }
 
 /// The page that may hold `seq`: the one with the greatest key not above it.
-pub(super) fn page_at(tree: &sled::Tree, seq: u64) -> sled::Result<Option<(u64, sled::IVec)>> {
+fn page_at(tree: &sled::Tree, seq: u64) -> sled::Result<Option<(u64, sled::IVec)>> {
     match tree.range(..=seq.to_be_bytes()).next_back() {
         Some(item) => {
             let (k, v) = item?;
@@ -134,7 +102,7 @@ pub(super) fn page_at(tree: &sled::Tree, seq: u64) -> sled::Result<Option<(u64, 
 }
 
 /// The meta key of a source's sequence note (the next capture sequence it hands out).
-pub(super) fn seq_note_key(source: impl std::fmt::Display) -> String {
+fn seq_note_key(source: impl std::fmt::Display) -> String {
     format!("seq:{source}")
 }
 
@@ -142,7 +110,203 @@ pub(super) fn key_seq(k: &[u8]) -> u64 {
     k.try_into().map(u64::from_be_bytes).unwrap_or(0)
 }
 
-impl Spool {
+/// A record named by its source and seq.
+pub(super) type Named = (Arc<str>, u64);
+
+/// What the index says about the last run, read at open ([`Index::start_run`]).
+pub(super) struct LastRun {
+    /// What the index knows of the segments.
+    pub(super) known: ledger::Known,
+    /// The last run did not shut down cleanly.
+    pub(super) unclean: bool,
+    /// The mode of the last run (`meta/mode`; `None`: a spool from before it was written).
+    pub(super) mode: Option<sled::IVec>,
+    /// The last run found an unreadable index page: the index is to be rebuilt.
+    pub(super) rebuild: bool,
+    /// What a clean shutdown counted (`meta/counts`), if the last run was clean.
+    pub(super) counts: Option<sled::IVec>,
+}
+
+/// The sled index of a spool, and the changes not yet committed to it.
+pub(super) struct Index {
+    /// The spool directory (errors name it).
+    root: PathBuf,
+    db: sled::Db,
+    meta: sled::Tree,
+    trees: Mutex<HashMap<Arc<str>, sled::Tree>>,
+    pending: Mutex<Pending>,
+    /// Why the index was rebuilt from the segments at open (it did not cover them), or found
+    /// damaged since.
+    damage: Mutex<Option<String>>,
+}
+
+impl Index {
+    /// Opens `root/index`. A damaged one is moved aside and a new one made (the caller rebuilds
+    /// it from the segments); one that cannot be opened for want of space is left as it is and
+    /// this run works on a temporary one (in memory).
+    pub(super) fn open(root: &Path) -> Result<Self, SpoolError> {
+        let path = root.to_path_buf();
+        let ix = |source| SpoolError::Index {
+            path: path.clone(),
+            source,
+        };
+        let index_path = path.join("index");
+        let db = match open_index(&index_path) {
+            Ok(db) => db,
+            Err(IndexOpen::Busy(source)) => return Err(SpoolError::Index { path, source }),
+            // A full disk is not a damaged index: it stays where it is, untouched, and this run
+            // works on a temporary one rebuilt from the segments (in memory).
+            Err(IndexOpen::NoRoom(e)) => {
+                tracing::error!(spool = %path.display(), error = %e,
+                    "spool index cannot be opened (no space or resources); left as it is, this run uses a temporary index rebuilt from the segments");
+                sled::Config::new()
+                    .temporary(true)
+                    .cache_capacity(16 << 20)
+                    .flush_every_ms(None)
+                    .open()
+                    .map_err(ix)?
+            }
+            Err(IndexOpen::Damaged(e)) => {
+                let aside = path.join(format!(
+                    "index.corrupt-{}",
+                    rigd_drivers::realtime_ns() / 1_000_000_000
+                ));
+                tracing::error!(spool = %path.display(), error = %e, moved_to = %aside.display(),
+                    "spool index unreadable; moved aside, rebuilding it from the segments");
+                std::fs::rename(&index_path, &aside).map_err(|source| SpoolError::Io {
+                    path: path.clone(),
+                    op: "move the damaged index aside",
+                    source,
+                })?;
+                open_index(&index_path).map_err(|e| match e {
+                    IndexOpen::Busy(source)
+                    | IndexOpen::Damaged(source)
+                    | IndexOpen::NoRoom(source) => ix(source),
+                })?
+            }
+        };
+        let meta = db.open_tree("meta").map_err(ix)?;
+        Ok(Index {
+            root: path,
+            db,
+            meta,
+            trees: Mutex::default(),
+            pending: Mutex::default(),
+            damage: Mutex::new(None),
+        })
+    }
+
+    fn ix(&self) -> impl Fn(sled::Error) -> SpoolError + '_ {
+        move |source| SpoolError::Index {
+            path: self.root.clone(),
+            source,
+        }
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads what the last run left, then marks this run as not (yet) clean: `clean` = 0 and the
+    /// stored counts removed (a crash of this run never finds stale ones), durably.
+    pub(super) fn start_run(&self) -> Result<LastRun, SpoolError> {
+        let meta = &self.meta;
+        let known = ledger::Known {
+            blank: meta.is_empty(),
+            ledger: read_ledger(meta).map_err(self.ix())?,
+        };
+        let unclean = meta
+            .get("clean")
+            .map_err(self.ix())?
+            .is_some_and(|v| v.as_ref() != [1]);
+        let mode = meta.get("mode").map_err(self.ix())?;
+        let rebuild = meta.get("rebuild").map_err(self.ix())?.is_some();
+        let counts = (!unclean && !rebuild)
+            .then(|| meta.get("counts").ok().flatten())
+            .flatten();
+        meta.insert("clean", &[0u8][..]).map_err(self.ix())?;
+        meta.remove("counts").map_err(self.ix())?;
+        self.flush()?;
+        Ok(LastRun {
+            known,
+            unclean,
+            mode,
+            rebuild,
+            counts,
+        })
+    }
+
+    /// Records the mode of this run (`meta/mode`), durably.
+    pub(super) fn set_mode(&self, mode: &[u8]) -> Result<(), SpoolError> {
+        self.meta.insert("mode", mode).map_err(self.ix())?;
+        self.flush()
+    }
+
+    /// A clean shutdown: stores what it counted, then `clean` = 1, durably.
+    pub(super) fn mark_clean(&self, counts: Vec<u8>) -> Result<(), SpoolError> {
+        self.meta.insert("counts", counts).map_err(self.ix())?;
+        self.meta.insert("clean", &[1u8][..]).map_err(self.ix())?;
+        self.flush()
+    }
+
+    /// The next start is to rebuild the index from the segments.
+    pub(super) fn ask_rebuild(&self) -> Result<(), SpoolError> {
+        self.meta
+            .insert("rebuild", &[1u8][..])
+            .map(drop)
+            .map_err(self.ix())
+    }
+
+    /// The rebuild asked for is under way.
+    pub(super) fn rebuild_started(&self) -> Result<(), SpoolError> {
+        self.meta.remove("rebuild").map(drop).map_err(self.ix())
+    }
+
+    pub(super) fn flush(&self) -> Result<(), SpoolError> {
+        self.db.flush().map(drop).map_err(self.ix())
+    }
+
+    /// Records damage to the index found at open or while running (shown in status and metrics).
+    pub(super) fn note_damage(&self, why: String) {
+        let mut d = self.damage.lock().unwrap_or_else(|p| p.into_inner());
+        match d.as_mut() {
+            Some(d) if d.contains(&why) => {}
+            Some(d) => {
+                d.push_str("; ");
+                d.push_str(&why);
+            }
+            None => *d = Some(why),
+        }
+    }
+
+    /// Why the index had to be rebuilt from the segments at open, or was found damaged since.
+    pub(super) fn damage(&self) -> Option<String> {
+        self.damage
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The sources the index lists records of.
+    pub(super) fn sources(&self) -> Vec<Arc<str>> {
+        self.db
+            .tree_names()
+            .iter()
+            .filter_map(|n| n.strip_prefix(b"i:"))
+            .map(|s| String::from_utf8_lossy(s).into())
+            .collect()
+    }
+
+    /// The sources with a sequence note.
+    pub(super) fn noted_sources(&self) -> Result<Vec<Arc<str>>, SpoolError> {
+        let mut out = Vec::new();
+        for item in self.meta.scan_prefix(seq_note_key("")) {
+            let (k, _) = item.map_err(self.ix())?;
+            out.push(String::from_utf8_lossy(&k[4..]).into());
+        }
+        Ok(out)
+    }
+
     /// A source's durable sequence note.
     pub(super) fn noted_seq(&self, source: &Arc<str>) -> Result<Option<u64>, SpoolError> {
         Ok(self
@@ -152,13 +316,93 @@ impl Spool {
             .map(|v| u64::from_le_bytes(v.as_ref().try_into().unwrap_or_default())))
     }
 
+    /// Sets a source's sequence note in sled (durable with the next flush).
+    pub(super) fn set_seq_note(&self, source: &Arc<str>, next: u64) -> Result<(), SpoolError> {
+        self.meta
+            .insert(seq_note_key(source), &next.to_le_bytes()[..])
+            .map(drop)
+            .map_err(self.ix())
+    }
+
+    /// A new source's first note, `next`, durable now (the sled error when it cannot be).
+    pub(super) fn note_new_source(&self, source: &Arc<str>, next: u64) -> sled::Result<()> {
+        self.meta
+            .insert(seq_note_key(source), &next.to_le_bytes()[..])
+            .and_then(|_| self.db.flush())
+            .map(drop)
+    }
+
+    /// Records the next sequence number of a source, to reach sled with the commit that moves
+    /// the appends made so far.
+    pub(super) fn note_seq(&self, source: &Arc<str>, next: u64) {
+        let mut p = self.pending();
+        let serial = p.serial;
+        p.seq_notes.insert(source.clone(), (next, serial));
+    }
+
+    /// The sequence notes not yet in sled go there now, ahead of their data, and sled is flushed
+    /// (after a failed data sync in `on-outage` mode: the jump's base keeps up with publishing).
+    pub(super) fn write_seq_notes_now(&self) -> sled::Result<()> {
+        let notes: Vec<(Arc<str>, u64)> = {
+            let mut p = self.pending();
+            p.seq_notes
+                .drain()
+                .map(|(s, (next, _))| (s, next))
+                .collect()
+        };
+        for (source, next) in notes {
+            let _ = self
+                .meta
+                .insert(seq_note_key(source), &next.to_le_bytes()[..]);
+        }
+        self.db.flush().map(drop)
+    }
+
+    /// What the index has of a source's numbering: the durable note, the sequence after the
+    /// highest committed record (0: none), and the highest of the pending note and the sequence
+    /// after the highest pending record.
+    pub(super) fn numbering(
+        &self,
+        source: &Arc<str>,
+    ) -> Result<(Option<u64>, u64, u64), SpoolError> {
+        let pending = {
+            let p = self.pending();
+            let note = p.seq_notes.get(source).map(|n| n.0).unwrap_or(0);
+            let last = p
+                .entries
+                .get(source)
+                .and_then(|m| m.keys().next_back())
+                .map(|s| s + 1)
+                .unwrap_or(0);
+            note.max(last)
+        };
+        Ok((self.noted_seq(source)?, self.stored_seq(source)?, pending))
+    }
+
     /// The sequence after a source's highest committed record (0: none).
     pub(super) fn stored_seq(&self, source: &Arc<str>) -> Result<u64, SpoolError> {
         Ok(self.last_committed(source)?.map_or(0, |s| s + 1))
     }
 
-    pub(super) fn pending(&self) -> MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    /// An appended record's entry, pending until a commit moves it to sled. The caller holds
+    /// the segments' lock, so that a commit's watermark covers exactly the written appends.
+    pub(super) fn add(&self, source: &Arc<str>, seq: u64, loc: Location) {
+        let mut p = self.pending();
+        let serial = p.serial;
+        p.serial += 1;
+        p.highest
+            .entry(source.clone())
+            .and_modify(|h| *h = (*h).max(seq))
+            .or_insert(seq);
+        p.entries
+            .entry(source.clone())
+            .or_default()
+            .insert(seq, (loc, serial));
+    }
+
+    /// The serial the next append takes: a commit moves what was appended below it.
+    pub(super) fn serial(&self) -> u64 {
+        self.pending().serial
     }
 
     /// Where a source's record is, committed or not.
@@ -182,11 +426,7 @@ impl Spool {
     }
 
     /// A record's location as sled has it (removals not yet committed still listed).
-    pub(super) fn committed(
-        &self,
-        source: &Arc<str>,
-        seq: u64,
-    ) -> Result<Option<Location>, SpoolError> {
+    fn committed(&self, source: &Arc<str>, seq: u64) -> Result<Option<Location>, SpoolError> {
         let tree = self.tree(source)?;
         let Some((key, v)) = page_at(&tree, seq).map_err(self.ix())? else {
             return Ok(None);
@@ -195,7 +435,7 @@ impl Spool {
     }
 
     /// The highest seq sled has for a source.
-    pub(super) fn last_committed(&self, source: &Arc<str>) -> Result<Option<u64>, SpoolError> {
+    fn last_committed(&self, source: &Arc<str>) -> Result<Option<u64>, SpoolError> {
         let last = self.tree(source)?.last().map_err(self.ix())?;
         Ok(last.and_then(|(k, v)| pages::last_seq(key_seq(&k), &v)))
     }
@@ -253,14 +493,146 @@ impl Spool {
         Ok(loc)
     }
 
+    /// Up to `max` entries of a source with `seq >= from`: those not yet committed and those in
+    /// sled, each side in order and cut at `max`, read at one moment (under the pending lock, so
+    /// a commit cannot move an entry between them).
+    pub(super) fn entries_from(
+        &self,
+        source: &Arc<str>,
+        from: u64,
+        max: usize,
+    ) -> Result<(pages::Page, pages::Page), SpoolError> {
+        let p = self.pending();
+        let uncommitted: Vec<(u64, Location)> = p
+            .entries
+            .get(source)
+            .map(|m| {
+                m.range(from..)
+                    .take(max)
+                    .map(|(s, (l, _))| (*s, *l))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok((uncommitted, self.committed_from(&p, source, from, max)?))
+    }
+
+    /// Takes every entry of a source out of the index (committed or not); returns them.
+    pub(super) fn clear(&self, source: &Arc<str>) -> Result<Vec<(u64, Location)>, SpoolError> {
+        let tree = self.tree(source)?;
+        let mut gone = Vec::new();
+        // Under the pending lock, so a commit cannot add this source's pages meanwhile.
+        let mut p = self.pending();
+        let uncommitted = p.entries.remove(source).unwrap_or_default();
+        gone.extend(uncommitted.into_iter().map(|(seq, (loc, _))| (seq, loc)));
+        // Removed but still listed: already released.
+        let removed = p.removed.remove(source).unwrap_or_default();
+        while let Some((k, v)) = tree.pop_min().map_err(self.ix())? {
+            let page = pages::decode(key_seq(&k), &v).unwrap_or_default();
+            gone.extend(page.into_iter().filter(|(seq, _)| !removed.contains(seq)));
+        }
+        Ok(gone)
+    }
+
+    /// The records the index lists in segment `id` (committed or not, not removed). None when a
+    /// page does not decode: the index cannot say what the segment holds (the next start
+    /// rebuilds it).
+    pub(super) fn in_segment(&self, id: u64) -> Result<Option<Vec<Named>>, SpoolError> {
+        let mut victims: Vec<Named> = Vec::new();
+        // Under the pending lock, so a commit cannot move entries from it to sled meanwhile.
+        let p = self.pending();
+        for (source, m) in &p.entries {
+            victims.extend(
+                m.iter()
+                    .filter(|(_, (loc, _))| loc.segment == id)
+                    .map(|(seq, _)| (source.clone(), *seq)),
+            );
+        }
+        for source in self.sources() {
+            let removed = p.removed.get(&source);
+            for item in self.tree(&source)?.iter() {
+                let (k, v) = item.map_err(self.ix())?;
+                let Some(page) = pages::decode(key_seq(&k), &v) else {
+                    tracing::error!(source = %source, segment = id, "spool: an index page does not decode; the oldest segment is kept");
+                    self.ask_rebuild()?;
+                    return Ok(None);
+                };
+                victims.extend(
+                    page.into_iter()
+                        .filter(|(seq, loc)| {
+                            loc.segment == id && !removed.is_some_and(|r| r.contains(seq))
+                        })
+                        .map(|(seq, _)| (source.clone(), seq)),
+                );
+            }
+        }
+        Ok(Some(victims))
+    }
+
+    /// Takes out the entries not yet committed of records in segment `id` past byte `flushed`
+    /// (they never reached the file); returns them.
+    pub(super) fn take_unwritten(&self, id: u64, flushed: u64) -> Vec<(Arc<str>, u64, Location)> {
+        let mut p = self.pending();
+        let mut lost = Vec::new();
+        for (source, m) in p.entries.iter_mut() {
+            let gone: Vec<u64> = m
+                .iter()
+                .filter(|(_, (l, _))| l.segment == id && l.offset + l.len as u64 > flushed)
+                .map(|(seq, _)| *seq)
+                .collect();
+            for seq in gone {
+                if let Some((loc, _)) = m.remove(&seq) {
+                    lost.push((source.clone(), seq, loc));
+                }
+            }
+        }
+        lost
+    }
+
+    /// The removals so far go to sled and are flushed now (before the segment they emptied is
+    /// deleted to make room).
+    pub(super) fn apply_removals_now(&self) -> Result<(), SpoolError> {
+        {
+            let mut p = self.pending();
+            self.apply_removals(&mut p)?;
+            p.stale_oldest.clear();
+        }
+        self.flush()
+    }
+
+    /// A group commit's index part, once the data of appends below `watermark` is synced: the
+    /// removals, then the entries and sequence notes of those appends, then the ledger (`due`:
+    /// segment -> length now synced and indexed) go to sled, which is flushed. Returns the
+    /// sources whose oldest capture time may have moved.
+    pub(super) fn commit(
+        &self,
+        watermark: u64,
+        due: &BTreeMap<u64, u64>,
+    ) -> Result<HashSet<Arc<str>>, SpoolError> {
+        let stale = {
+            let mut p = self.pending();
+            self.apply_removals(&mut p)?;
+            self.apply_pending(&mut p, watermark)?;
+            // The ledger follows the entries: these bytes are synced and their entries in sled.
+            let mut batch = sled::Batch::default();
+            for (id, len) in due {
+                batch.insert(ledger::key(*id).as_bytes(), &len.to_le_bytes()[..]);
+            }
+            self.meta.apply_batch(batch).map_err(self.ix())?;
+            std::mem::take(&mut p.stale_oldest)
+        };
+        self.flush()?;
+        Ok(stale)
+    }
+
     /// Writes entries of a source (increasing seq, possibly already stored: the new location
     /// wins) into its pages: merged into the page whose range holds them, else new pages.
     pub(super) fn store_entries(
         &self,
         source: &Arc<str>,
-        tree: &sled::Tree,
         entries: &[(u64, Location)],
     ) -> Result<(), SpoolError> {
+        let tree = self.tree(source)?;
+        let tree = &tree;
         let failed = std::cell::RefCell::new(None);
         let placed = pages::place(
             entries,
@@ -311,7 +683,7 @@ impl Spool {
     /// A source's removals leave `p` only once its pages are rewritten: after a failure (sled
     /// out of space) they are still held, so the records stay out of reads and are not counted
     /// out a second time.
-    pub(super) fn apply_removals(&self, p: &mut Pending) -> Result<(), SpoolError> {
+    fn apply_removals(&self, p: &mut Pending) -> Result<(), SpoolError> {
         let sources: Vec<Arc<str>> = p.removed.keys().cloned().collect();
         for source in sources {
             let Some(removed) = p.removed.get(&source) else {
@@ -351,13 +723,14 @@ impl Spool {
         Ok(())
     }
 
+    /// A source's tree of pages.
     pub(super) fn tree(&self, source: &Arc<str>) -> Result<sled::Tree, SpoolError> {
         let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = trees.get(source) {
             return Ok(t.clone());
         }
         let t = self
-            .index
+            .db
             .open_tree(format!("i:{source}"))
             .map_err(self.ix())?;
         trees.insert(source.clone(), t.clone());
@@ -365,7 +738,7 @@ impl Spool {
     }
 
     /// Moves to sled the index entries and sequence notes of appends below `watermark`.
-    pub(super) fn apply_pending(&self, p: &mut Pending, watermark: u64) -> Result<(), SpoolError> {
+    fn apply_pending(&self, p: &mut Pending, watermark: u64) -> Result<(), SpoolError> {
         let sources: Vec<Arc<str>> = p.entries.keys().cloned().collect();
         for source in sources {
             let Some(m) = p.entries.get_mut(&source) else {
@@ -379,7 +752,7 @@ impl Spool {
             if moved.is_empty() {
                 continue;
             }
-            self.store_entries(&source, &self.tree(&source)?, &moved)?;
+            self.store_entries(&source, &moved)?;
             for (seq, _) in moved {
                 m.remove(&seq);
             }
@@ -394,9 +767,7 @@ impl Spool {
             .map(|(s, (next, _))| (s.clone(), *next))
             .collect();
         for (source, next) in notes {
-            self.meta
-                .insert(seq_note_key(&source), &next.to_le_bytes()[..])
-                .map_err(self.ix())?;
+            self.set_seq_note(&source, next)?;
             p.seq_notes.remove(&source);
         }
         Ok(())
@@ -404,8 +775,8 @@ impl Spool {
 
     /// Up to `max` committed entries of a source with `seq >= from`, in order, leaving out those
     /// removed since the last commit (`p`: the pending state the caller holds locked). A page
-    /// that does not decode is set aside (see [`Spool::bad_page`]).
-    pub(super) fn committed_from(
+    /// that does not decode is set aside (see [`Index::bad_page`]).
+    fn committed_from(
         &self,
         p: &Pending,
         source: &Arc<str>,
@@ -442,15 +813,10 @@ impl Spool {
     /// An index page that does not decode (sled checksums its log, so only a bug or a bad disk
     /// gets here): it is dropped so that reading goes on past it, counted as quarantined, and the
     /// next start rebuilds the index from the segments, where its records still are.
-    pub(super) fn bad_page(
-        &self,
-        source: &Arc<str>,
-        tree: &sled::Tree,
-        key: u64,
-    ) -> Result<(), SpoolError> {
+    fn bad_page(&self, source: &Arc<str>, tree: &sled::Tree, key: u64) -> Result<(), SpoolError> {
         tracing::error!(source = %source, page = key, "spool: index page unreadable; dropped, the next start rebuilds the index from the segments");
         tree.remove(key.to_be_bytes()).map_err(self.ix())?;
-        self.meta.insert("rebuild", &[1u8][..]).map_err(self.ix())?;
+        self.ask_rebuild()?;
         // Its records are still in their segments (kept: their segments still count them) and
         // still counted as stored; they are listed again by the rebuild.
         self.note_damage(format!(
@@ -459,8 +825,8 @@ impl Spool {
         Ok(())
     }
 
-    /// Refreshes a source's oldest capture time from the index.
-    pub(super) fn update_oldest(&self, source: &Arc<str>) -> Result<(), SpoolError> {
+    /// The location of a source's oldest record, committed or not.
+    pub(super) fn oldest(&self, source: &Arc<str>) -> Result<Option<Location>, SpoolError> {
         let (pending_first, committed_first) = {
             let p = self.pending();
             let pending_first = p
@@ -470,14 +836,94 @@ impl Spool {
             let committed_first = self.committed_from(&p, source, 0, 1)?.first().copied();
             (pending_first, committed_first)
         };
-        let oldest = match (pending_first, committed_first) {
+        Ok(match (pending_first, committed_first) {
             (Some(a), Some(b)) => Some(if a.0 < b.0 { a.1 } else { b.1 }),
             (a, b) => a.or(b).map(|x| x.1),
+        })
+    }
+
+    /// Walks a source's pages in order for the count at open: `keep` takes each page's entries
+    /// and returns those that stay (a page whose entries did not all stay is written back, or
+    /// removed when none did). Stops at a page that does not decode and returns false.
+    pub(super) fn retain(
+        &self,
+        source: &Arc<str>,
+        mut keep: impl FnMut(pages::Page) -> pages::Page,
+    ) -> Result<bool, SpoolError> {
+        let tree = self.tree(source)?;
+        let mut rewrites = Vec::new();
+        let mut decoded = true;
+        for item in tree.iter() {
+            let (k, v) = item.map_err(self.ix())?;
+            let Some(page) = pages::decode(key_seq(&k), &v) else {
+                decoded = false;
+                break;
+            };
+            let live = page.len();
+            let kept = keep(page);
+            if kept.len() != live {
+                rewrites.push((k, kept));
+            }
         }
-        .map(|l| l.capture_ns.max(1) as u64);
-        self.stats(source)
-            .oldest_ns
-            .store(oldest.unwrap_or(0), Ordering::Relaxed);
+        for (k, kept) in rewrites {
+            if kept.is_empty() {
+                tree.remove(k).map_err(self.ix())?;
+            } else {
+                tree.insert(k, pages::encode(&kept)).map_err(self.ix())?;
+            }
+        }
+        Ok(decoded)
+    }
+
+    /// Writes ledger entries (segment -> covered length), removes those of `gone` segments and
+    /// marks the spool as keeping a ledger. Reaches disk with the next sled flush.
+    pub(super) fn record_ledger(
+        &self,
+        covered: &[(u64, u64)],
+        gone: &[u64],
+    ) -> Result<(), SpoolError> {
+        let mut batch = sled::Batch::default();
+        for (id, len) in covered {
+            batch.insert(ledger::key(*id).as_bytes(), &len.to_le_bytes()[..]);
+        }
+        for id in gone {
+            batch.remove(ledger::key(*id).as_bytes());
+        }
+        batch.insert(ledger::MARK.as_bytes(), &[1u8][..]);
+        self.meta.apply_batch(batch).map_err(self.ix())
+    }
+
+    /// The ledger forgets deleted segments, durably (once their deletion is durable).
+    pub(super) fn forget_segments(&self, ids: &[u64]) -> sled::Result<()> {
+        let mut batch = sled::Batch::default();
+        for id in ids {
+            batch.remove(ledger::key(*id).as_bytes());
+        }
+        self.meta
+            .apply_batch(batch)
+            .and_then(|()| self.db.flush().map(drop))
+    }
+
+    /// Forgets every record location and the ledger (before a rebuild from the segments).
+    pub(super) fn forget_locations(&self) -> Result<(), SpoolError> {
+        for name in self.db.tree_names() {
+            if name.starts_with(b"i:") {
+                self.db.drop_tree(&name).map_err(self.ix())?;
+            }
+        }
+        let mut stale = sled::Batch::default();
+        for item in self.meta.scan_prefix("seg:") {
+            let (k, _) = item.map_err(self.ix())?;
+            stale.remove(k);
+        }
+        self.meta.apply_batch(stale).map_err(self.ix())?;
+        self.trees.lock().unwrap_or_else(|p| p.into_inner()).clear();
         Ok(())
+    }
+
+    /// `meta`, for tests that look at what a crash would find.
+    #[cfg(test)]
+    pub(super) fn meta(&self) -> &sled::Tree {
+        &self.meta
     }
 }

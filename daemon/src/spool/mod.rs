@@ -12,16 +12,22 @@
 //!   (what a clean shutdown counted), and the segment [`ledger`] (`ledger`, `seg:{id:016x}`: how
 //!   far each segment's records are indexed).
 //! - `RIG`: the rig the spool belongs to ([`identity`]: rig id, bucket width, topic template).
+//! - `SEQ`: the sequence floor ([`floor`]); `epochs/{source}`: the sending epochs ([`epochs`]).
 //! - `quarantine/`: records that failed their checksum, one file each, kept for inspection.
 //! - `LOCK`: held (flock) by the process that has the spool open.
 //!
 //! The offline tools read a spool through [`snapshot`], which never writes to it.
 //!
-//! Where things live: this file holds the public API (open, append, read, remove, commit, close);
-//! [`segments`] the segment files and the one being written; [`index`] the sled pages and the
-//! changes not yet committed to them; [`recovery`] making the index cover the segments at open
-//! (read back, rebuild, quarantine, the sequence jump); [`capacity`] `max-bytes`, `free-reserve`
-//! and the drops `when-full` makes; [`disk`] the file I/O seam that tests fail on purpose.
+//! Who owns what (each type its own state, behind its own lock): [`segments::Segments`] the
+//! segment files, the one being written and the emptied ones; [`index::Index`] the sled database,
+//! its pages and the changes not yet committed to them, the sequence notes and the ledger;
+//! [`counts::Counts`] the per-source counters and the recent drops; [`capacity::Capacity`]
+//! `max-bytes`, `free-reserve` and the last measurements; [`floor::Floor`] the sequence floor;
+//! [`epochs::Epochs`] the epoch lists; [`quarantine::Quarantine`] `quarantine/`. Every file the
+//! spool writes goes through [`disk::Disk`] (the seam tests fail on purpose). [`recovery`] makes
+//! the index cover the segments at open. This file holds the public API and the rules that span
+//! the parts: an append (floor, segment write, index, counts), the order of a group commit, a
+//! removal, what `when-full` drops, a clean shutdown.
 //!
 //! Invariants (the rule: the segments are the truth, the index a cache of them):
 //! - A record is removed only after the broker's receipt for it, or by a counted capacity drop.
@@ -34,10 +40,11 @@
 //!   entry out of the index; counters never go below 0.
 //! - A source's records are read back in `seq` order, which is capture order.
 //! - An appended record's index entry and its source's sequence note are held in memory
-//!   ([`Pending`]) until a commit has written the record's data (fdatasync); only then do they go
-//!   to sled, which may write them to disk at any moment after. So an index entry or sequence note
-//!   that survives a crash or power cut never points past data that did not: a crash loses the
-//!   frames of the last commit interval whole, never leaving a hole in a source's sequence.
+//!   (the [`index`]'s pending changes) until a commit has written the record's data (fdatasync);
+//!   only then do they go to sled, which may write them to disk at any moment after. So an index
+//!   entry or sequence note that survives a crash or power cut never points past data that did
+//!   not: a crash loses the frames of the last commit interval whole, never leaving a hole in a
+//!   source's sequence.
 //! - A removal (receipt, quarantine) is held in memory too and reaches sled with the next commit; a
 //!   segment left without records is deleted only after that commit, so a crash never leaves an
 //!   index entry pointing into a deleted segment. A crash can bring back a record whose receipt
@@ -63,36 +70,44 @@
 
 mod capacity;
 mod commit;
+mod counts;
 mod disk;
 mod drops;
+pub mod epochs;
 pub mod floor;
 pub mod identity;
 mod index;
 mod ledger;
 mod pages;
+mod quarantine;
 pub mod record;
 mod recovery;
 mod segments;
 pub mod snapshot;
-pub mod split;
 
 use bytes::Bytes;
 use rigd_drivers::Frame;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::config::{SpoolConfig, SpoolMode, WhenFull};
 
 pub use commit::commit_loop;
 
-use capacity::Gone;
+use capacity::Capacity;
+use counts::{Counts, Gone};
 pub(crate) use disk::Disk;
 use disk::{libc_errno, transient, Os};
-use index::{key_seq, open_index, read_ledger, IndexOpen, Location, Pending};
-use recovery::Counts;
+use drops::Loss;
+use epochs::Epochs;
+use floor::Floor;
+use index::Index;
+use pages::Location;
+use quarantine::Quarantine;
+use recovery::{Recovery, SavedCounts};
 use segments::{Segments, MAX_SEGMENT, WRITE_BUFFER};
 
 /// After an unclean shutdown in `on-outage` mode, sequence numbers resume this far above the last
@@ -165,46 +180,49 @@ pub enum Appended {
     DroppedEarlier,
 }
 
+/// The spool: its parts, each owning its state, and the rules that span them.
 pub struct Spool {
     path: PathBuf,
     _lock: File,
-    index: sled::Db,
-    meta: sled::Tree,
-    trees: Mutex<HashMap<Arc<str>, sled::Tree>>,
-    stats: Mutex<HashMap<Arc<str>, Arc<SourceSpoolStats>>>,
-    segs: Mutex<Segments>,
-    pending: Mutex<Pending>,
-    /// Held by a drop-oldest: one at a time.
-    dropping: Mutex<()>,
-    /// What this run dropped, to take a drop back when its frame's receipt comes after all.
-    recent_drops: Mutex<capacity::RecentDrops>,
-    drops: drops::Drops,
-    /// Bytes the segments count in the spool's size (see [`segments::Segments::charged`]).
-    disk_bytes: AtomicU64,
-    index_bytes: AtomicU64,
-    segment_size: u64,
-    max_bytes: u64,
-    free_reserve: u64,
-    when_full: WhenFull,
-    unclean_start: bool,
     mode: SpoolMode,
-    disk: Box<dyn Disk>,
+    unclean_start: bool,
+    disk: Arc<dyn Disk>,
+    segments: Segments,
+    index: Index,
+    counts: Counts,
+    capacity: Capacity,
+    floor: Floor,
+    epochs: Epochs,
+    quarantine: Quarantine,
     /// An fdatasync failed in this run: its data may be lost, so the run does not end clean.
-    sync_failed: std::sync::atomic::AtomicBool,
-    quarantined: AtomicU64,
-    /// Why the index was rebuilt from the segments at open (it did not cover them), if it was.
-    index_damage: Mutex<Option<String>>,
+    sync_failed: AtomicBool,
     /// The group commit an append made now belongs to (not a sending epoch, `pipeline::epochs`).
     commit_no: AtomicU64,
     durable: tokio::sync::watch::Sender<u64>,
-    free_bytes: AtomicU64,
-    floors: Mutex<floor::Floors>,
+}
+
+/// fsync of `segments/` after deletions. Not fatal: a drained segment that a power cut brings
+/// back holds nothing the index lists and is deleted again at the next start (only an index
+/// rebuild would send its records again, and broker deduplication drops them).
+/// Once the deletions are durable the ledger forgets the segments (a segment file the ledger
+/// does not know is read back at the next start, never deleted unread).
+fn sync_after_delete(segments: &Segments, index: &Index, ids: &[u64]) {
+    if ids.is_empty() {
+        return;
+    }
+    if let Err(e) = segments.sync_dir() {
+        tracing::warn!(error = %e, "spool: deleted segments may come back after a power cut");
+        return;
+    }
+    if let Err(e) = index.forget_segments(ids) {
+        tracing::warn!(error = %e, "spool: cannot update the segment ledger");
+    }
 }
 
 impl Spool {
     /// Opens (or creates) the spool; damaged contents are set aside, never fatal.
     pub fn open(cfg: &SpoolConfig) -> Result<Arc<Self>, SpoolError> {
-        Self::open_on(cfg, Box::new(Os))
+        Self::open_on(cfg, Arc::new(Os))
     }
 
     /// [`Spool::open`], recording which rig the spool belongs to ([`identity`]) for the offline
@@ -220,29 +238,30 @@ impl Spool {
                     "spool: it named another rig identity; records spooled before are published under this one");
             }
         }
-        if let Err(e) = identity::write(&spool.path, rig) {
+        if let Err(e) = identity::write(spool.disk.as_ref(), &spool.path, rig) {
             tracing::warn!(spool = %spool.path.display(), error = %e, "spool: cannot record the rig identity (the offline tools will need --rig)");
         }
         Ok(spool)
     }
 
-    /// [`Spool::open`] with the durability calls going to `disk` (fault injection).
+    /// [`Spool::open`] with every file call going to `disk` (fault injection).
     #[cfg(test)]
     pub(crate) fn open_with(
         cfg: &SpoolConfig,
         disk: Box<dyn Disk>,
     ) -> Result<Arc<Self>, SpoolError> {
-        Self::open_on(cfg, disk)
+        Self::open_on(cfg, Arc::from(disk))
     }
 
-    fn open_on(cfg: &SpoolConfig, disk: Box<dyn Disk>) -> Result<Arc<Self>, SpoolError> {
+    fn open_on(cfg: &SpoolConfig, disk: Arc<dyn Disk>) -> Result<Arc<Self>, SpoolError> {
         let path = cfg.path.clone();
         let io = |op: &'static str| {
             let path = path.clone();
             move |source| SpoolError::Io { path, op, source }
         };
         for d in ["segments", "quarantine"] {
-            std::fs::create_dir_all(path.join(d)).map_err(io("create directory"))?;
+            disk.create_dir(&path.join(d))
+                .map_err(io("create directory"))?;
         }
         let lock = OpenOptions::new()
             .create(true)
@@ -253,146 +272,91 @@ impl Spool {
         if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             return Err(SpoolError::Locked { path });
         }
-        let index_path = path.join("index");
-        let index = match open_index(&index_path) {
-            Ok(db) => db,
-            Err(IndexOpen::Busy(source)) => return Err(SpoolError::Index { path, source }),
-            // A full disk is not a damaged index: it stays where it is, untouched, and this run
-            // works on a temporary one rebuilt from the segments (in memory).
-            Err(IndexOpen::NoRoom(e)) => {
-                tracing::error!(spool = %path.display(), error = %e,
-                    "spool index cannot be opened (no space or resources); left as it is, this run uses a temporary index rebuilt from the segments");
-                sled::Config::new()
-                    .temporary(true)
-                    .cache_capacity(16 << 20)
-                    .flush_every_ms(None)
-                    .open()
-                    .map_err(|source| SpoolError::Index {
-                        path: path.clone(),
-                        source,
-                    })?
-            }
-            Err(IndexOpen::Damaged(e)) => {
-                let aside = path.join(format!(
-                    "index.corrupt-{}",
-                    rigd_drivers::realtime_ns() / 1_000_000_000
-                ));
-                tracing::error!(spool = %path.display(), error = %e, moved_to = %aside.display(),
-                    "spool index unreadable; moved aside, rebuilding it from the segments");
-                std::fs::rename(&index_path, &aside).map_err(io("move the damaged index aside"))?;
-                open_index(&index_path).map_err(|e| match e {
-                    IndexOpen::Busy(source)
-                    | IndexOpen::Damaged(source)
-                    | IndexOpen::NoRoom(source) => SpoolError::Index {
-                        path: path.clone(),
-                        source,
-                    },
-                })?
-            }
-        };
-        let ix = |source| SpoolError::Index {
-            path: path.clone(),
-            source,
-        };
-        let meta = index.open_tree("meta").map_err(ix)?;
-        let known = ledger::Known {
-            blank: meta.is_empty(),
-            ledger: read_ledger(&meta).map_err(ix)?,
-        };
-        let unclean_start = meta
-            .get("clean")
-            .map_err(ix)?
-            .is_some_and(|v| v.as_ref() != [1]);
+        let index = Index::open(&path)?;
+        let last = index.start_run()?;
         // The mode of the run that crashed decides whether a jump is owed; a spool from before
         // `meta/mode` was written is taken as `on-outage` (the default), the safe side.
-        let crashed_always = meta
-            .get("mode")
-            .map_err(ix)?
+        let crashed_always = last
+            .mode
+            .as_ref()
             .is_some_and(|v| v.as_ref() == mode_key(SpoolMode::Always));
-        let jump_owed = unclean_start && !crashed_always;
-        // After a clean shutdown the counts it stored spare walking the index; they are removed
-        // now, so that a crash of this run never finds stale ones.
-        let rebuild_asked = meta.get("rebuild").map_err(ix)?.is_some();
-        let counts = (!unclean_start && !rebuild_asked)
-            .then(|| meta.get("counts").ok().flatten())
-            .flatten()
-            .and_then(|v| Counts::decode(&v));
-        meta.insert("clean", &[0u8][..]).map_err(ix)?;
-        meta.remove("counts").map_err(ix)?;
-        index.flush().map_err(ix)?;
-        let quarantined = std::fs::read_dir(path.join("quarantine"))
-            .map(|d| d.count() as u64)
-            .unwrap_or(0);
+        let jump_owed = last.unclean && !crashed_always;
+        // After a clean shutdown the counts it stored spare walking the index.
+        let saved = last.counts.as_ref().and_then(|v| SavedCounts::decode(v));
         let (durable, _) = tokio::sync::watch::channel(0);
         let spool = Spool {
-            path: path.clone(),
             _lock: lock,
-            index,
-            meta,
-            trees: Mutex::new(HashMap::new()),
-            stats: Mutex::new(HashMap::new()),
-            segs: Mutex::new(Segments {
-                writer: None,
-                info: BTreeMap::new(),
-                readers: HashMap::new(),
-                emptied: Vec::new(),
-                ledger_due: BTreeMap::new(),
-                charged: BTreeMap::new(),
-            }),
-            pending: Mutex::new(Pending::default()),
-            dropping: Mutex::new(()),
-            recent_drops: Mutex::default(),
-            drops: drops::Drops::default(),
-            disk_bytes: AtomicU64::new(0),
-            index_bytes: AtomicU64::new(0),
-            segment_size: MAX_SEGMENT.min(cfg.max_bytes.0 / 8).max(1 << 20),
-            max_bytes: cfg.max_bytes.0,
-            free_reserve: cfg.free_reserve.0,
-            when_full: cfg.when_full,
-            unclean_start,
             mode: cfg.mode,
+            unclean_start: last.unclean,
+            segments: Segments::new(
+                &path,
+                disk.clone(),
+                MAX_SEGMENT.min(cfg.max_bytes.0 / 8).max(1 << 20),
+            ),
+            index,
+            counts: Counts::default(),
+            capacity: Capacity::new(cfg),
+            floor: Floor::new(&path, disk.clone()),
+            epochs: Epochs::new(&path, disk.clone()),
+            quarantine: Quarantine::open(&path, disk.clone()),
             disk,
-            sync_failed: Default::default(),
-            quarantined: AtomicU64::new(quarantined),
-            index_damage: Mutex::new(None),
+            sync_failed: AtomicBool::new(false),
             commit_no: AtomicU64::new(0),
             durable,
-            free_bytes: AtomicU64::new(u64::MAX),
-            floors: Mutex::new(floor::Floors::default()),
+            path,
         };
-        if rebuild_asked {
-            spool.meta.remove("rebuild").map_err(spool.ix())?;
-            spool.rebuild_index("the last run found an unreadable index page")?;
+        let recovery = Recovery {
+            root: &spool.path,
+            index: &spool.index,
+            segments: &spool.segments,
+            counts: &spool.counts,
+            quarantine: &spool.quarantine,
+        };
+        if last.rebuild {
+            spool.index.rebuild_started()?;
+            recovery.rebuild_index("the last run found an unreadable index page")?;
         } else {
-            spool.load(&known, counts)?;
+            recovery.load(&last.known, saved)?;
+        }
+        for (source, _) in spool.counts.all() {
+            spool.update_oldest(&source)?;
         }
         // A blank or rebuilt index knows nothing of what was published and removed: numbering
         // resumes at the floor kept outside it, and the jump is owed whatever the mode.
-        spool.load_floors(known.blank || spool.index_damage().is_some())?;
-        if jump_owed || spool.index_damage().is_some() {
-            spool.jump_sequences()?;
+        spool.load_floors(last.known.blank || spool.index.damage().is_some())?;
+        if jump_owed || spool.index.damage().is_some() {
+            recovery::jump_sequences(&spool.path, &spool.index, &spool.floor)?;
         }
         // Only now: a crash before this line leaves the debt of the crashed run in place.
-        spool
-            .meta
-            .insert("mode", mode_key(cfg.mode))
-            .map_err(spool.ix())?;
-        spool.index.flush().map_err(spool.ix())?;
+        spool.index.set_mode(mode_key(cfg.mode))?;
         spool.refresh_free_space();
         Ok(Arc::new(spool))
+    }
+
+    /// At open: the floors from `SEQ`. `index_lost`: the index was blank or rebuilt, so its
+    /// notes may be behind what was handed out; every source resumes at least at its floor.
+    fn load_floors(&self, index_lost: bool) -> Result<(), SpoolError> {
+        let loaded = self.floor.read();
+        let mut raised = 0;
+        for (source, floor) in &loaded.floors {
+            if index_lost && self.index.noted_seq(source)?.is_none_or(|n| n < *floor) {
+                self.index.set_seq_note(source, *floor)?;
+                raised += 1;
+            }
+        }
+        if raised > 0 {
+            self.index.flush()?;
+            tracing::warn!(spool = %self.path.display(), sources = raised,
+                "spool: the index did not know where numbering had got to; sequence numbers resume at the floor in SEQ");
+        }
+        self.floor.install(loaded);
+        Ok(())
     }
 
     fn io(&self, op: &'static str) -> impl Fn(std::io::Error) -> SpoolError + '_ {
         move |source| SpoolError::Io {
             path: self.path.clone(),
             op,
-            source,
-        }
-    }
-
-    fn ix(&self) -> impl Fn(sled::Error) -> SpoolError + '_ {
-        move |source| SpoolError::Index {
-            path: self.path.clone(),
             source,
         }
     }
@@ -406,37 +370,17 @@ impl Spool {
         self.unclean_start
     }
 
-    /// Records damage to the index found at open or while running (shown in status and metrics).
-    fn note_damage(&self, why: String) {
-        let mut d = self.index_damage.lock().unwrap_or_else(|p| p.into_inner());
-        match d.as_mut() {
-            Some(d) if d.contains(&why) => {}
-            Some(d) => {
-                d.push_str("; ");
-                d.push_str(&why);
-            }
-            None => *d = Some(why),
-        }
-    }
-
     /// Why the index had to be rebuilt from the segments at open, or was found damaged since.
     pub fn index_damage(&self) -> Option<String> {
-        self.index_damage
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.index.damage()
     }
 
     pub fn stats(&self, source: &Arc<str>) -> Arc<SourceSpoolStats> {
-        let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
-        stats.entry(source.clone()).or_default().clone()
+        self.counts.stats(source)
     }
 
     pub fn all_stats(&self) -> Vec<(Arc<str>, Arc<SourceSpoolStats>)> {
-        let stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<_> = stats.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        self.counts.all()
     }
 
     /// Bytes the spool takes on disk: segments and index (what `max-bytes` limits).
@@ -446,56 +390,54 @@ impl Spool {
 
     /// Bytes allocated to the segment files.
     pub fn segment_bytes(&self) -> u64 {
-        self.disk_bytes.load(Ordering::Relaxed)
+        self.segments.bytes()
     }
 
     /// Bytes allocated to the sled index, as last measured (once a second, and at each drop).
     pub fn index_bytes(&self) -> u64 {
-        self.index_bytes.load(Ordering::Relaxed)
+        self.capacity.index_bytes()
     }
 
     pub fn quarantined(&self) -> u64 {
-        self.quarantined.load(Ordering::Relaxed)
+        self.quarantine.count()
+    }
+
+    /// Reads free space for the reserve; called periodically, not per frame.
+    /// Also measures the index's size on disk, which counts in `max-bytes`.
+    pub fn refresh_free_space(&self) {
+        self.capacity.refresh();
+    }
+
+    /// [`epochs::read_epochs`] of this spool.
+    pub fn epochs(&self, source: &str) -> Result<Vec<u64>, SpoolError> {
+        self.epochs.list(source)
+    }
+
+    /// Records that `source`'s frames from `start` on go out under a new epoch's producer name
+    /// ([`epochs`]): on disk when it returns, and not named by the list when it fails. `start`
+    /// must be above every earlier start.
+    pub fn add_epoch(&self, source: &str, start: u64) -> Result<(), SpoolError> {
+        self.epochs.add(source, start)
     }
 
     /// The sequence number for a source's next frame.
     pub fn next_seq(&self, source: &Arc<str>) -> Result<u64, SpoolError> {
-        let (pending_note, pending_last) = {
-            let p = self.pending();
-            let note = p.seq_notes.get(source).map(|n| n.0).unwrap_or(0);
-            let last = p
-                .entries
-                .get(source)
-                .and_then(|m| m.keys().next_back())
-                .map(|s| s + 1)
-                .unwrap_or(0);
-            (note, last)
-        };
-        let noted = self.noted_seq(source)?;
-        let stored = self.stored_seq(source)?;
+        let (noted, stored, pending) = self.index.numbering(source)?;
         if noted.is_none() {
             // First use: a durable note makes the source known to the next start even if this run
             // crashes before its first commit (it may publish meanwhile). The note holds only what
             // is durable already, so it is never ahead of the data. Without it (a full disk),
             // the floor in `SEQ` covers the source in the next start's jump.
-            let noted = self
-                .meta
-                .insert(index::seq_note_key(source), &stored.to_le_bytes()[..])
-                .and_then(|_| self.index.flush());
-            if let Err(e) = noted {
+            if let Err(e) = self.index.note_new_source(source, stored) {
                 tracing::warn!(spool = %self.path.display(), source = %source, error = %e,
                     "spool: cannot note a new source in the index; the sequence floor stands for it");
             }
         }
         // A jump owed by a crashed run was paid at open, into the notes.
-        let next = noted
-            .unwrap_or(0)
-            .max(stored)
-            .max(pending_note)
-            .max(pending_last);
+        let next = noted.unwrap_or(0).max(stored).max(pending);
         // Before anything is numbered from it: the floor is durably ahead (if it cannot be
         // moved, frames past it are refused by `admit_seq`).
-        let _ = self.reserve_seq(source, next);
+        let _ = self.floor.reserve(source, next);
         Ok(next)
     }
 
@@ -503,14 +445,20 @@ impl Spool {
     /// source's earlier appends durable, never before them. Called with each frame, before the
     /// next one can be published: keeps the durable floor ahead ([`floor`]).
     pub fn note_seq(&self, source: &Arc<str>, next: u64) -> Result<(), SpoolError> {
-        {
-            let mut p = self.pending();
-            let serial = p.serial;
-            p.seq_notes.insert(source.clone(), (next, serial));
-        }
+        self.index.note_seq(source, next);
         // A floor that cannot be moved is logged there and enforced by `admit_seq`.
-        let _ = self.reserve_seq(source, next);
+        let _ = self.floor.reserve(source, next);
         Ok(())
+    }
+
+    /// Whether a frame of `source` may take the number `seq`: it is below the durable floor
+    /// (moved first when due). A frame that may not is dropped by the caller; it is counted here.
+    pub fn admit_seq(&self, source: &Arc<str>, seq: u64) -> bool {
+        if self.floor.reserve(source, seq).is_ok() {
+            return true;
+        }
+        self.counts.lost(source, Loss::Floor);
+        false
     }
 
     /// The group commit an append made now becomes durable with.
@@ -528,53 +476,28 @@ impl Spool {
     pub fn commit(&self) -> Result<(), SpoolError> {
         let e = self.commit_no.fetch_add(1, Ordering::AcqRel) + 1;
         let (sync, watermark, due) = {
-            let mut segs = self.segs();
-            let mut due = segs.ledger_due.clone();
-            let sync = match segs.writer.as_mut() {
-                Some(w) => {
-                    w.flush(self.disk.as_ref())
-                        .map_err(self.io("write segment"))?;
-                    due.insert(w.id, w.len);
-                    Some(w.file.clone())
-                }
-                None => None,
-            };
+            let mut segs = self.segments.lock();
+            let segments::Flushed { sync, due } = segs.flush()?;
             // Appends take the segment lock before their serial: every serial below this one has
             // its bytes in the file now (earlier segments were synced when they were sealed).
-            (sync, self.pending().serial, due)
+            (sync, self.index.serial(), due)
         };
         // Appends go on meanwhile; only the sync waits for the disk.
         if let Some(f) = sync {
-            if let Err(e) = self.disk.sync_data(&f) {
+            if let Err(e) = self.segments.sync_data(&f) {
                 self.note_sync_failure(&e);
                 return Err(self.io("fdatasync segment")(e));
             }
         }
-        // The segments emptied so far: a removal is listed in `pending` before its record's
-        // segment is released, so the removals applied and flushed below include the last one of
-        // each of these. A segment emptied from here on waits for the next commit: deleting it
-        // now could leave a durable index entry pointing at a missing file.
-        let emptied = std::mem::take(&mut self.segs().emptied);
-        let applied = (|| {
-            let stale = {
-                let mut p = self.pending();
-                self.apply_removals(&mut p)?;
-                self.apply_pending(&mut p, watermark)?;
-                // The ledger follows the entries: these bytes are synced and their entries in sled.
-                let mut batch = sled::Batch::default();
-                for (id, len) in &due {
-                    batch.insert(ledger::key(*id).as_bytes(), &len.to_le_bytes()[..]);
-                }
-                self.meta.apply_batch(batch).map_err(self.ix())?;
-                std::mem::take(&mut p.stale_oldest)
-            };
-            self.index.flush().map_err(self.ix())?;
-            Ok(stale)
-        })();
-        let stale = match applied {
+        // The segments emptied so far: a removal is listed in the index's pending changes before
+        // its record's segment is released, so the removals applied and flushed below include the
+        // last one of each of these. A segment emptied from here on waits for the next commit:
+        // deleting it now could leave a durable index entry pointing at a missing file.
+        let emptied = self.segments.take_emptied();
+        let stale = match self.index.commit(watermark, &due) {
             Ok(stale) => stale,
             Err(e) => {
-                self.segs().emptied.extend(emptied);
+                self.segments.restore_emptied(emptied);
                 return Err(e);
             }
         };
@@ -582,20 +505,14 @@ impl Spool {
         tests::after_index_flush();
         self.durable.send_replace(e);
         // The removals are durable: segments they emptied can go.
-        let mut segs = self.segs();
-        for (id, len) in &due {
-            if segs.ledger_due.get(id) == Some(len) {
-                segs.ledger_due.remove(id);
-            }
-        }
-        let mut deleted = Vec::new();
-        for id in emptied {
-            if segs.info.get(&id).is_some_and(|i| i.1 == 0) && self.delete_segment(&mut segs, id) {
-                deleted.push(id);
-            }
-        }
+        let mut segs = self.segments.lock();
+        segs.recorded(&due);
+        let deleted: Vec<u64> = emptied
+            .into_iter()
+            .filter(|id| segs.delete_if_empty(*id))
+            .collect();
         drop(segs);
-        self.sync_after_delete(&deleted);
+        sync_after_delete(&self.segments, &self.index, &deleted);
         for source in stale {
             self.update_oldest(&source)?;
         }
@@ -611,19 +528,7 @@ impl Spool {
         if self.mode != SpoolMode::OnOutage {
             return;
         }
-        let notes: Vec<(Arc<str>, u64)> = {
-            let mut p = self.pending();
-            p.seq_notes
-                .drain()
-                .map(|(s, (next, _))| (s, next))
-                .collect()
-        };
-        for (source, next) in notes {
-            let _ = self
-                .meta
-                .insert(index::seq_note_key(source), &next.to_le_bytes()[..]);
-        }
-        if let Err(f) = self.index.flush() {
+        if let Err(f) = self.index.write_seq_notes_now() {
             tracing::error!(spool = %self.path.display(), error = %f, "spool: cannot flush the index");
         }
         tracing::error!(spool = %self.path.display(), error = %e,
@@ -635,22 +540,18 @@ impl Spool {
     pub fn append(&self, frame: &Frame) -> Result<Appended, SpoolError> {
         let r = self.store(frame);
         if let Err(e) = &r {
-            self.drop_frame(&frame.source, drops::Loss::WriteFailed(e.to_string()));
+            self.counts
+                .lost(&frame.source, Loss::WriteFailed(e.to_string()));
         }
         r
     }
 
-    /// One frame of `source` lost (the one place that counts and logs it).
-    fn drop_frame(&self, source: &Arc<str>, loss: drops::Loss) {
-        self.drops.emit(source, &self.stats(source), loss);
-    }
-
     fn store(&self, frame: &Frame) -> Result<Appended, SpoolError> {
-        if self.already_stored(&frame.source, frame.seq)? {
+        if self.index.already_stored(&frame.source, frame.seq)? {
             // Already stored (a spooled frame the uplink handed back at shutdown).
             return Ok(Appended::Stored);
         }
-        if self.dropped_in_flight(&frame.source, frame.seq) {
+        if self.counts.dropped_in_flight(&frame.source, frame.seq) {
             // A spooled frame drop-oldest dropped while the uplink held it, handed back without
             // a receipt (shutdown): it stays dropped, counted once, not stored again to be
             // published next run while counted as lost.
@@ -660,14 +561,14 @@ impl Spool {
         let len = (head.len() + frame.payload.len()) as u64;
         let mut dropped = 0;
         while self.full(len) {
-            if self.when_full == WhenFull::DropNewest {
-                self.drop_frame(&frame.source, drops::Loss::Newest);
+            if self.capacity.when_full() == WhenFull::DropNewest {
+                self.counts.lost(&frame.source, Loss::Newest);
                 return Ok(Appended::DroppedNewest);
             }
             match self.drop_oldest_segment(len)? {
                 Some(n) => dropped += n,
                 None => {
-                    self.drop_frame(&frame.source, drops::Loss::NoRoom);
+                    self.counts.lost(&frame.source, Loss::NoRoom);
                     return Ok(Appended::DroppedNoRoom);
                 }
             }
@@ -676,7 +577,7 @@ impl Spool {
             // The filesystem is full before the reserve says so (free space is read once a
             // second): under drop-oldest, make room and try once more.
             let enospc = matches!(&e, SpoolError::Io { source, .. } if source.raw_os_error() == Some(libc_errno::ENOSPC));
-            if !(enospc && self.when_full == WhenFull::DropOldest) {
+            if !(enospc && self.capacity.when_full() == WhenFull::DropOldest) {
                 return Err(e);
             }
             // The failed write was the buffer's flush as well as this record.
@@ -686,20 +587,85 @@ impl Spool {
             }
             self.write_record(frame, &head, len)?;
         }
-        let stats = self.stats(&frame.source);
-        if stats.records.load(Ordering::Relaxed) == 0 {
-            stats
-                .oldest_ns
-                .store(frame.capture_ns.max(1) as u64, Ordering::Relaxed);
-        }
-        stats.records.fetch_add(1, Ordering::Relaxed);
-        stats.bytes.fetch_add(len, Ordering::Relaxed);
-        stats.pushed.fetch_add(1, Ordering::Relaxed);
+        self.counts.stored(&frame.source, frame.capture_ns, len);
         Ok(if dropped > 0 {
             Appended::StoredDroppingOldest(dropped)
         } else {
             Appended::Stored
         })
+    }
+
+    /// Writes a record into the segment being written and keeps its index entry pending; all or
+    /// nothing.
+    fn write_record(&self, frame: &Frame, head: &[u8], len: u64) -> Result<(), SpoolError> {
+        let mut segs = self.segments.lock();
+        let loc = segs.append(frame, head, len, |e| self.note_sync_failure(e))?;
+        // Under the segment lock, so a commit's watermark covers exactly the written appends.
+        self.index.add(&frame.source, frame.seq, loc);
+        Ok(())
+    }
+
+    /// Whether `incoming` more bytes overfill the spool ([`Capacity::full`]).
+    fn full(&self, incoming: u64) -> bool {
+        self.capacity.full(self.segments.bytes(), incoming)
+    }
+
+    /// Drops every record of the oldest sealed segment (drop-oldest); returns how many, or None
+    /// when only the segment being written is left. The records are found in the index, not by
+    /// reading the segment: a segment that cannot be opened (EMFILE, EIO) is dropped all the same,
+    /// and every record the index lists in it is counted as dropped, once. Drops are one at a
+    /// time: a lane that waited for another's drop finds the space it made (`incoming`).
+    fn drop_oldest_segment(&self, incoming: u64) -> Result<Option<u64>, SpoolError> {
+        let _one = self.capacity.one_drop_at_a_time();
+        self.refresh_free_space();
+        if !self.full(incoming) {
+            return Ok(Some(0));
+        }
+        let Some(id) = self.segments.lock().oldest_sealed() else {
+            return Ok(None);
+        };
+        let Some(victims) = self.index.in_segment(id)? else {
+            return Ok(None);
+        };
+        let mut n = 0;
+        for (source, seq) in victims {
+            // A receipt may have removed it meanwhile: then it is not a drop.
+            if let Some(loc) = self.index.unindex(&source, seq)? {
+                // The segment is deleted below, not released record by record.
+                self.counts
+                    .count_out(&source, seq, loc.len as u64, Gone::Dropped);
+                n += 1;
+            }
+        }
+        // The segment goes now, to make room: its removals are made durable first.
+        self.index.apply_removals_now()?;
+        if self.segments.lock().delete(id) {
+            sync_after_delete(&self.segments, &self.index, &[id]);
+        }
+        self.refresh_free_space();
+        for (source, _) in self.counts.all() {
+            self.update_oldest(&source)?;
+        }
+        tracing::warn!(
+            segment = id,
+            records = n,
+            "spool full: dropped the oldest segment (when-full = drop-oldest)"
+        );
+        Ok(Some(n))
+    }
+
+    /// A record that left the index is counted out ([`Counts::count_out`]) and, unless the
+    /// caller deletes its segment, its segment holds one record fewer.
+    fn count_out(&self, source: &Arc<str>, seq: u64, loc: Location, gone: Gone) {
+        self.counts.count_out(source, seq, loc.len as u64, gone);
+        self.segments.release(loc.segment);
+    }
+
+    /// Refreshes a source's oldest capture time from the index.
+    fn update_oldest(&self, source: &Arc<str>) -> Result<(), SpoolError> {
+        let oldest = self.index.oldest(source)?;
+        self.counts.set_oldest(source, oldest.map(|l| l.capture_ns));
+        Ok(())
     }
 
     /// Up to `max` records of a source with `seq >= from`, in order. Records that cannot be read
@@ -710,21 +676,7 @@ impl Spool {
         from: u64,
         max: usize,
     ) -> Result<Vec<Frame>, SpoolError> {
-        // Both sides under the pending lock, so a commit cannot move an entry between them.
-        let (uncommitted, committed) = {
-            let p = self.pending();
-            let uncommitted: Vec<(u64, Location)> = p
-                .entries
-                .get(source)
-                .map(|m| {
-                    m.range(from..)
-                        .take(max)
-                        .map(|(s, (l, _))| (*s, *l))
-                        .collect()
-                })
-                .unwrap_or_default();
-            (uncommitted, self.committed_from(&p, source, from, max)?)
-        };
+        let (uncommitted, committed) = self.index.entries_from(source, from, max)?;
         // Each side was cut at `max`: beyond the lower cut, the other side's entries may not be
         // followed by everything between (a quarantined record makes room for one), so stop there.
         let mut bound = u64::MAX;
@@ -742,12 +694,12 @@ impl Spool {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         for (seq, loc) in wanted {
-            let raw = self.read_at(loc).map(Bytes::from);
+            let raw = self.segments.read(loc).map(Bytes::from);
             let result = match &raw {
                 // Out of file descriptors or memory: the record is fine, reading it is not now.
                 Err(e) if transient(e) => {
                     return Err(SpoolError::Io {
-                        path: self.segment_path(loc.segment),
+                        path: self.segments.path(loc.segment),
                         op: "read segment",
                         source: std::io::Error::new(e.kind(), e.to_string()),
                     })
@@ -774,10 +726,11 @@ impl Spool {
                     // The bytes as read (none when the read failed) go to quarantine/.
                     let raw = raw.unwrap_or_default();
                     // Counted once: only by the caller that takes the entry out of the index.
-                    if self.unindex(source, seq)?.is_some() {
+                    if self.index.unindex(source, seq)?.is_some() {
                         let name = format!("{source}-{seq}");
-                        self.quarantine_bytes(&name, loc.segment, loc.offset, &raw, &why);
-                        self.count_out(source, seq, loc, Gone::Quarantined, true);
+                        self.quarantine
+                            .set_aside(&name, loc.segment, loc.offset, &raw, &why);
+                        self.count_out(source, seq, loc, Gone::Quarantined);
                     }
                 }
             }
@@ -792,40 +745,41 @@ impl Spool {
     /// frame dropped while it was in flight was delivered after all, and leaves the dropped count.
     /// The source's oldest capture time follows at the next commit.
     pub fn remove(&self, source: &Arc<str>, seq: u64) -> Result<(), SpoolError> {
-        if let Some(loc) = self.unindex(source, seq)? {
-            self.count_out(source, seq, loc, Gone::Acked, true);
+        if let Some(loc) = self.index.unindex(source, seq)? {
+            self.count_out(source, seq, loc, Gone::Acked);
             let stats = self.stats(source);
             if stats.records.load(Ordering::Relaxed) == 0 {
                 stats.oldest_ns.store(0, Ordering::Relaxed);
             }
         } else {
-            self.count_delivered_after_drop(source, seq);
+            self.counts.delivered_after_drop(source, seq);
         }
         Ok(())
     }
 
     /// Drops every record of a source (technician action); returns how many.
     pub fn clear_source(&self, source: &Arc<str>) -> Result<u64, SpoolError> {
-        let tree = self.tree(source)?;
-        let mut gone = Vec::new();
-        {
-            // Under the pending lock, so a commit cannot add this source's pages meanwhile.
-            let mut p = self.pending();
-            let uncommitted = p.entries.remove(source).unwrap_or_default();
-            gone.extend(uncommitted.into_iter().map(|(seq, (loc, _))| (seq, loc)));
-            // Removed but still listed: already released.
-            let removed = p.removed.remove(source).unwrap_or_default();
-            while let Some((k, v)) = tree.pop_min().map_err(self.ix())? {
-                let page = pages::decode(key_seq(&k), &v).unwrap_or_default();
-                gone.extend(page.into_iter().filter(|(seq, _)| !removed.contains(seq)));
-            }
-        }
-        let stats = self.stats(source);
+        let gone = self.index.clear(source)?;
         for (seq, loc) in &gone {
-            self.count_out(source, *seq, *loc, Gone::Dropped, true);
+            self.count_out(source, *seq, *loc, Gone::Dropped);
         }
-        stats.oldest_ns.store(0, Ordering::Relaxed);
+        self.counts.set_oldest(source, None);
         Ok(gone.len() as u64)
+    }
+
+    /// At a shutdown whose commit failed: the frames still in the write buffer are lost. They
+    /// leave the index and are counted as dropped; returns how many.
+    fn drop_unwritten(&self) -> u64 {
+        let Some((id, flushed)) = self.segments.lock().write_out() else {
+            return 0;
+        };
+        let lost = self.index.take_unwritten(id, flushed);
+        for (source, seq, loc) in &lost {
+            // Their segment stays (it is the one being written).
+            self.counts
+                .count_out(source, *seq, loc.len as u64, Gone::Dropped);
+        }
+        lost.len() as u64
     }
 
     /// The final commit; then, only if it and every data sync of this run succeeded, marks a
@@ -846,15 +800,11 @@ impl Spool {
                 "spool: a data sync failed during this run; the next start treats it as unclean");
             return Ok(());
         }
-        let counts = Counts {
-            segments: self
-                .segs()
-                .info
-                .iter()
-                .map(|(id, (_, live))| (*id, *live))
-                .collect(),
+        let saved = SavedCounts {
+            segments: self.segments.lock().live(),
             sources: self
-                .all_stats()
+                .counts
+                .all()
                 .into_iter()
                 .map(|(s, st)| {
                     (
@@ -865,12 +815,7 @@ impl Spool {
                 })
                 .collect(),
         };
-        self.meta
-            .insert("counts", counts.encode())
-            .map_err(self.ix())?;
-        self.meta.insert("clean", &[1u8][..]).map_err(self.ix())?;
-        self.index.flush().map_err(self.ix())?;
-        Ok(())
+        self.index.mark_clean(saved.encode())
     }
 }
 

@@ -1,5 +1,5 @@
-//! Encoding of the spool index: a source's record locations grouped into pages, one sled entry
-//! per page. Pure: no I/O.
+//! Encoding of the spool index: where a record is ([`Location`]), and a source's record locations
+//! grouped into pages, one sled entry per page. Pure: no I/O.
 //!
 //! A page holds up to [`PAGE_MAX`] entries of one source in increasing `seq`, keyed in sled by a
 //! seq at or below its first entry (big-endian, so sled orders pages by seq). Pages of a source
@@ -15,7 +15,39 @@
 //! One sled entry per page rather than per record: a group commit of thousands of small frames
 //! costs a few sled inserts instead of thousands (sled copies a node on every insert).
 
-use super::index::Location;
+/// Where a record is: its segment, offset and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Location {
+    pub(super) segment: u64,
+    pub(super) offset: u64,
+    pub(super) len: u32,
+    /// Capture time of the frame, so the oldest age is known without reading the record.
+    pub(super) capture_ns: i64,
+}
+
+impl Location {
+    /// The earlier one-entry-per-record index value (still read, see the module doc).
+    #[cfg(test)]
+    pub(super) fn encode(&self) -> [u8; 28] {
+        let mut b = [0u8; 28];
+        b[..8].copy_from_slice(&self.segment.to_le_bytes());
+        b[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        b[16..20].copy_from_slice(&self.len.to_le_bytes());
+        b[20..].copy_from_slice(&self.capture_ns.to_le_bytes());
+        b
+    }
+    pub(super) fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != 28 {
+            return None;
+        }
+        Some(Location {
+            segment: u64::from_le_bytes(b[..8].try_into().ok()?),
+            offset: u64::from_le_bytes(b[8..16].try_into().ok()?),
+            len: u32::from_le_bytes(b[16..20].try_into().ok()?),
+            capture_ns: i64::from_le_bytes(b[20..].try_into().ok()?),
+        })
+    }
+}
 
 /// Entries per page written by a commit. Merging into an existing page may exceed it.
 pub const PAGE_MAX: usize = 256;

@@ -1,64 +1,46 @@
-//! Segment files: the one being written ([`Writer`]), the bookkeeping of all of them
-//! ([`Segments`]), creating, sealing, reading and deleting them.
+//! Segment files: the one being written ([`Writer`]), the bookkeeping of all of them (sizes,
+//! live records, the bytes they count in the spool's size, the emptied ones awaiting the commit
+//! that lets them go), creating, sealing, reading and deleting them. [`Segments`] owns it all
+//! behind one lock; [`Locked`] is that lock held, for the spool's steps that must see the
+//! segments and the index at one moment (an append takes its index serial under it).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rigd_drivers::Frame;
 
-use super::capacity::sub;
-use super::disk::{allocated, Disk};
-use super::index::Location;
-use super::{ledger, Spool, SpoolError};
+use super::counts::sub;
+use super::disk::{allocated, write_all_at, Disk};
+use super::pages::Location;
+use super::SpoolError;
 
 pub(super) const MAX_SEGMENT: u64 = 64 << 20;
+
+/// Bytes of whole records a writer buffers before writing them to the file.
+pub(super) const WRITE_BUFFER: usize = 1 << 20;
 
 /// The segment being written. Records go whole into `buf` (or, when larger than it, straight
 /// into the file at their offset); the file is written with positioned writes at `flushed`, so a
 /// failed or short write (ENOSPC, EIO) never leaves a record half in the buffer: whatever did not
 /// reach the file stays buffered, in order, and the next flush goes on from there.
-pub(super) struct Writer {
-    pub(super) id: u64,
+struct Writer {
+    id: u64,
     /// Shared with the commit's fdatasync, which runs without the segment lock.
-    pub(super) file: Arc<File>,
-    pub(super) buf: Vec<u8>,
+    file: Arc<File>,
+    buf: Vec<u8>,
     /// Bytes of the segment: in the file plus buffered.
-    pub(super) len: u64,
+    len: u64,
     /// Bytes of the segment in the file.
-    pub(super) flushed: u64,
+    flushed: u64,
 }
-
-/// All of `buf` at `offset`, through `disk`'s (possibly short) writes.
-pub(super) fn write_all_at(
-    disk: &dyn Disk,
-    file: &File,
-    mut buf: &[u8],
-    mut offset: u64,
-) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        match disk.write_at(file, buf, offset) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                buf = &buf[n..];
-                offset += n as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Bytes of whole records a writer buffers before writing them to the file.
-pub(super) const WRITE_BUFFER: usize = 1 << 20;
 
 impl Writer {
     /// Writes the buffer to the file. On an error what was written is kept (`flushed` moves
     /// on), the rest stays buffered.
-    pub(super) fn flush(&mut self, disk: &dyn Disk) -> std::io::Result<()> {
+    fn flush(&mut self, disk: &dyn Disk) -> std::io::Result<()> {
         while !self.buf.is_empty() {
             match disk.write_at(&self.file, &self.buf, self.flushed) {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
@@ -74,12 +56,7 @@ impl Writer {
     }
 
     /// Appends one record (`head` then `payload`), whole or not at all.
-    pub(super) fn append(
-        &mut self,
-        disk: &dyn Disk,
-        head: &[u8],
-        payload: &[u8],
-    ) -> std::io::Result<()> {
+    fn append(&mut self, disk: &dyn Disk, head: &[u8], payload: &[u8]) -> std::io::Result<()> {
         let len = head.len() + payload.len();
         if self.buf.len() + len > WRITE_BUFFER {
             self.flush(disk)?;
@@ -90,7 +67,7 @@ impl Writer {
                 .and_then(|()| write_all_at(disk, &self.file, payload, at + head.len() as u64));
             if let Err(e) = written {
                 // A torn record past `flushed` is overwritten by the next one; cut it off if we can.
-                let _ = self.file.set_len(at);
+                let _ = disk.set_len(&self.file, at);
                 return Err(e);
             }
             self.flushed += len as u64;
@@ -103,12 +80,7 @@ impl Writer {
     }
 
     /// The bytes `[offset, offset + len)` of this segment, from the file and the buffer.
-    pub(super) fn read(
-        &self,
-        disk: &dyn Disk,
-        offset: u64,
-        len: usize,
-    ) -> std::io::Result<Vec<u8>> {
+    fn read(&self, disk: &dyn Disk, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
         let mut out = vec![0u8; len];
         let end = offset + len as u64;
         let in_file = end.min(self.flushed).saturating_sub(offset) as usize;
@@ -127,85 +99,90 @@ impl Writer {
     }
 }
 
-/// Mutable state behind one lock: the writer, segment bookkeeping, open read handles.
-pub(super) struct Segments {
-    pub(super) writer: Option<Writer>,
+/// The state behind the lock: the writer, segment bookkeeping, open read handles.
+#[derive(Default)]
+struct State {
+    writer: Option<Writer>,
     /// Per segment: (file size, live records).
-    pub(super) info: BTreeMap<u64, (u64, u64)>,
-    pub(super) readers: HashMap<u64, Arc<File>>,
+    info: BTreeMap<u64, (u64, u64)>,
+    readers: HashMap<u64, Arc<File>>,
     /// Segments left without records, deleted after the next commit has made the removals durable.
-    pub(super) emptied: Vec<u64>,
+    emptied: Vec<u64>,
     /// Segment lengths the ledger is to record at the next commit (sealed or new segments; the
     /// one being written is added by the commit itself).
-    pub(super) ledger_due: BTreeMap<u64, u64>,
+    ledger_due: BTreeMap<u64, u64>,
     /// Per segment: the bytes it counts in the spool's size: the blocks allocated to it when it
     /// was found (a sparse file counts what it takes, not its length), plus what this run
     /// appended to it.
-    pub(super) charged: BTreeMap<u64, u64>,
+    charged: BTreeMap<u64, u64>,
+}
+
+/// The segment files of a spool.
+pub(super) struct Segments {
+    /// The spool directory (errors name it).
+    root: PathBuf,
+    dir: PathBuf,
+    disk: Arc<dyn Disk>,
+    /// A new segment is started when a record would take the one being written past this.
+    size: u64,
+    state: Mutex<State>,
+    /// Bytes the segments count in the spool's size (the sum of [`State::charged`]).
+    bytes: AtomicU64,
 }
 
 impl Segments {
-    /// Takes in a segment file found on disk: (length, allocated bytes).
-    pub(super) fn found(&mut self, id: u64, len: u64, allocated: u64, total: &AtomicU64) {
-        self.info.insert(id, (len, 0));
-        self.charge(id, allocated, total);
+    /// The segments of the spool at `root` (whose `segments/` exists); none known yet.
+    pub(super) fn new(root: &Path, disk: Arc<dyn Disk>, size: u64) -> Self {
+        Segments {
+            root: root.to_path_buf(),
+            dir: root.join("segments"),
+            disk,
+            size,
+            state: Mutex::default(),
+            bytes: AtomicU64::new(0),
+        }
     }
 
-    /// Counts `n` more bytes of segment `id` in the spool's size (`total`).
-    pub(super) fn charge(&mut self, id: u64, n: u64, total: &AtomicU64) {
-        *self.charged.entry(id).or_default() += n;
-        total.fetch_add(n, Ordering::Relaxed);
+    pub(super) fn lock(&self) -> Locked<'_> {
+        Locked {
+            segs: self,
+            st: self.state.lock().unwrap_or_else(|p| p.into_inner()),
+        }
     }
-}
 
-impl Spool {
-    /// fsync of `segments/` after deletions. Not fatal: a drained segment that a power cut brings
-    /// back holds nothing the index lists and is deleted again at the next start (only an index
-    /// rebuild would send its records again, and broker deduplication drops them).
-    /// Once the deletions are durable the ledger forgets the segments (a segment file the ledger
-    /// does not know is read back at the next start, never deleted unread).
-    pub(super) fn sync_after_delete(&self, ids: &[u64]) {
-        if ids.is_empty() {
-            return;
+    fn io(&self, op: &'static str) -> impl Fn(std::io::Error) -> SpoolError + '_ {
+        move |source| SpoolError::Io {
+            path: self.root.clone(),
+            op,
+            source,
         }
-        if let Err(e) = self.sync_segments_dir() {
-            tracing::warn!(error = %e, "spool: deleted segments may come back after a power cut");
-            return;
-        }
-        let mut batch = sled::Batch::default();
-        for id in ids {
-            batch.remove(ledger::key(*id).as_bytes());
-        }
-        if let Err(e) = self
-            .meta
-            .apply_batch(batch)
-            .and_then(|()| self.index.flush().map(drop))
-        {
-            tracing::warn!(error = %e, "spool: cannot update the segment ledger");
-        }
+    }
+
+    /// Bytes allocated to the segment files (what they count in `max-bytes`).
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn path(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("{id:016x}.seg"))
     }
 
     /// fsync of `segments/` after a file in it was created or removed.
-    pub(super) fn sync_segments_dir(&self) -> Result<(), SpoolError> {
+    pub(super) fn sync_dir(&self) -> Result<(), SpoolError> {
         self.disk
-            .sync_dir(&self.path.join("segments"))
+            .sync_dir(&self.dir)
             .map_err(self.io("fsync the segments directory"))
     }
 
-    pub(super) fn segment_path(&self, id: u64) -> PathBuf {
-        self.path.join("segments").join(format!("{id:016x}.seg"))
-    }
-
-    pub(super) fn segs(&self) -> MutexGuard<'_, Segments> {
-        self.segs.lock().unwrap_or_else(|p| p.into_inner())
+    /// fdatasync of the segment file being written (taken by [`Locked::flush`]).
+    pub(super) fn sync_data(&self, file: &File) -> std::io::Result<()> {
+        self.disk.sync_data(file)
     }
 
     /// The segment files on disk: id -> (length, bytes allocated to it).
-    pub(super) fn segment_files(&self) -> Result<BTreeMap<u64, (u64, u64)>, SpoolError> {
+    pub(super) fn files(&self) -> Result<BTreeMap<u64, (u64, u64)>, SpoolError> {
         let mut files = BTreeMap::new();
-        for entry in
-            std::fs::read_dir(self.path.join("segments")).map_err(self.io("list segments"))?
-        {
+        for entry in std::fs::read_dir(&self.dir).map_err(self.io("list segments"))? {
             let entry = entry.map_err(self.io("list segments"))?;
             let name = entry.file_name();
             let Some(id) = name
@@ -221,46 +198,103 @@ impl Spool {
         Ok(files)
     }
 
-    /// Deletes a segment file (not the one being written); true when a file went. The caller
-    /// fsyncs the directory after its deletions ([`Spool::sync_segments_dir`]).
-    pub(super) fn delete_segment(&self, segs: &mut Segments, id: u64) -> bool {
-        if segs.writer.as_ref().is_some_and(|w| w.id == id) {
-            return false;
-        }
-        segs.info.remove(&id);
-        if let Some(charged) = segs.charged.remove(&id) {
-            sub(&self.disk_bytes, charged);
-        }
-        segs.readers.remove(&id);
-        segs.ledger_due.remove(&id);
-        match self.disk.remove(&self.segment_path(id)) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(segment = id, error = %e, "spool: cannot delete a drained segment");
-                false
+    /// A whole segment file.
+    pub(super) fn read_file(&self, id: u64) -> Result<Vec<u8>, SpoolError> {
+        self.disk
+            .read(&self.path(id))
+            .map_err(self.io("read segment"))
+    }
+
+    /// One record of a segment is gone; the segment is deleted after the next commit when none
+    /// is left.
+    pub(super) fn release(&self, segment: u64) {
+        let mut segs = self.lock();
+        let st = &mut *segs.st;
+        let empty = match st.info.get_mut(&segment) {
+            Some(i) => {
+                i.1 = i.1.saturating_sub(1);
+                i.1 == 0
             }
+            None => false,
+        };
+        let active = st.writer.as_ref().is_some_and(|w| w.id == segment);
+        if empty && !active {
+            st.emptied.push(segment);
         }
     }
 
-    /// Writes a record into the segment being written (rolling to a new one when full) and keeps
-    /// its index entry pending; all or nothing.
-    pub(super) fn write_record(
-        &self,
+    /// A record's bytes, from the segment being written (file and buffer) or a sealed one.
+    pub(super) fn read(&self, loc: Location) -> std::io::Result<Vec<u8>> {
+        let file = {
+            let mut segs = self.lock();
+            let st = &mut *segs.st;
+            if let Some(w) = st.writer.as_ref().filter(|w| w.id == loc.segment) {
+                return w.read(self.disk.as_ref(), loc.offset, loc.len as usize);
+            }
+            match st.readers.get(&loc.segment) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = Arc::new(self.disk.open(&self.path(loc.segment))?);
+                    st.readers.insert(loc.segment, f.clone());
+                    f
+                }
+            }
+        };
+        let mut buf = vec![0u8; loc.len as usize];
+        self.disk.read_exact_at(&file, &mut buf, loc.offset)?;
+        Ok(buf)
+    }
+
+    /// The segments emptied so far (to be deleted once the removals that emptied them are
+    /// durable).
+    pub(super) fn take_emptied(&self) -> Vec<u64> {
+        std::mem::take(&mut self.lock().st.emptied)
+    }
+
+    /// Emptied segments handed back by a commit that failed before they could go.
+    pub(super) fn restore_emptied(&self, emptied: Vec<u64>) {
+        self.lock().st.emptied.extend(emptied);
+    }
+}
+
+/// What a commit takes from [`Locked::flush`].
+pub(super) struct Flushed {
+    /// The file of the segment being written, for the commit's fdatasync (made without the lock).
+    pub(super) sync: Option<Arc<File>>,
+    /// Segment lengths the ledger is to record once the sync succeeded.
+    pub(super) due: BTreeMap<u64, u64>,
+}
+
+/// The segments' lock, held.
+pub(super) struct Locked<'a> {
+    segs: &'a Segments,
+    st: MutexGuard<'a, State>,
+}
+
+impl Locked<'_> {
+    /// Writes a record into the segment being written (rolling to a new one when full); all or
+    /// nothing. Returns where it went. `sync_failed` hears of a failed fdatasync while sealing.
+    pub(super) fn append(
+        &mut self,
         frame: &Frame,
         head: &[u8],
         len: u64,
-    ) -> Result<(), SpoolError> {
-        let mut segs = self.segs();
-        let roll = segs
+        sync_failed: impl FnOnce(&std::io::Error),
+    ) -> Result<Location, SpoolError> {
+        let size = self.segs.size;
+        let roll = self
+            .st
             .writer
             .as_ref()
-            .is_none_or(|w| w.len > 0 && w.len + len > self.segment_size);
+            .is_none_or(|w| w.len > 0 && w.len + len > size);
         if roll {
-            self.roll(&mut segs)?;
+            self.roll(sync_failed)?;
         }
-        let Some(w) = segs.writer.as_mut() else {
+        let segs = self.segs;
+        let st = &mut *self.st;
+        let Some(w) = st.writer.as_mut() else {
             return Err(SpoolError::Io {
-                path: self.path.clone(),
+                path: segs.root.clone(),
                 op: "open segment",
                 source: std::io::ErrorKind::Other.into(),
             });
@@ -271,60 +305,50 @@ impl Spool {
             len: len as u32,
             capture_ns: frame.capture_ns,
         };
-        w.append(self.disk.as_ref(), head, &frame.payload)
-            .map_err(self.io("write segment"))?;
+        w.append(segs.disk.as_ref(), head, &frame.payload)
+            .map_err(segs.io("write segment"))?;
         let id = w.id;
-        if let Some(i) = segs.info.get_mut(&id) {
+        if let Some(i) = st.info.get_mut(&id) {
             i.0 += len;
             i.1 += 1;
         }
-        segs.charge(id, len, &self.disk_bytes);
-        // Under the segment lock, so a commit's watermark covers exactly the written appends.
-        let mut p = self.pending();
-        let serial = p.serial;
-        p.serial += 1;
-        p.highest
-            .entry(frame.source.clone())
-            .and_modify(|h| *h = (*h).max(frame.seq))
-            .or_insert(frame.seq);
-        p.entries
-            .entry(frame.source.clone())
-            .or_default()
-            .insert(frame.seq, (loc, serial));
-        Ok(())
+        self.charge(id, len);
+        Ok(loc)
     }
 
-    pub(super) fn roll(&self, segs: &mut Segments) -> Result<(), SpoolError> {
-        if let Some(w) = segs.writer.as_mut() {
+    fn roll(&mut self, sync_failed: impl FnOnce(&std::io::Error)) -> Result<(), SpoolError> {
+        let segs = self.segs;
+        let st = &mut *self.st;
+        if let Some(w) = st.writer.as_mut() {
             // Sealed only once whole and synced: until then it stays the segment being written.
-            w.flush(self.disk.as_ref())
-                .map_err(self.io("write segment"))?;
-            if let Err(e) = self.disk.sync_data(&w.file) {
-                self.note_sync_failure(&e);
-                return Err(self.io("fdatasync segment")(e));
+            w.flush(segs.disk.as_ref())
+                .map_err(segs.io("write segment"))?;
+            if let Err(e) = segs.disk.sync_data(&w.file) {
+                sync_failed(&e);
+                return Err(segs.io("fdatasync segment")(e));
             }
         }
-        if let Some(w) = segs.writer.take() {
-            if segs.info.get(&w.id).is_some_and(|i| i.1 == 0) {
-                segs.emptied.push(w.id);
+        if let Some(w) = st.writer.take() {
+            if st.info.get(&w.id).is_some_and(|i| i.1 == 0) {
+                st.emptied.push(w.id);
             }
-            segs.ledger_due.insert(w.id, w.len);
+            st.ledger_due.insert(w.id, w.len);
         }
-        let id = segs.info.keys().next_back().map(|k| k + 1).unwrap_or(1);
-        let file = self
+        let id = st.info.keys().next_back().map(|k| k + 1).unwrap_or(1);
+        let file = segs
             .disk
-            .create(&self.segment_path(id))
-            .map_err(self.io("create segment"))?;
+            .create(&segs.path(id))
+            .map_err(segs.io("create segment"))?;
         // The new name is made durable before any index entry can point into the file; a file
         // whose name may not survive is not used (the next append tries again).
-        if let Err(e) = self.sync_segments_dir() {
+        if let Err(e) = segs.sync_dir() {
             drop(file);
-            let _ = self.disk.remove(&self.segment_path(id));
+            let _ = segs.disk.remove(&segs.path(id));
             return Err(e);
         }
-        segs.info.insert(id, (0, 0));
-        segs.ledger_due.insert(id, 0);
-        segs.writer = Some(Writer {
+        st.info.insert(id, (0, 0));
+        st.ledger_due.insert(id, 0);
+        st.writer = Some(Writer {
             id,
             file: Arc::new(file),
             buf: Vec::with_capacity(WRITE_BUFFER),
@@ -334,40 +358,158 @@ impl Spool {
         Ok(())
     }
 
-    /// One record of a segment is gone; the segment is deleted after the next commit when none
-    /// is left.
-    pub(super) fn release_segment(&self, loc: Location) {
-        let mut segs = self.segs();
-        let empty = match segs.info.get_mut(&loc.segment) {
-            Some(i) => {
-                i.1 = i.1.saturating_sub(1);
-                i.1 == 0
+    /// Writes out the buffer of the segment being written, for a commit; earlier segments were
+    /// synced when they were sealed.
+    pub(super) fn flush(&mut self) -> Result<Flushed, SpoolError> {
+        let segs = self.segs;
+        let mut due = self.st.ledger_due.clone();
+        let sync = match self.st.writer.as_mut() {
+            Some(w) => {
+                w.flush(segs.disk.as_ref())
+                    .map_err(segs.io("write segment"))?;
+                due.insert(w.id, w.len);
+                Some(w.file.clone())
             }
-            None => false,
+            None => None,
         };
-        let active = segs.writer.as_ref().is_some_and(|w| w.id == loc.segment);
-        if empty && !active {
-            segs.emptied.push(loc.segment);
+        Ok(Flushed { sync, due })
+    }
+
+    /// Writes out what it can of the buffer of the segment being written, whatever fails;
+    /// returns the segment and how many of its bytes are in the file (None: no segment).
+    pub(super) fn write_out(&mut self) -> Option<(u64, u64)> {
+        let w = self.st.writer.as_mut()?;
+        let _ = w.flush(self.segs.disk.as_ref());
+        Some((w.id, w.flushed))
+    }
+
+    /// After a commit: the ledger now records these lengths (`due`, from [`Locked::flush`]).
+    pub(super) fn recorded(&mut self, due: &BTreeMap<u64, u64>) {
+        for (id, len) in due {
+            if self.st.ledger_due.get(id) == Some(len) {
+                self.st.ledger_due.remove(id);
+            }
         }
     }
 
-    pub(super) fn read_at(&self, loc: Location) -> std::io::Result<Vec<u8>> {
-        let file = {
-            let mut segs = self.segs();
-            if let Some(w) = segs.writer.as_ref().filter(|w| w.id == loc.segment) {
-                return w.read(self.disk.as_ref(), loc.offset, loc.len as usize);
+    /// The oldest segment other than the one being written.
+    pub(super) fn oldest_sealed(&self) -> Option<u64> {
+        let active = self.st.writer.as_ref().map(|w| w.id);
+        self.st.info.keys().copied().find(|id| Some(*id) != active)
+    }
+
+    /// Per segment: its live records.
+    pub(super) fn live(&self) -> Vec<(u64, u64)> {
+        self.st
+            .info
+            .iter()
+            .map(|(id, (_, live))| (*id, *live))
+            .collect()
+    }
+
+    /// Whether a segment is known (its file was there at open, or made since).
+    pub(super) fn has(&self, id: u64) -> bool {
+        self.st.info.contains_key(&id)
+    }
+
+    /// The ids of the known segments.
+    pub(super) fn ids(&self) -> Vec<u64> {
+        self.st.info.keys().copied().collect()
+    }
+
+    /// Segments without live records but with bytes (a spool from before the ledger reads them
+    /// back).
+    pub(super) fn unlisted(&self) -> Vec<u64> {
+        self.st
+            .info
+            .iter()
+            .filter(|(_, (size, live))| *live == 0 && *size > 0)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Takes in a segment file found on disk: (length, allocated bytes).
+    pub(super) fn found(&mut self, id: u64, len: u64, allocated: u64) {
+        self.st.info.insert(id, (len, 0));
+        self.charge(id, allocated);
+    }
+
+    /// Forgets every segment (before a rebuild takes them in again).
+    pub(super) fn forget_all(&mut self) {
+        self.st.info.clear();
+        self.st.charged.clear();
+        self.segs.bytes.store(0, Ordering::Relaxed);
+    }
+
+    /// `n` more live records in segment `id` (found at open).
+    pub(super) fn add_live(&mut self, id: u64, n: u64) {
+        if let Some(i) = self.st.info.get_mut(&id) {
+            i.1 += n;
+        }
+    }
+
+    /// Segment `id` holds `live` records (what a clean shutdown counted).
+    pub(super) fn set_live(&mut self, id: u64, live: u64) {
+        if let Some(i) = self.st.info.get_mut(&id) {
+            i.1 = live;
+        }
+    }
+
+    /// Counts `n` more bytes of segment `id` in the spool's size.
+    fn charge(&mut self, id: u64, n: u64) {
+        *self.st.charged.entry(id).or_default() += n;
+        self.segs.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Deletes a segment file (not the one being written); true when a file went. The caller
+    /// fsyncs the directory after its deletions ([`Segments::sync_dir`]).
+    pub(super) fn delete(&mut self, id: u64) -> bool {
+        let st = &mut *self.st;
+        if st.writer.as_ref().is_some_and(|w| w.id == id) {
+            return false;
+        }
+        st.info.remove(&id);
+        if let Some(charged) = st.charged.remove(&id) {
+            sub(&self.segs.bytes, charged);
+        }
+        st.readers.remove(&id);
+        st.ledger_due.remove(&id);
+        match self.segs.disk.remove(&self.segs.path(id)) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(segment = id, error = %e, "spool: cannot delete a drained segment");
+                false
             }
-            match segs.readers.get(&loc.segment) {
-                Some(f) => f.clone(),
-                None => {
-                    let f = Arc::new(self.disk.open(&self.segment_path(loc.segment))?);
-                    segs.readers.insert(loc.segment, f.clone());
-                    f
-                }
-            }
-        };
-        let mut buf = vec![0u8; loc.len as usize];
-        self.disk.read_exact_at(&file, &mut buf, loc.offset)?;
-        Ok(buf)
+        }
+    }
+
+    /// Deletes `id` if it holds no live record; true when a file went.
+    pub(super) fn delete_if_empty(&mut self, id: u64) -> bool {
+        self.st.info.get(&id).is_some_and(|i| i.1 == 0) && self.delete(id)
+    }
+
+    /// After a recovery or a rebuild: deletes the segments the index proves empty (never one that
+    /// could not be read), and returns them with the (id, size) of every segment the index now
+    /// covers, for the ledger.
+    pub(super) fn delete_proven_empty(
+        &mut self,
+        unread: &std::collections::BTreeSet<u64>,
+    ) -> (Vec<u64>, Vec<(u64, u64)>) {
+        let empty: Vec<u64> = self
+            .st
+            .info
+            .iter()
+            .filter(|(id, (_, live))| *live == 0 && !unread.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        let deleted = empty.into_iter().filter(|id| self.delete(*id)).collect();
+        let covered = self
+            .st
+            .info
+            .iter()
+            .filter(|(id, _)| !unread.contains(id))
+            .map(|(id, (size, _))| (*id, *size))
+            .collect();
+        (deleted, covered)
     }
 }

@@ -323,7 +323,7 @@ impl SpoolSnapshot {
             .map_err(|e| format!("index meta: {e}"))?;
         let known = ledger::Known {
             blank: meta.is_empty(),
-            ledger: super::read_ledger(&meta).map_err(|e| format!("index meta: {e}"))?,
+            ledger: super::index::read_ledger(&meta).map_err(|e| format!("index meta: {e}"))?,
         };
         let plan = ledger::plan(&known, sizes);
         if let Some(damage) = plan.damage {
@@ -375,7 +375,7 @@ impl SpoolSnapshot {
                 self.sources.insert(source, entries);
             }
         }
-        // (A sequence note below the stored records is a crash state, not damage: see Spool::load.)
+        // (A sequence note below the stored records is a crash state, not damage: see recovery::load.)
         drop(db);
         // What the daemon's next start reads back: bytes the ledger does not cover, and in a spool
         // from before the ledger the segments the index lists nothing in.

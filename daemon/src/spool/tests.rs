@@ -1,8 +1,10 @@
+use super::index::key_seq;
 use super::*;
 use crate::config::ByteSize;
 use rigd_drivers::{ClockState, Media};
 use std::collections::BTreeSet;
 use std::os::unix::fs::FileExt;
+use std::sync::Mutex;
 
 fn cfg(dir: &Path) -> SpoolConfig {
     SpoolConfig {
@@ -35,7 +37,7 @@ fn seqs(spool: &Spool, source: &str) -> Vec<u64> {
 
 /// The seqs sled's pages list for a source (what a crash now would find).
 fn in_sled(spool: &Spool, source: &str) -> Vec<u64> {
-    let tree = spool.tree(&source.into()).unwrap();
+    let tree = spool.index.tree(&source.into()).unwrap();
     tree.iter()
         .flat_map(|item| {
             let (k, v) = item.unwrap();
@@ -157,14 +159,14 @@ fn sled_never_holds_an_entry_or_sequence_note_ahead_of_durable_data() {
     }
     spool.index.flush().unwrap(); // sled persisting on its own, between two commits
     assert_eq!(in_sled(&spool, "mic"), (0..10).collect::<Vec<_>>());
-    let note = spool.meta.get("seq:mic").unwrap().unwrap();
+    let note = spool.index.meta().get("seq:mic").unwrap().unwrap();
     assert_eq!(u64::from_le_bytes(note.as_ref().try_into().unwrap()), 10);
     // The uncommitted records are still readable in the running process, and in order.
     assert_eq!(seqs(&spool, "mic"), (0..15).collect::<Vec<_>>());
     assert_eq!(spool.next_seq(&mic).unwrap(), 15);
     spool.commit().unwrap();
     assert_eq!(in_sled(&spool, "mic"), (0..15).collect::<Vec<_>>());
-    let note = spool.meta.get("seq:mic").unwrap().unwrap();
+    let note = spool.index.meta().get("seq:mic").unwrap().unwrap();
     assert_eq!(u64::from_le_bytes(note.as_ref().try_into().unwrap()), 15);
 }
 
@@ -373,7 +375,7 @@ fn a_frame_dropped_while_in_flight_and_handed_back_at_shutdown_stays_dropped_onc
 
 #[test]
 fn recent_drops_are_ranges_taken_back_once() {
-    let mut d = capacity::RecentDrops::default();
+    let mut d = counts::RecentDrops::default();
     let s: Arc<str> = "s".into();
     for seq in [3, 4, 5, 6, 10, 11] {
         d.note(&s, seq);
@@ -548,7 +550,7 @@ fn an_index_in_the_one_entry_per_record_format_is_still_read() {
         }
         spool.commit().unwrap();
         // Rewrite the index as the earlier format had it: one 28-byte location per seq.
-        let tree = spool.tree(&"gps".into()).unwrap();
+        let tree = spool.index.tree(&"gps".into()).unwrap();
         let entries: Vec<(u64, Location)> = tree
             .iter()
             .flat_map(|i| {
@@ -631,7 +633,7 @@ fn a_clean_start_takes_the_stored_counts_and_they_stay_right() {
     }
     let spool = Spool::open(&c).unwrap();
     assert!(
-        spool.meta.get("counts").unwrap().is_none(),
+        spool.index.meta().get("counts").unwrap().is_none(),
         "removed once read"
     );
     let (cam, gps): (Arc<str>, Arc<str>) = ("cam".into(), "gps".into());
@@ -662,14 +664,14 @@ fn a_clean_start_takes_the_stored_counts_and_they_stay_right() {
 
 #[test]
 fn counts_round_trip_and_garbage_is_refused() {
-    let c = Counts {
+    let c = SavedCounts {
         segments: vec![(1, 5), (7, 0)],
         sources: vec![("cam".into(), 5, 5000), ("gps".into(), 0, 0)],
     };
-    assert_eq!(Counts::decode(&c.encode()), Some(c.clone()));
+    assert_eq!(SavedCounts::decode(&c.encode()), Some(c.clone()));
     let b = c.encode();
     for cut in 0..b.len() {
-        assert_eq!(Counts::decode(&b[..cut]), None);
+        assert_eq!(SavedCounts::decode(&b[..cut]), None);
     }
 }
 
@@ -685,7 +687,7 @@ fn an_unreadable_index_page_is_skipped_reported_and_rebuilt_at_the_next_start() 
         }
         spool.commit().unwrap();
         // Garbage in place of the second page (seqs 256..512).
-        let tree = spool.tree(&gps).unwrap();
+        let tree = spool.index.tree(&gps).unwrap();
         assert_eq!(tree.len(), 3);
         tree.insert(256u64.to_be_bytes(), &b"not a page"[..])
             .unwrap();
@@ -700,7 +702,7 @@ fn an_unreadable_index_page_is_skipped_reported_and_rebuilt_at_the_next_start() 
     // The next start rebuilds the index from the segments: every record is back.
     let spool = Spool::open(&c).unwrap();
     assert_eq!(seqs(&spool, "gps"), (0..600).collect::<Vec<_>>());
-    assert!(spool.meta.get("rebuild").unwrap().is_none());
+    assert!(spool.index.meta().get("rebuild").unwrap().is_none());
     assert_eq!(spool.stats(&gps).records.load(Ordering::Relaxed), 600);
 }
 
@@ -930,7 +932,7 @@ fn after_a_failed_fdatasync_the_run_is_unclean_and_the_sequence_note_keeps_up() 
         assert!(spool.commit().is_err());
         let published = publish_live(&spool, "gps", 2, 5000);
         assert!(spool.commit().is_err());
-        let note = spool.meta.get("seq:gps").unwrap().unwrap();
+        let note = spool.index.meta().get("seq:gps").unwrap().unwrap();
         assert_eq!(
             u64::from_le_bytes(note.as_ref().try_into().unwrap()),
             published
@@ -1184,7 +1186,7 @@ fn no_number_at_or_past_the_durable_floor_is_admitted_while_seq_cannot_be_writte
     assert!(!spool.admit_seq(&gps, floor));
     assert!(!spool.admit_seq(&gps, floor + 5));
     assert_eq!(spool.stats(&gps).dropped.load(Ordering::Relaxed), 2);
-    assert_eq!(spool.floor(&gps), floor, "no write was durable");
+    assert_eq!(spool.floor.get(&gps), floor, "no write was durable");
     // Writable again: the next attempt (after the retry pause) moves the floor and admits.
     disk.fail_data.store(false, Ordering::Relaxed);
     std::thread::sleep(std::time::Duration::from_millis(1100));
@@ -1351,8 +1353,7 @@ fn a_segment_the_index_does_not_know_is_read_back_not_deleted() {
             spool.append(&frame("gps", seq, 300_000)).unwrap();
         }
         // Data written, no commit: a crash (kill -9 after the page cache has the bytes).
-        let disk = Os;
-        spool.segs().writer.as_mut().unwrap().flush(&disk).unwrap();
+        spool.segments.lock().write_out().unwrap();
     }
     let spool = Spool::open(&c).unwrap();
     assert_eq!(spool.index_damage(), None);

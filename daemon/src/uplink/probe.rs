@@ -32,7 +32,7 @@ use super::plan::BrokerLast;
 /// The highest sequence id of the topic's last entry (a batch's highest) and, for a chunk, the
 /// number of chunks of its frame; None for a topic without messages. Errors name what failed;
 /// the caller then trusts the broker's answer alone. A last entry from another producer name (a
-/// source's epochs share the topic, see `spool::split`) says nothing about this producer's
+/// source's epochs share the topic, see `spool::epochs`) says nothing about this producer's
 /// frames: an error.
 /// `settle`: wait for the broker's last confirmed entry to hold still (see [`Settle`]); not needed
 /// when the broker has named the id already (its deduplication state is what it persisted).

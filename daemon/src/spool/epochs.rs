@@ -15,19 +15,29 @@
 //! forget a split, or frames of a later epoch would go out under an earlier name and be dropped
 //! as duplicates.
 //!
-//! Invariant: a split is durable before any frame is sent under its new name ([`Spool::add_epoch`]
+//! Invariant: a split is durable before any frame is sent under its new name ([`Epochs::add`]
 //! returns only then), and its start is above every sequence already captured, so no frame of
-//! the new epoch was ever sent under an earlier epoch's name.
+//! the new epoch was ever sent under an earlier epoch's name. Every write goes through the
+//! spool's [`Disk`].
 
-use super::disk::replace_file_on;
-use super::{Spool, SpoolError};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::disk::{replace_file_on, Disk, Os};
+use super::SpoolError;
 
 /// The start sequences of `source`'s epochs after the first (which starts at 0), ascending, as
 /// the spool directory `dir` holds them (the offline tools read them through this too). A list
 /// that cannot be read is an error: publishing without it could lose frames.
-pub fn read_epochs(dir: &std::path::Path, source: &str) -> Result<Vec<u64>, SpoolError> {
+pub fn read_epochs(dir: &Path, source: &str) -> Result<Vec<u64>, SpoolError> {
+    read_on(&Os, dir, source)
+}
+
+fn read_on(disk: &dyn Disk, dir: &Path, source: &str) -> Result<Vec<u64>, SpoolError> {
     let path = dir.join("epochs").join(source);
-    let text = match std::fs::read_to_string(&path) {
+    let text = match disk.read(&path).and_then(|b| {
+        String::from_utf8(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
@@ -54,22 +64,32 @@ pub fn read_epochs(dir: &std::path::Path, source: &str) -> Result<Vec<u64>, Spoo
     Ok(starts)
 }
 
-impl Spool {
-    fn epochs_path(&self, source: &str) -> std::path::PathBuf {
-        self.path.join("epochs").join(source)
+/// The epoch lists of a spool (`epochs/` under `root`).
+pub(super) struct Epochs {
+    root: PathBuf,
+    disk: Arc<dyn Disk>,
+}
+
+impl Epochs {
+    pub(super) fn new(root: &Path, disk: Arc<dyn Disk>) -> Self {
+        Epochs {
+            root: root.to_path_buf(),
+            disk,
+        }
     }
 
     /// [`read_epochs`] of this spool.
-    pub fn epochs(&self, source: &str) -> Result<Vec<u64>, SpoolError> {
-        read_epochs(&self.path, source)
+    pub(super) fn list(&self, source: &str) -> Result<Vec<u64>, SpoolError> {
+        read_on(self.disk.as_ref(), &self.root, source)
     }
 
     /// Records that `source`'s frames from `start` on go out under a new epoch's producer name.
     /// On disk when it returns, and not named by the list when it fails (module doc: the
     /// invariant). `start` must be above every earlier start.
-    pub fn add_epoch(&self, source: &str, start: u64) -> Result<(), SpoolError> {
-        let mut starts = self.epochs(source)?;
-        let path = self.epochs_path(source);
+    pub(super) fn add(&self, source: &str, start: u64) -> Result<(), SpoolError> {
+        let mut starts = self.list(source)?;
+        let dir = self.root.join("epochs");
+        let path = dir.join(source);
         let io = |op: &'static str| {
             let path = path.clone();
             move |source| SpoolError::Io { path, op, source }
@@ -81,8 +101,9 @@ impl Spool {
             )));
         }
         starts.push(start);
-        let dir = self.path.join("epochs");
-        std::fs::create_dir_all(&dir).map_err(io("create epochs directory"))?;
+        self.disk
+            .create_dir(&dir)
+            .map_err(io("create epochs directory"))?;
         let mut text = String::new();
         for s in &starts {
             text.push_str(&s.to_string());
@@ -115,7 +136,7 @@ mod tests {
             ..SpoolConfig::default()
         };
         {
-            let s = super::Spool::open(&cfg).unwrap();
+            let s = crate::spool::Spool::open(&cfg).unwrap();
             assert_eq!(s.epochs("cam").unwrap(), Vec::<u64>::new());
             s.add_epoch("cam", 100).unwrap();
             s.add_epoch("cam", 250).unwrap();
@@ -123,7 +144,7 @@ mod tests {
             assert!(s.add_epoch("cam", 7).is_err());
             assert_eq!(s.epochs("gps").unwrap(), Vec::<u64>::new());
         }
-        let s = super::Spool::open(&cfg).unwrap();
+        let s = crate::spool::Spool::open(&cfg).unwrap();
         assert_eq!(s.epochs("cam").unwrap(), vec![100, 250]);
         std::fs::write(dir.path().join("spool/epochs/cam"), "100\nx\n").unwrap();
         assert!(
