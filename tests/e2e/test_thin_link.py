@@ -32,18 +32,15 @@ BUDGET_KBIT = 1800
 class Link(ShapedBrokerPort):
     """The broker port's class, which can be cut (an outage) and restored."""
 
-    cut_now = False
-
     def cut(self):
         self.change_class("rate", "8bit", "ceil", "8bit", "burst", "1600", "cburst", "1600")
-        self.cut_now = True
 
     def restore(self, rate_kbit=LINK_KBIT):
-        if self.cut_now:
-            self.renew(rate_kbit)  # (a cut class changed back keeps its queue behind the old schedule)
-        else:
-            self.set_rate(rate_kbit)
-        self.cut_now = False
+        # A class changed back keeps what it queued behind the 8 bit/s schedule for a while (the
+        # uplink is back ~20 s after the restore, `ShapedBrokerPort.renew`); the budget figures
+        # below were measured so. With the class renewed the wire carried 1922-1952 kbit/s in
+        # the window against 1800 (issue 26: not yet understood, left).
+        self.set_rate(rate_kbit)
 
 
 def config(ns, rig, cam_fps=5):

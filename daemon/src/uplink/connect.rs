@@ -102,6 +102,8 @@ pub struct Link {
     token: Token,
     /// The TCP socket under the stream (TLS or not), a duplicate descriptor, for [`Link::reset`].
     socket: std::os::fd::OwnedFd,
+    /// How long [`Link::response`] waits: the setup's deadline (see `Setup::setup_timeout`).
+    pub request_timeout: Duration,
 }
 
 impl Drop for Link {
@@ -155,7 +157,7 @@ impl Link {
         what: &'static str,
         matches: impl Fn(&BaseCommand) -> bool,
     ) -> Result<codec::Inbound, LinkError> {
-        self.frame_within(what, REQUEST_TIMEOUT, matches).await
+        self.frame_within(what, self.request_timeout, matches).await
     }
 
     /// [`Link::frame`] within `timeout`.
@@ -278,11 +280,12 @@ pub struct Setup {
     /// Every message is end-to-end encrypted: the producer says so, as a namespace whose policy
     /// requires encryption refuses a producer that does not.
     pub encrypted: bool,
-    /// How long a broker that took the TCP connection has to answer CONNECT. A starting broker
-    /// takes connections seconds before it answers them; a producer coming back after an outage
-    /// asks with short deadlines that grow (`producer::Recovery`), so that an attempt is pending
-    /// when the broker starts to answer, never a 10 s one that began just before.
-    pub handshake_timeout: Duration,
+    /// How long the broker has to answer each request of the setup (CONNECT, lookups, PRODUCER).
+    /// A starting broker takes connections seconds before it answers them, and answers lookups
+    /// later still while it loads its topics; a producer coming back after an outage asks with
+    /// short deadlines that grow (`session::setup_timeout`), so that an attempt is pending when
+    /// the broker starts to answer, never a 10 s one that began just before.
+    pub setup_timeout: Duration,
 }
 
 impl Setup {
@@ -302,7 +305,7 @@ impl Setup {
             next_request: 1,
             next_host: 0,
             service_host: None,
-            handshake_timeout: REQUEST_TIMEOUT,
+            setup_timeout: REQUEST_TIMEOUT,
             encrypted: false,
         }
     }
@@ -437,6 +440,7 @@ impl Setup {
             last_inbound: Instant::now(),
             token: self.token.clone(),
             socket,
+            request_timeout: self.setup_timeout,
         };
         let token = self.token.current()?;
         // A client certificate is the identity when there is no token: the broker's TLS
@@ -474,9 +478,7 @@ impl Setup {
         // A broker that took the connection and does not answer is not serving yet (it is
         // starting): the same as one that takes no connection, for the producer's pace.
         let connected = match link
-            .frame_within("CONNECTED", self.handshake_timeout, |c| {
-                c.connected.is_some()
-            })
+            .frame_within("CONNECTED", self.setup_timeout, |c| c.connected.is_some())
             .await
         {
             Err(LinkError::Timeout(_)) => Err(LinkError::Connect {
@@ -485,7 +487,7 @@ impl Setup {
                     std::io::ErrorKind::TimedOut,
                     format!(
                         "took the connection, no CONNECTED within {} ms (the broker starting?)",
-                        self.handshake_timeout.as_millis()
+                        self.setup_timeout.as_millis()
                     ),
                 ),
             }),

@@ -416,8 +416,8 @@ impl Session {
             if self.stopping() {
                 break;
             }
-            self.setup.handshake_timeout =
-                super::session::handshake_timeout(since_life, super::connect::REQUEST_TIMEOUT);
+            self.setup.setup_timeout =
+                super::session::setup_timeout(since_life, super::connect::REQUEST_TIMEOUT);
             since_life = since_life.map(|k| k.saturating_add(1));
             let established = tokio::select! {
                 r = tokio::time::timeout(SETUP_TIMEOUT, self.setup.establish()) => {

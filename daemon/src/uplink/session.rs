@@ -14,20 +14,21 @@ pub const DEAD_IDLE: Duration = Duration::from_secs(90);
 /// On shutdown: how long outstanding receipts are waited for before the frames go to the spool.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
-/// Coming back after an outage: the CONNECT deadline of the first attempt after the broker takes
-/// connections again; each later attempt doubles it, up to `connect::REQUEST_TIMEOUT`.
-pub const RECOVERY_HANDSHAKE: Duration = Duration::from_secs(1);
+/// Coming back after an outage: the deadline of each request (CONNECT, lookup, PRODUCER) of the
+/// first attempt after the broker takes connections again; each later attempt doubles it, up to
+/// `connect::REQUEST_TIMEOUT`.
+pub const RECOVERY_SETUP: Duration = Duration::from_secs(1);
 
-/// The CONNECT deadline of an attempt: `since_life` is the number of attempts since the broker
+/// The request deadline of an attempt: `since_life` is the number of attempts since the broker
 /// took a connection again after an outage (None: not recovering, the full deadline). A starting
 /// broker takes connections many seconds before it answers them, and answers a CONNECT that
 /// waited as soon as it serves: short deadlines that grow keep an attempt pending at that moment
 /// (a 10 s attempt begun just before it timed out up to 10 s later: 22 s to the first receipt
 /// after a 5 s broker restart, measured) without asking a slow link every second for long.
-pub fn handshake_timeout(since_life: Option<u32>, full: Duration) -> Duration {
+pub fn setup_timeout(since_life: Option<u32>, full: Duration) -> Duration {
     match since_life {
         None => full,
-        Some(k) => RECOVERY_HANDSHAKE.saturating_mul(1 << k.min(8)).min(full),
+        Some(k) => RECOVERY_SETUP.saturating_mul(1 << k.min(8)).min(full),
     }
 }
 
@@ -138,14 +139,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn after_an_outage_connect_deadlines_start_short_and_double_to_the_full_one() {
+    fn after_an_outage_setup_deadlines_start_short_and_double_to_the_full_one() {
         let full = Duration::from_secs(10);
-        assert_eq!(handshake_timeout(None, full), full);
+        assert_eq!(setup_timeout(None, full), full);
         let seq: Vec<u64> = (0..6)
-            .map(|k| handshake_timeout(Some(k), full).as_secs())
+            .map(|k| setup_timeout(Some(k), full).as_secs())
             .collect();
         assert_eq!(seq, [1, 2, 4, 8, 10, 10]);
-        assert_eq!(handshake_timeout(Some(u32::MAX), full), full);
+        assert_eq!(setup_timeout(Some(u32::MAX), full), full);
     }
 
     #[test]
