@@ -19,6 +19,35 @@ def module_path(root: Path, f: Path) -> list[str]:
     return parts
 
 
+USE_STMT = re.compile(r"\buse\s+([^;]+);")
+
+
+def expand_use(tree: str) -> list[str]:
+    """The paths of one `use` tree: `super::{a, b::{c, D}}` -> super::a, super::b::c, super::b::D."""
+    tree = re.sub(r"\s+", "", tree)
+    i = tree.find("{")
+    if i < 0:
+        return [tree]
+    depth, j = 0, i
+    for j in range(i, len(tree)):
+        depth += {"{": 1, "}": -1}.get(tree[j], 0)
+        if depth == 0:
+            break
+    items, depth, start = [], 0, i + 1
+    for k in range(i + 1, j):
+        depth += {"{": 1, "}": -1}.get(tree[k], 0)
+        if tree[k] == "," and depth == 0:
+            items.append(tree[start:k])
+            start = k + 1
+    items.append(tree[start:j])
+    return [p for item in items if item for p in expand_use(tree[:i] + item + tree[j + 1:])]
+
+
+def with_uses_expanded(text: str) -> str:
+    """`text` with every grouped `use` written out path by path (USE does not read braces)."""
+    return USE_STMT.sub(lambda m: ";".join(f"use {p}" for p in expand_use(m.group(1))) + ";", text)
+
+
 def strip_comments(text: str) -> str:
     text = re.sub(r"//[^\n]*", "", text)
     return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
@@ -34,7 +63,7 @@ def edges(root: Path):
     for f in files:
         here = module_path(root, f)
         is_mod_file = f.name in ("mod.rs", "lib.rs", "main.rs") or (f.with_suffix("").is_dir())
-        text = strip_comments(f.read_text())
+        text = with_uses_expanded(strip_comments(f.read_text()))
         text = text.split("#[cfg(test)]\nmod tests", 1)[0]
         for m in USE.finditer(text):
             kind, rest = m.group(1), m.group(2).split("::")[1:]
