@@ -776,10 +776,28 @@ impl Pace {
             {
                 Pace::OwnerMoving
             }
-            LinkError::Connect { .. } => Pace::Unreachable,
+            LinkError::Connect { source, .. } if unreachable(source.kind()) => Pace::Unreachable,
             _ => Pace::Backoff,
         }
     }
+}
+
+/// A connect failure that says nothing answers there (yet): refused, reset, no route, or no answer
+/// in time. Not a TLS handshake the broker refused, which a TCP connect cannot tell is fixed: a
+/// sign of life must not end the backoff of a connection that fails once connected.
+fn unreachable(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        kind,
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | TimedOut
+            | HostUnreachable
+            | NetworkUnreachable
+            | NotConnected
+            | AddrNotAvailable
+    )
 }
 
 /// Resolves once the daemon shuts down or the handle asked to close.
@@ -859,6 +877,18 @@ mod tests {
         assert_eq!(Pace::after(&LinkError::Closed, now), Pace::Backoff);
         let refusal = LinkError::Broker("AuthenticationError".into());
         assert_eq!(Pace::after(&refusal, now), Pace::Backoff);
+        // a TLS handshake the broker refuses: the port takes connections, so no sign of life
+        // may end the backoff (it would be asked every half second)
+        let tls = LinkError::Connect {
+            addr: "127.0.0.1:6651 (TLS)".into(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, "unknown CA"),
+        };
+        assert_eq!(Pace::after(&tls, now), Pace::Backoff);
+        let silent = LinkError::Connect {
+            addr: "127.0.0.1:6650".into(),
+            source: std::io::ErrorKind::TimedOut.into(),
+        };
+        assert_eq!(Pace::after(&silent, now), Pace::Unreachable);
         assert_eq!(
             Pace::after(&LinkError::Terminated("t".into()), now),
             Pace::Terminated
