@@ -479,7 +479,6 @@ impl Source {
                             clock: ClockState::Unsynced,
                             media: self.media.clone(),
                             payload: self.payload.clone(),
-                            sealed: false,
                         });
                         self.tally.generated += 1;
                         self.tally.queued_max = self.tally.queued_max.max(queue.len());
@@ -497,8 +496,8 @@ impl Source {
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
             }
             while let Some(frame) = queue.pop_front() {
-                if let Err(frame) = self.producer.try_submit(frame) {
-                    queue.push_front(frame);
+                if let Err(frame) = self.producer.try_submit(frame.into()) {
+                    queue.push_front(frame.frame);
                     break;
                 }
             }

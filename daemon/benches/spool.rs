@@ -53,15 +53,14 @@ fn fill(dir: &Path, total: u64) {
         for (i, (source, payload, per_bucket)) in mix.iter().enumerate() {
             for _ in 0..*per_bucket {
                 spool
-                    .append(&Frame {
+                    .append(&rigd::payload::Held::plain(Frame {
                         source: source.clone(),
                         seq: seqs[i],
                         capture_ns: ns,
                         clock: ClockState::Unsynced,
                         media: Media::Serial { text: false },
                         payload: payload.clone(),
-                        sealed: false,
-                    })
+                    }))
                     .expect("append");
                 spool.note_seq(source, seqs[i] + 1).expect("note");
                 seqs[i] += 1;
@@ -205,9 +204,8 @@ fn spool_write(dir: &Path, payload: &Bytes, n: u64, every: Duration) -> (f64, u6
             clock: ClockState::Unsynced,
             media: Media::Serial { text: false },
             payload: payload.clone(),
-            sealed: false,
         };
-        spool.append(&frame).expect("append");
+        spool.append(&frame.into()).expect("append");
         if last.elapsed() >= every {
             spool.commit().expect("commit");
             last = Instant::now();

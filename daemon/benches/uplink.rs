@@ -87,9 +87,8 @@ async fn main() {
                 clock: ClockState::Unsynced,
                 media: Media::Serial { text: false },
                 payload: payload.clone(),
-                sealed: false,
             };
-            if producer.try_submit(frame).is_err() {
+            if producer.try_submit(frame.into()).is_err() {
                 break;
             }
             sent += 1;

@@ -2,7 +2,6 @@
 //! order (capture stops, lanes hand unacknowledged frames to the spool, the spool commits).
 
 use anyhow::Context;
-use rigd_drivers::synthetic::{SyntheticAudio, SyntheticCamera, SyntheticSerial};
 use rigd_drivers::{
     FrameClock, FrameSink, Source, SourceHealth, SourceState, StopFlag, SystemClock,
 };
@@ -11,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{read_token, Config, SourceConfig, SpoolMode, EVENTS_SOURCE};
+use crate::config::{read_token, Config, SpoolMode, EVENTS_SOURCE};
 use crate::events::EventMarker;
 use crate::pipeline::{self, LaneStats, LaneTask};
 use crate::runtime::{Runtime, SourceEntry};
@@ -27,44 +26,6 @@ const LANE_SLACK: Duration = Duration::from_secs(3);
 const COMMIT_STOP: Duration = Duration::from_secs(2);
 /// The smallest window a budget leaves a source (one camera frame or a batch or two).
 const MIN_BUDGET_WINDOW: usize = 256 << 10;
-
-fn build_source(cfg: &SourceConfig, bucket_ms: u32, clock: Arc<dyn FrameClock>) -> Box<dyn Source> {
-    match cfg {
-        SourceConfig::SyntheticCamera(c) => Box::new(SyntheticCamera::new(
-            &c.id,
-            c.width,
-            c.height,
-            c.fps,
-            c.frame_bytes.map(|b| b.0 as usize),
-            c.format,
-            clock,
-        )),
-        SourceConfig::SyntheticAudio(c) => Box::new(SyntheticAudio::new(
-            &c.id,
-            c.sample_rate,
-            c.channels,
-            c.tone_hz,
-            bucket_ms,
-            clock,
-        )),
-        SourceConfig::SyntheticSerial(c) => Box::new(SyntheticSerial::new(&c.id, c.rate_hz, clock)),
-        SourceConfig::Serial(c) => Box::new(rigd_drivers::serial::SerialSource::new(
-            &c.id,
-            c.settings(bucket_ms),
-            clock,
-        )),
-        SourceConfig::Alsa(c) => Box::new(rigd_drivers::audio::AudioSource::new(
-            &c.id,
-            c.settings(bucket_ms),
-            clock,
-        )),
-        SourceConfig::V4l(c) => Box::new(rigd_drivers::v4l::CameraSource::new(
-            &c.id,
-            c.settings(),
-            clock,
-        )),
-    }
-}
 
 /// Runs a source on its own thread, reopening it with backoff after a device failure.
 fn spawn_capture(
@@ -281,7 +242,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             priority: sc.priority(),
         });
         lanes.push(lane.task);
-        let source = build_source(sc, config.rig.bucket_ms, clock.clone());
+        let source = sc.open(config.rig.bucket_ms, clock.clone());
         tracing::info!(source = %id, kind = sc.kind(), first_seq, "source starting");
         captures.push(spawn_capture(source, sink, stop.clone()));
     }

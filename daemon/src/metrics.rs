@@ -469,7 +469,6 @@ mod tests {
             clock: ClockState::Unsynced,
             media,
             payload: Bytes::copy_from_slice(payload),
-            sealed: false,
         }
     }
 

@@ -2,12 +2,53 @@
 //! frames sealed into the spool (`seal`): compressed as Pulsar consumers expect it (LZ4 as a raw
 //! block, the Java client's lz4-java "fast" compressor; ZSTD as a frame), then cut into pieces
 //! (chunks of a message, or sealed pieces); each piece is then encrypted by `seal::Encryptor`.
-//! Pure: no I/O.
+//! Pure: no I/O. [`Held`] is a frame as the daemon holds it between capture and the broker: as
+//! captured, or sealed.
 
 use bytes::Bytes;
 use pulsar::proto::CompressionType;
+use rigd_drivers::Frame;
 
 use crate::config::Compression;
+
+/// A frame between capture and the broker. Capture hands out plain frames; with end-to-end
+/// encryption on, the spool holds them sealed (`seal::Encryptor::seal_frame`: the payload
+/// compressed, cut and encrypted for the fleet's key), and a sealed frame read back goes to the
+/// broker as it is. Whether a payload is sealed is the daemon's concern, not the drivers'.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub frame: Frame,
+    pub sealed: bool,
+}
+
+impl Held {
+    /// A frame as captured.
+    pub fn plain(frame: Frame) -> Self {
+        Held {
+            frame,
+            sealed: false,
+        }
+    }
+}
+
+impl std::ops::Deref for Held {
+    type Target = Frame;
+    fn deref(&self) -> &Frame {
+        &self.frame
+    }
+}
+
+impl std::ops::DerefMut for Held {
+    fn deref_mut(&mut self) -> &mut Frame {
+        &mut self.frame
+    }
+}
+
+impl From<Frame> for Held {
+    fn from(frame: Frame) -> Self {
+        Held::plain(frame)
+    }
+}
 
 /// Compresses `data`; returns the wire codec (`MessageMetadata.compression`) and the bytes to send.
 /// When compression does not make the payload smaller it is sent as it is, without a copy.

@@ -56,11 +56,11 @@ pub enum ReplayError {
 /// A spooled frame as it was captured: a sealed frame is opened with the fleet's private key
 /// (`Ok(Err(why))`: it does not decrypt, skip it), and without a key exporting stops.
 pub fn readable(
-    frame: rigd_drivers::Frame,
+    frame: crate::payload::Held,
     key: Option<&crate::seal::Decryptor>,
 ) -> Result<Result<rigd_drivers::Frame, String>, ReplayError> {
     match (frame.sealed, key) {
-        (false, _) => Ok(Ok(frame)),
+        (false, _) => Ok(Ok(frame.frame)),
         (true, Some(k)) => Ok(k.open_frame(&frame)),
         (true, None) => Err(ReplayError::Encrypted {
             name: frame.source.to_string(),

@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Compression;
+use crate::payload::Held;
 use rigd_drivers::Frame;
 
 pub const MAGIC: &[u8; 4] = b"RGS1";
@@ -222,10 +223,7 @@ impl Encryptor {
 
     /// Seals a frame for the spool: compressed, cut into pieces of at most `piece` bytes (more only
     /// where the layout's 65,535 pieces would not hold it), each piece encrypted.
-    pub fn seal_frame(&self, compression: Compression, piece: usize, mut frame: Frame) -> Frame {
-        if frame.sealed {
-            return frame;
-        }
+    pub fn seal_frame(&self, compression: Compression, piece: usize, mut frame: Frame) -> Held {
         let (code, wire) = crate::payload::compress(compression, &frame.payload);
         let k = self.data_key();
         let piece = piece.max(wire.len().div_ceil(u16::MAX as usize)).max(1);
@@ -242,8 +240,10 @@ impl Encryptor {
             pieces,
         };
         frame.payload = sealed.encode();
-        frame.sealed = true;
-        frame
+        Held {
+            frame,
+            sealed: true,
+        }
     }
 }
 
@@ -259,9 +259,13 @@ pub struct Sealing {
 }
 
 impl Sealing {
-    pub fn seal(&self, frame: Frame) -> Frame {
+    /// A plain frame sealed; a sealed one (read back from the spool) as it is.
+    pub fn seal(&self, held: Held) -> Held {
+        if held.sealed {
+            return held;
+        }
         self.encryptor
-            .seal_frame(self.compression, self.piece, frame)
+            .seal_frame(self.compression, self.piece, held.frame)
     }
 }
 
@@ -423,19 +427,18 @@ impl Decryptor {
     }
 
     /// A sealed frame back to the frame as captured; a frame that is not sealed as it is.
-    pub fn open_frame(&self, frame: &Frame) -> Result<Frame, String> {
-        if !frame.sealed {
-            return Ok(frame.clone());
+    pub fn open_frame(&self, held: &Held) -> Result<Frame, String> {
+        if !held.sealed {
+            return Ok(held.frame.clone());
         }
-        let s = Sealed::parse(&frame.payload)?;
+        let s = Sealed::parse(&held.payload)?;
         let mut wire = Vec::with_capacity(s.total);
         for p in &s.pieces {
             wire.extend_from_slice(&self.open(&s.key, p)?);
         }
         let payload = crate::payload::decompress(s.compression, &wire, s.uncompressed)?;
-        let mut out = frame.clone();
+        let mut out = held.frame.clone();
         out.payload = payload;
-        out.sealed = false;
         Ok(out)
     }
 }
@@ -462,7 +465,6 @@ mod tests {
             clock: ClockState::Locked,
             media: Media::Serial { text: true },
             payload: payload.into(),
-            sealed: false,
         }
     }
 
@@ -479,7 +481,6 @@ mod tests {
         assert!(!sealed.payload.windows(6).any(|w| w == b"$GPRMC"));
         let opened = Decryptor::new(private).open_frame(&sealed).unwrap();
         assert_eq!(&opened.payload[..], &text[..]);
-        assert!(!opened.sealed);
         let (_, other) = keys();
         let err = Decryptor::new(other).open_frame(&sealed).unwrap_err();
         assert!(err.contains("does not open"), "{err}");
@@ -513,7 +514,7 @@ mod tests {
             piece: 50_000,
         };
         let payload: Vec<u8> = (0..2_000_000).map(|i| (i * 7 % 251) as u8).collect();
-        let sealed = sealing.seal(frame(payload.clone()));
+        let sealed = sealing.seal(frame(payload.clone()).into());
         let s = Sealed::parse(&sealed.payload).unwrap();
         assert_eq!(s.pieces.len(), 40);
         assert!(s
@@ -527,7 +528,7 @@ mod tests {
             piece: 1,
             ..sealing
         };
-        let s = Sealed::parse(&tiny.seal(frame(payload)).payload).unwrap();
+        let s = Sealed::parse(&tiny.seal(frame(payload).into()).payload).unwrap();
         assert!(s.pieces.len() <= u16::MAX as usize, "{}", s.pieces.len());
     }
 

@@ -109,7 +109,6 @@ mod tests {
                 frames: 1584,
             },
             payload: Bytes::from_static(b""),
-            sealed: false,
         };
         let e = Envelope::of("van-07", 33, &f);
         assert_eq!(e.event_time_ms, 1_700_000_000_033);

@@ -98,9 +98,6 @@ pub struct Frame {
     pub clock: ClockState,
     pub media: Media,
     pub payload: Bytes,
-    /// The payload is sealed: compressed and encrypted for the fleet's key, as the spool holds it
-    /// when encryption is on (see rigd's `seal` module). Capture always hands out plaintext.
-    pub sealed: bool,
 }
 
 impl Frame {

@@ -287,7 +287,6 @@ impl FrameSink {
             clock: stamp.state,
             media,
             payload,
-            sealed: false,
         };
         self.tx.blocking_send(frame).map_err(|_| SinkClosed)?;
         self.next_seq += 1;

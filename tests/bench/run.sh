@@ -15,7 +15,7 @@ tests/setup.sh
 # Not in the smoke run (two more builds of rigd for no meaningful figure).
 fallback=()
 if [ $QUICK = 0 ]; then
-  cargo build --release --locked -p rigd --no-default-features --features serial,audio,v4l >&2
+  cargo build --release --locked -p rigd --no-default-features --features hardware >&2
   mkdir -p target/bench && cp target/release/rigd target/bench/rigd-without-turbojpeg
   fallback=(--rigd-without-turbojpeg target/bench/rigd-without-turbojpeg)
 fi

@@ -99,6 +99,53 @@ impl SourceConfig {
             SourceConfig::Serial(_) => None,
         }
     }
+
+    /// The source this config describes, ready to run (as Vector's `SourceConfig::build`: a kind's
+    /// config and how it opens live side by side, so a new kind is one variant here plus its driver).
+    pub fn open(
+        &self,
+        bucket_ms: u32,
+        clock: std::sync::Arc<dyn rigd_drivers::FrameClock>,
+    ) -> Box<dyn rigd_drivers::Source> {
+        use rigd_drivers::synthetic::{SyntheticAudio, SyntheticCamera, SyntheticSerial};
+        match self {
+            SourceConfig::SyntheticCamera(c) => Box::new(SyntheticCamera::new(
+                &c.id,
+                c.width,
+                c.height,
+                c.fps,
+                c.frame_bytes.map(|b| b.0 as usize),
+                c.format,
+                clock,
+            )),
+            SourceConfig::SyntheticAudio(c) => Box::new(SyntheticAudio::new(
+                &c.id,
+                c.sample_rate,
+                c.channels,
+                c.tone_hz,
+                bucket_ms,
+                clock,
+            )),
+            SourceConfig::SyntheticSerial(c) => {
+                Box::new(SyntheticSerial::new(&c.id, c.rate_hz, clock))
+            }
+            SourceConfig::Serial(c) => Box::new(rigd_drivers::serial::SerialSource::new(
+                &c.id,
+                c.settings(bucket_ms),
+                clock,
+            )),
+            SourceConfig::Alsa(c) => Box::new(rigd_drivers::audio::AudioSource::new(
+                &c.id,
+                c.settings(bucket_ms),
+                clock,
+            )),
+            SourceConfig::V4l(c) => Box::new(rigd_drivers::v4l::CameraSource::new(
+                &c.id,
+                c.settings(),
+                clock,
+            )),
+        }
+    }
 }
 
 pub use rigd_drivers::Modality;

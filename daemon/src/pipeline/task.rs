@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, watch};
 use super::lane::{Action, Capture, Lane, Link, Offer, Opening};
 use super::{LaneStats, Uplink};
 use crate::config::{Drain, SpoolMode};
+use crate::payload::Held;
 use crate::spool::{Appended, Spool};
 use crate::uplink::{Ack, Outcome, Producer};
 
@@ -237,6 +238,7 @@ impl LaneTask {
     fn on_frame(&self, frame: Frame, lane: &mut Lane, producers: &Producers) {
         let next = frame.seq + 1;
         self.stats.preview.offer(&frame);
+        let frame = Held::plain(frame);
         let paused = self.paused.load(Ordering::Relaxed);
         // A number at or past the durable floor could have been handed out before a crash: such
         // a frame is neither published nor stored (counted by the spool).
@@ -283,7 +285,7 @@ impl LaneTask {
     }
 
     /// Appends to the spool; false when the frame was dropped (counted and logged by the spool).
-    fn append(&self, frame: &Frame) -> bool {
+    fn append(&self, frame: &Held) -> bool {
         let sealed;
         let frame = match &self.seal {
             Some(sealing) if !frame.sealed => {
@@ -299,7 +301,7 @@ impl LaneTask {
     }
 
     /// Frames a closed producer gave back: to the spool.
-    fn spool_all(&self, frames: &[Frame]) {
+    fn spool_all(&self, frames: &[Held]) {
         for f in frames {
             self.append(f);
         }

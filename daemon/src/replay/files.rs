@@ -450,7 +450,6 @@ mod tests {
             clock: rigd_drivers::ClockState::Locked,
             media: Media::Serial { text: true },
             payload: bytes::Bytes::from_static(b"$GPRMC*00\r\n"),
-            sealed: false,
         };
         let l = serial_line(&f, true, 33);
         assert_eq!(

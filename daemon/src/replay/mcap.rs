@@ -42,6 +42,7 @@ use super::progress::{Interrupt, Progress};
 use super::{capture_order, total_bytes, ReplayError, SourcePlan, Summary, Tally};
 use crate::foxglove::{self, COMPRESSED_IMAGE, LOCATION_FIX, LOG, RAW_AUDIO};
 use crate::nmea::{self, Fix, FixBuilder, Sentence};
+use crate::payload::Held;
 use crate::spool::snapshot::{Corrupt, Entry, SpoolSnapshot};
 
 /// Message encoding of the MCAP file.
@@ -430,7 +431,7 @@ fn read_ahead<'scope>(
     scope: &'scope std::thread::Scope<'scope, '_>,
     snap: &'scope SpoolSnapshot,
     plan: &'scope [SourcePlan],
-) -> std::sync::mpsc::Receiver<(usize, Entry, Result<Frame, Corrupt>)> {
+) -> std::sync::mpsc::Receiver<(usize, Entry, Result<Held, Corrupt>)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
     scope.spawn(move || {
         for (i, e) in capture_order(plan) {
@@ -679,7 +680,6 @@ mod tests {
             clock: ClockState::Locked,
             media,
             payload: Bytes::from_static(payload),
-            sealed: false,
         }
     }
 

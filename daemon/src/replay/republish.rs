@@ -9,7 +9,7 @@
 //! when every submitted frame has its receipt; Ctrl-C stops submitting, waits briefly for the
 //! receipts in flight, and reports what is left unacknowledged.
 
-use rigd_drivers::Frame;
+use crate::payload::Held;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
@@ -146,7 +146,7 @@ async fn republish(
     'records: for (i, e) in capture_order(plan) {
         let p = &plan[i];
         let sender = first_sender[i] + epochs[i].of(e.seq);
-        let mut frame: Frame = match snap.read(&p.source, &e) {
+        let mut frame: Held = match snap.read(&p.source, &e) {
             Ok(f) => f,
             Err(c) => {
                 progress.println(&format!("skipped corrupt {}", super::inspect::describe(&c)));

@@ -86,7 +86,6 @@ mod segments;
 pub mod snapshot;
 
 use bytes::Bytes;
-use rigd_drivers::Frame;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -94,6 +93,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::config::{SpoolConfig, SpoolMode, WhenFull};
+use crate::payload::Held;
 
 pub use commit::commit_loop;
 
@@ -537,7 +537,7 @@ impl Spool {
 
     /// Stores a frame, applying the capacity policy. A frame not stored (an error included) is
     /// counted and logged as dropped here.
-    pub fn append(&self, frame: &Frame) -> Result<Appended, SpoolError> {
+    pub fn append(&self, frame: &Held) -> Result<Appended, SpoolError> {
         let r = self.store(frame);
         if let Err(e) = &r {
             self.counts
@@ -546,7 +546,7 @@ impl Spool {
         r
     }
 
-    fn store(&self, frame: &Frame) -> Result<Appended, SpoolError> {
+    fn store(&self, frame: &Held) -> Result<Appended, SpoolError> {
         if self.index.already_stored(&frame.source, frame.seq)? {
             // Already stored (a spooled frame the uplink handed back at shutdown).
             return Ok(Appended::Stored);
@@ -597,7 +597,7 @@ impl Spool {
 
     /// Writes a record into the segment being written and keeps its index entry pending; all or
     /// nothing.
-    fn write_record(&self, frame: &Frame, head: &[u8], len: u64) -> Result<(), SpoolError> {
+    fn write_record(&self, frame: &Held, head: &[u8], len: u64) -> Result<(), SpoolError> {
         let mut segs = self.segments.lock();
         let loc = segs.append(frame, head, len, |e| self.note_sync_failure(e))?;
         // Under the segment lock, so a commit's watermark covers exactly the written appends.
@@ -675,7 +675,7 @@ impl Spool {
         source: &Arc<str>,
         from: u64,
         max: usize,
-    ) -> Result<Vec<Frame>, SpoolError> {
+    ) -> Result<Vec<Held>, SpoolError> {
         let (uncommitted, committed) = self.index.entries_from(source, from, max)?;
         // Each side was cut at `max`: beyond the lower cut, the other side's entries may not be
         // followed by everything between (a quarantined record makes room for one), so stop there.

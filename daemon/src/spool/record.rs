@@ -15,6 +15,8 @@
 use bytes::Bytes;
 use rigd_drivers::{ClockState, Frame, Media};
 
+use crate::payload::Held;
+
 pub const MAGIC: &[u8; 4] = b"RGR1";
 /// Media tag bit: the payload is sealed.
 const SEALED: u8 = 0x80;
@@ -38,7 +40,7 @@ pub enum RecordError {
 }
 
 /// A frame's whole record.
-pub fn encode(frame: &Frame) -> Vec<u8> {
+pub fn encode(frame: &Held) -> Vec<u8> {
     let mut out = header(frame);
     out.extend_from_slice(&frame.payload);
     out
@@ -46,7 +48,7 @@ pub fn encode(frame: &Frame) -> Vec<u8> {
 
 /// A frame's record up to its payload, length and checksum filled in: the spool writes the payload
 /// after it straight from the frame, without copying it into a record first.
-pub fn header(frame: &Frame) -> Vec<u8> {
+pub fn header(frame: &Held) -> Vec<u8> {
     let src = frame.source.as_bytes();
     let src_len = src.len().min(255);
     let mut out = Vec::with_capacity(PREFIX + 8 + 1 + src_len + 32);
@@ -187,7 +189,7 @@ impl Reader<'_> {
 }
 
 /// Decodes a whole record; the payload shares `bytes` (no copy).
-pub fn decode(bytes: Bytes) -> Result<Frame, RecordError> {
+pub fn decode(bytes: Bytes) -> Result<Held, RecordError> {
     let total = total_len(&bytes)?;
     if bytes.len() < total {
         return Err(RecordError::Truncated(bytes.len()));
@@ -221,13 +223,15 @@ pub fn decode(bytes: Bytes) -> Result<Frame, RecordError> {
         _ => return Err(RecordError::Unknown("media kind")),
     };
     let body = r.at;
-    Ok(Frame {
-        source: source.into(),
-        seq,
-        capture_ns,
-        clock,
-        media,
-        payload: bytes.slice(body..total),
+    Ok(Held {
+        frame: Frame {
+            source: source.into(),
+            seq,
+            capture_ns,
+            clock,
+            media,
+            payload: bytes.slice(body..total),
+        },
         sealed: tag & SEALED != 0,
     })
 }
@@ -252,16 +256,15 @@ mod tests {
         ]
     }
 
-    fn sample() -> Frame {
-        Frame {
+    fn sample() -> Held {
+        Held::plain(Frame {
             source: "gps".into(),
             seq: 1,
             capture_ns: 5,
             clock: ClockState::Locked,
             media: Media::Serial { text: true },
             payload: Bytes::from_static(b"$GPRMC,1,2,3*00 and more bytes here"),
-            sealed: false,
-        }
+        })
     }
 
     proptest! {
@@ -269,8 +272,8 @@ mod tests {
         fn round_trip(seq in any::<u64>(), ns in any::<i64>(), clock in 0u8..4, media in media(),
                       source in "[a-z0-9-]{1,40}", payload in proptest::collection::vec(any::<u8>(), 0..2048),
                       sealed in any::<bool>()) {
-            let f = Frame { source: source.as_str().into(), seq, capture_ns: ns,
-                            clock: ClockState::from_u8(clock).unwrap(), media, payload: Bytes::from(payload), sealed };
+            let f = Held { frame: Frame { source: source.as_str().into(), seq, capture_ns: ns,
+                            clock: ClockState::from_u8(clock).unwrap(), media, payload: Bytes::from(payload) }, sealed };
             let enc = encode(&f);
             prop_assert_eq!(total_len(&enc[..PREFIX]).unwrap(), enc.len());
             let back = decode(Bytes::from(enc)).unwrap();
@@ -278,9 +281,9 @@ mod tests {
             prop_assert_eq!(back.seq, f.seq);
             prop_assert_eq!(back.capture_ns, f.capture_ns);
             prop_assert_eq!(back.clock, f.clock);
-            prop_assert_eq!(back.media, f.media);
+            prop_assert_eq!(&back.media, &f.media);
             prop_assert_eq!(back.sealed, f.sealed);
-            prop_assert_eq!(back.payload, f.payload);
+            prop_assert_eq!(&back.payload, &f.payload);
         }
 
         #[test]

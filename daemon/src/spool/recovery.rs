@@ -289,7 +289,7 @@ impl Recovery<'_> {
                                 capture_ns: f.capture_ns,
                             };
                             found
-                                .entry(f.source)
+                                .entry(f.frame.source.clone())
                                 .or_default()
                                 .entry(f.seq)
                                 .or_insert(loc);

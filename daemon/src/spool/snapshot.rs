@@ -13,12 +13,13 @@
 //!   scan also finds records the daemon had already published and removed from the index.
 
 use bytes::Bytes;
-use rigd_drivers::Frame;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+use crate::payload::Held;
 
 use super::index::key_seq;
 use super::record::{self, scan as scan_segment, Scanned};
@@ -217,7 +218,7 @@ impl SpoolSnapshot {
     }
 
     /// Reads and checks one record: checksum, and that it is the record the listing names.
-    pub fn read(&self, source: &str, entry: &Entry) -> Result<Frame, Corrupt> {
+    pub fn read(&self, source: &str, entry: &Entry) -> Result<Held, Corrupt> {
         let corrupt = |reason: String| Corrupt {
             source: Some(source.to_string()),
             seq: Some(entry.seq),
@@ -557,21 +558,20 @@ mod tests {
     use super::*;
     use crate::config::SpoolConfig;
     use crate::spool::Spool;
-    use rigd_drivers::{ClockState, Media};
+    use rigd_drivers::{ClockState, Frame, Media};
 
-    fn frame(source: &str, seq: u64, payload: &[u8]) -> Frame {
-        Frame {
+    fn frame(source: &str, seq: u64, payload: &[u8]) -> Held {
+        Held::plain(Frame {
             source: source.into(),
             seq,
             capture_ns: 1_000_000 * seq as i64 + 7,
             clock: ClockState::Unsynced,
             media: Media::Serial { text: true },
             payload: Bytes::copy_from_slice(payload),
-            sealed: false,
-        }
+        })
     }
 
-    fn spool_with(dir: &Path, frames: &[Frame]) {
+    fn spool_with(dir: &Path, frames: &[Held]) {
         let cfg = SpoolConfig {
             path: dir.to_path_buf(),
             ..SpoolConfig::default()
@@ -603,7 +603,7 @@ mod tests {
     #[test]
     fn lists_and_reads_the_live_records_without_writing_anything() {
         let dir = tempfile::tempdir().unwrap();
-        let frames: Vec<Frame> = (0..20)
+        let frames: Vec<Held> = (0..20)
             .map(|i| frame(if i % 2 == 0 { "a" } else { "b" }, i, b"$GPRMC,x*00"))
             .collect();
         spool_with(dir.path(), &frames);
@@ -635,7 +635,7 @@ mod tests {
     #[test]
     fn a_scan_finds_removed_records_too_and_reports_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let frames: Vec<Frame> = (0..5).map(|i| frame("a", i, b"0123456789")).collect();
+        let frames: Vec<Held> = (0..5).map(|i| frame("a", i, b"0123456789")).collect();
         spool_with(dir.path(), &frames);
         let snap = SpoolSnapshot::open(dir.path(), true).unwrap();
         assert!(matches!(snap.listing(), Listing::SegmentScan { .. }));

@@ -1,7 +1,7 @@
 use super::index::key_seq;
 use super::*;
 use crate::config::ByteSize;
-use rigd_drivers::{ClockState, Media};
+use rigd_drivers::{ClockState, Frame, Media};
 use std::collections::BTreeSet;
 use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
@@ -14,16 +14,15 @@ fn cfg(dir: &Path) -> SpoolConfig {
     }
 }
 
-fn frame(source: &str, seq: u64, len: usize) -> Frame {
-    Frame {
+fn frame(source: &str, seq: u64, len: usize) -> Held {
+    Held::plain(Frame {
         source: source.into(),
         seq,
         capture_ns: 1_000_000_000 + seq as i64,
         clock: ClockState::Unsynced,
         media: Media::Serial { text: false },
         payload: Bytes::from(vec![(seq % 251) as u8; len]),
-        sealed: false,
-    }
+    })
 }
 
 fn seqs(spool: &Spool, source: &str) -> Vec<u64> {

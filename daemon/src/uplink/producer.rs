@@ -23,7 +23,7 @@ use super::plan::BrokerLast;
 use super::session::{keepalive, Deadlines, Keepalive, Turn, Urgent};
 use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
 use crate::backoff::Backoff;
-use rigd_drivers::Frame;
+use crate::payload::Held;
 
 /// The whole connection setup (lookups, redirects, producer creation).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -317,7 +317,7 @@ impl Producer {
 
     /// Hands a frame over if the producer is connected, its link moves and its window has room;
     /// otherwise gives it back (the caller spools it).
-    pub fn try_submit(&self, frame: Frame) -> Result<(), Frame> {
+    pub fn try_submit(&self, frame: Held) -> Result<(), Held> {
         let mut w = self.shared.window();
         let r = w.submit(frame, Instant::now());
         self.shared.settle(&mut w);
@@ -356,7 +356,7 @@ impl Producer {
     /// Stops the producer: outstanding receipts get [`SHUTDOWN_GRACE`], then the task ends (or is
     /// aborted where it hangs) and every frame without an ack is returned. Acks decided before
     /// are on the ack channel by then. Bounded whatever the network does.
-    pub async fn close(mut self) -> Vec<Frame> {
+    pub async fn close(mut self) -> Vec<Held> {
         self.shared.closing.store(true, Ordering::Release);
         self.shared.work.notify_one();
         if tokio::time::timeout(SHUTDOWN_GRACE + CLOSE_SLACK, &mut self.task)

@@ -32,8 +32,8 @@ use super::batch::{self, BatchPolicy};
 use super::codec;
 use super::plan;
 use crate::config::Compression;
+use crate::payload::Held;
 use crate::wire::Envelope;
-use rigd_drivers::Frame;
 
 /// Room left in a chunk (and a batch) for the command and metadata.
 pub const CHUNK_HEADROOM: usize = 16 << 10;
@@ -130,9 +130,9 @@ enum State {
 }
 
 struct Message {
-    frame: Frame,
+    frame: Held,
     /// The other frames of a batch message, after `frame` (empty when not a batch).
-    batch: Vec<Frame>,
+    batch: Vec<Held>,
     envelope: Envelope,
     generation: u64,
     /// The payload as it goes on the wire (compressed or the frame's own bytes), its codec and its
@@ -184,7 +184,7 @@ impl Message {
 
 /// Small frames of one key waiting to go out as one batch message.
 struct OpenBatch {
-    frames: Vec<(Frame, Envelope)>,
+    frames: Vec<(Held, Envelope)>,
     bytes: usize,
     opened: Instant,
 }
@@ -349,7 +349,7 @@ impl Window {
     }
 
     /// Takes a frame, or gives it back when the window would not ([`Window::accepts`]).
-    pub fn submit(&mut self, frame: Frame, now: Instant) -> Result<(), Frame> {
+    pub fn submit(&mut self, frame: Held, now: Instant) -> Result<(), Held> {
         if !self.accepts(now) {
             return Err(frame);
         }
@@ -494,7 +494,7 @@ impl Window {
     }
 
     /// A frame of a batch as a message of its own (its batch no longer fits the broker).
-    fn single(&self, frame: Frame, submitted: Instant, max_message_size: usize) -> Message {
+    fn single(&self, frame: Held, submitted: Instant, max_message_size: usize) -> Message {
         let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
         let (compression, wire) = crate::payload::compress(self.cfg.compression, &frame.payload);
         let chunks = crate::payload::cut(wire.len(), self.chunk_limit(max_message_size, &envelope));
@@ -528,7 +528,7 @@ impl Window {
             .min(self.cfg.max_chunk_bytes.unwrap_or(usize::MAX))
     }
 
-    fn push_done(&mut self, frame: Frame, envelope: Envelope, outcome: Outcome, now: Instant) {
+    fn push_done(&mut self, frame: Held, envelope: Envelope, outcome: Outcome, now: Instant) {
         self.messages.push_back(Message {
             frame,
             batch: Vec::new(),
@@ -579,7 +579,7 @@ impl Window {
         let Some((first, envelope)) = frames.next() else {
             return;
         };
-        let rest: Vec<(Frame, Envelope)> = frames.collect();
+        let rest: Vec<(Held, Envelope)> = frames.collect();
         let mut raw = BytesMut::with_capacity(b.bytes + 64 * (rest.len() + 1));
         if rest.is_empty() {
             raw.extend_from_slice(&first.payload);
@@ -844,7 +844,7 @@ impl Window {
 
     /// Every frame without an ack, in submission order (shutdown: they go to the spool). Take the
     /// acks first.
-    pub fn take_all(&mut self) -> Vec<Frame> {
+    pub fn take_all(&mut self) -> Vec<Held> {
         self.close_batch();
         let mut left = Vec::with_capacity(self.frames);
         for m in self.messages.drain(..) {

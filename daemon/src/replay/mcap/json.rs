@@ -90,7 +90,6 @@ mod tests {
             clock: ClockState::Locked,
             media,
             payload: Bytes::from_static(payload),
-            sealed: false,
         }
     }
 

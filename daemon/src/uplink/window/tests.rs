@@ -2,7 +2,7 @@
 
 use super::*;
 use proptest::prelude::*;
-use rigd_drivers::{ClockState, Media};
+use rigd_drivers::{ClockState, Frame, Media};
 use std::sync::Arc;
 
 const MB: usize = 1 << 20;
@@ -26,8 +26,8 @@ fn cfg() -> WindowConfig {
 }
 
 /// A camera frame of `bytes`; `bucket` decides its key (frames of one bucket may batch).
-fn frame(seq: u64, bytes: usize, bucket: i64) -> Frame {
-    Frame {
+fn frame(seq: u64, bytes: usize, bucket: i64) -> Held {
+    Held::plain(Frame {
         source: Arc::from("cam"),
         seq,
         capture_ns: bucket * 33_000_000 + 1,
@@ -37,8 +37,7 @@ fn frame(seq: u64, bytes: usize, bucket: i64) -> Frame {
             height: 2,
         },
         payload: Bytes::from(vec![seq as u8; bytes]),
-        sealed: false,
-    }
+    })
 }
 
 fn connected(c: WindowConfig, t0: Instant, broker_last: Option<u64>) -> Window {
@@ -547,11 +546,19 @@ fn a_sealed_frame_goes_out_as_its_pieces_and_is_never_batched() {
     let big = enc.seal_frame(
         Compression::None,
         crate::seal::PIECE,
-        frame(0, 3 * MB + 5, 1),
+        frame(0, 3 * MB + 5, 1).frame,
     );
     let small = [
-        enc.seal_frame(Compression::None, crate::seal::PIECE, frame(1, 100, 2)),
-        enc.seal_frame(Compression::None, crate::seal::PIECE, frame(2, 100, 2)),
+        enc.seal_frame(
+            Compression::None,
+            crate::seal::PIECE,
+            frame(1, 100, 2).frame,
+        ),
+        enc.seal_frame(
+            Compression::None,
+            crate::seal::PIECE,
+            frame(2, 100, 2).frame,
+        ),
     ];
     let pieces = crate::seal::Sealed::parse(&big.payload).unwrap().pieces;
     w.submit(big, t0).unwrap();
@@ -598,7 +605,11 @@ fn a_reconnect_to_a_smaller_broker_limit_splits_batches_and_refuses_sealed_piece
     }
     w.close_batch_if_due(t0 + Duration::from_secs(1));
     w.submit(
-        enc.seal_frame(Compression::None, crate::seal::PIECE, frame(20, 3 * MB, 8)),
+        enc.seal_frame(
+            Compression::None,
+            crate::seal::PIECE,
+            frame(20, 3 * MB, 8).frame,
+        ),
         t0,
     )
     .unwrap();
@@ -657,7 +668,11 @@ fn under_a_budget_chunks_and_batches_hold_a_few_seconds_of_it_and_sealed_pieces_
     }
     w.close_batch_if_due(t0 + Duration::from_secs(1));
     w.submit(
-        enc.seal_frame(Compression::None, crate::seal::PIECE, frame(40, 2 * MB, 3)),
+        enc.seal_frame(
+            Compression::None,
+            crate::seal::PIECE,
+            frame(40, 2 * MB, 3).frame,
+        ),
         t0,
     )
     .unwrap();
