@@ -201,6 +201,14 @@ impl Floor {
     /// the durable floor, whether or not a due write succeeded; Err (the write's error) when it
     /// is not: the frame that would take `next` must not be numbered
     /// ([`super::Spool::admit_seq`]).
+    /// Whether [`Floor::reserve`] for `next` would write `SEQ` (every `STEP / 2` numbers, or
+    /// while an earlier write failed): otherwise it only reads memory.
+    pub(super) fn due(&self, source: &Arc<str>, next: u64) -> bool {
+        let f = self.state();
+        let floor = f.reserved.get(source).copied().unwrap_or(0);
+        next.saturating_add(STEP / 2) >= floor
+    }
+
     pub(super) fn reserve(&self, source: &Arc<str>, next: u64) -> Result<(), SpoolError> {
         let mut f = self.state();
         let floor = f.reserved.get(source).copied().unwrap_or(0);

@@ -451,6 +451,13 @@ impl Spool {
         Ok(())
     }
 
+    /// Whether [`Spool::note_seq`] or [`Spool::admit_seq`] with `seq` touches the disk (the
+    /// sequence floor moves every few hundred thousand numbers); otherwise both are memory only,
+    /// and a caller on the async runtime need not hand its thread over for them.
+    pub fn floor_due(&self, source: &Arc<str>, seq: u64) -> bool {
+        self.floor.due(source, seq)
+    }
+
     /// Whether a frame of `source` may take the number `seq`: it is below the durable floor
     /// (moved first when due). A frame that may not is dropped by the caller; it is counted here.
     pub fn admit_seq(&self, source: &Arc<str>, seq: u64) -> bool {

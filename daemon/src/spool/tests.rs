@@ -1142,7 +1142,14 @@ fn the_floor_is_durable_ahead_of_every_number_handed_out() {
     // Far past the first reservation: the floor on disk keeps moving ahead of the notes.
     let mut next = first;
     for _ in 0..5 {
+        // What `floor_due` says is what a note does: memory only below the half step (the lane
+        // calls it on the runtime's thread then), a write of SEQ past it.
+        let before = floor::read(&c.path).unwrap()["gps"];
+        assert!(!spool.floor_due(&gps, next + 1));
+        spool.note_seq(&gps, next + 1).unwrap();
+        assert_eq!(floor::read(&c.path).unwrap()["gps"], before);
         next += floor::STEP / 2 + 1;
+        assert!(spool.floor_due(&gps, next));
         spool.note_seq(&gps, next).unwrap();
         let on_disk = floor::read(&c.path).unwrap()["gps"];
         assert!(on_disk > next + floor::STEP / 4, "{on_disk} vs {next}");
