@@ -365,14 +365,14 @@ def main():
     ap.add_argument("--broker-pid", type=int, default=int(os.environ.get("PULSAR_BROKER_PID") or 0) or None,
                     help="the broker's JVM, for its CPU use (standalone; default $PULSAR_BROKER_PID)")
     ap.add_argument("--consume-idle-s", type=float, default=15)
-    ap.add_argument("--quick", action="store_true", help="one short run: 50 rigs x 4 sources, 12 s, one unload at +4 s")
+    ap.add_argument("--quick", action="store_true", help="one short run: 50 rigs x 4 sources, 8 s, one unload at +2 s")
     ap.add_argument("--json", help="write every run's figures here")
     ap.add_argument("--keep", action="store_true", help="keep each run's topics loaded (unloaded by default)")
     ap.add_argument("--bench", help="the fleet bench binary (default: built with cargo bench --no-run)")
     args = ap.parse_args()
     if args.quick:
         args.rigs = args.rigs or [50]
-        args.secs, args.unload_at, args.drain_secs, args.consume_idle_s = 12, "4", 15, 5
+        args.secs, args.unload_at, args.drain_secs, args.consume_idle_s = 8, "2", 15, 5
     args.rigs = args.rigs or [250]
     args.unload_at = [float(x) for x in args.unload_at.split(",") if x]
     args.restart_nodes = [x for x in args.restart_nodes.split(",") if x]

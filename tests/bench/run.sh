@@ -2,6 +2,10 @@
 # One command for rigd's performance figures, side by side with the anchors on the same machine:
 #   tests/bench/run.sh           full run (about 20 minutes with the fleet sweep)
 #   tests/bench/run.sh --quick   smoke run for CI (small counts; no figure is meaningful)
+# The broker: the one on PULSAR_PORT / PULSAR_HTTP_PORT (6650 / 8080) with data in PULSAR_DATA, started
+# (and stopped at the end) if it is not running. Sections stop, restart and shape it (tc), so give a
+# run ports of its own beside a broker somebody else uses: PULSAR_PORT=6960 PULSAR_HTTP_PORT=6961
+# PULSAR_BOOKIE_PORT=6962 PULSAR_DATA=target/pulsar-data-bench tests/bench/run.sh --quick
 # Prints one markdown table per section; docs/PERFORMANCE.md holds a full run's output.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -10,6 +14,24 @@ QUICK=0
 [ "${1:-}" = "--quick" ] && QUICK=1
 
 tests/setup.sh
+export PULSAR_DATA=${PULSAR_DATA:-$ROOT/target/pulsar-data}
+PORT=${PULSAR_PORT:-6650} HTTP_PORT=${PULSAR_HTTP_PORT:-8080}
+export PULSAR_URL=pulsar://127.0.0.1:$PORT PULSAR_ADMIN_URL=http://127.0.0.1:$HTTP_PORT
+URL=$PULSAR_URL ADMIN_URL=$PULSAR_ADMIN_URL
+LIB=$(tests/pulsar/broker.sh fetch)
+# The broker starts beside the builds (its start is ~10 s, mostly waiting on its JVM).
+started=0 broker_start=
+if ! tests/pulsar/broker.sh status >/dev/null 2>&1; then
+  tests/pulsar/broker.sh start >/dev/null & broker_start=$!
+  started=1
+fi
+stop_broker() {
+  if [ "$started" = 1 ]; then
+    wait "$broker_start" 2>/dev/null || true
+    tests/pulsar/broker.sh stop >&2 || true
+  fi
+}
+trap stop_broker EXIT
 # The raw-camera rig profile also runs on the pure-Rust JPEG fallback: rigd built without the
 # `turbojpeg` feature, first, so that the default build after it leaves target/release/rigd as shipped.
 # Not in the smoke run (two more builds of rigd for no meaningful figure).
@@ -28,15 +50,10 @@ bench_bin() {
 }
 UPLINK_BENCH=$(bench_bin uplink)
 SPOOL_BENCH=$(bench_bin spool)
-export PULSAR_DATA=${PULSAR_DATA:-$ROOT/target/pulsar-data}
-started=0
-if ! tests/pulsar/broker.sh status >/dev/null 2>&1; then tests/pulsar/broker.sh start >/dev/null; started=1; fi
-trap '[ "$started" = 1 ] && tests/pulsar/broker.sh stop >&2 || true' EXIT
-URL=pulsar://127.0.0.1:6650
-LIB=$(tests/pulsar/broker.sh fetch)
 JAVA_HOME=${JAVA_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}
 mkdir -p target/bench-java
 "$JAVA_HOME/bin/javac" -d target/bench-java -cp "$LIB/*" tests/bench/java/JavaProducer.java
+if [ -n "$broker_start" ]; then wait "$broker_start"; broker_start=; fi
 run_id=$(date +%s)
 # Each section's wall time on stderr and, under .ci/run, in its phase list ($RIGD_PHASES).
 section_name=prepare section_t0=0 # setup, builds, the broker, javac: from the start
@@ -63,50 +80,58 @@ echo "| size | batching | rigd msg/s | rigd MB/s | rigd p50/p99 ms | Java msg/s 
 echo "|---|---|---|---|---|---|---|---|---|"
 if [ $QUICK = 1 ]; then
   # one row per path: small unbatched and batched, 1 MiB, 20 MiB chunked
-  plan="100:2000:false 4096:1000:true 1048576:20:false 20971520:3:false"
+  plan="100:1000:false 4096:1000:true 1048576:20:false 20971520:2:false"
 else
   plan="100:200000:false 100:500000:true 4096:100000:false 4096:200000:true 1048576:1000:false 20971520:40:false"
 fi
+rigd_rows=()
 for p in $plan; do
   IFS=: read -r size count batching <<<"$p"
-  r=$("$UPLINK_BENCH" "$URL" "persistent://public/default/bench-rigd-$run_id-$size-$batching" "$size" "$count" 500 "$batching" 2>/dev/null | grep '^{')
-  j=$("$JAVA_HOME/bin/java" -Xmx1g -cp "target/bench-java:$LIB/*" JavaProducer "$URL" "persistent://public/default/bench-java-$run_id-$size-$batching" "$size" "$count" "$batching" 500 2>/dev/null | grep '^{')
-  python3 - "$r" "$j" "$batching" <<'PY'
-import json, sys
-r, j = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-size = r["size"]
-label = f"{size} B" if size < 1024 else (f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB")
-batching = "on" if sys.argv[3] == "true" else "off"
-print(f"| {label} | {batching} | {r['msg_per_s']:.0f} | {r['mb_per_s']:.1f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
-      f"{j['msg_per_s']:.0f} | {j['mb_per_s']:.1f} | {j['p50_ms']:.1f} / {j['p99_ms']:.1f} | {r['msg_per_s'] / j['msg_per_s']:.2f}x |")
-PY
+  rigd_rows+=("$("$UPLINK_BENCH" "$URL" "persistent://public/default/bench-rigd-$run_id-$size-$batching" "$size" "$count" 500 "$batching" 2>/dev/null | grep '^{')")
 done
+# Java: every row in one JVM (a JVM and client start per row cost more than the smoke's rows)
+# shellcheck disable=SC2086 # $plan: one argument per row
+java_rows=$("$JAVA_HOME/bin/java" -Xmx1g -cp "target/bench-java:$LIB/*" JavaProducer "$URL" \
+  "persistent://public/default/bench-java-$run_id" 500 $plan 2>/dev/null | grep '^{')
+python3 - "$java_rows" "$plan" "${rigd_rows[@]}" <<'PY'
+import json, sys
+java = [json.loads(l) for l in sys.argv[1].splitlines()]
+for r, j, row in zip(map(json.loads, sys.argv[3:]), java, sys.argv[2].split(), strict=True):
+    size = r["size"]
+    label = f"{size} B" if size < 1024 else (f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB")
+    batching = "on" if row.endswith(":true") else "off"
+    print(f"| {label} | {batching} | {r['msg_per_s']:.0f} | {r['mb_per_s']:.1f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
+          f"{j['msg_per_s']:.0f} | {j['mb_per_s']:.1f} | {j['p50_ms']:.1f} / {j['p99_ms']:.1f} | {r['msg_per_s'] / j['msg_per_s']:.2f}x |")
+PY
 echo
 
 section encryption
-echo "## End-to-end encryption cost: rigd's uplink at 1 MiB frames, encryption off and on (same run, alternating after a warm-up; median of 5)"
+# the smoke: one round of 20 frames each way, no warm-up (the path runs; its figure means nothing)
+rounds=5 count=1000; [ $QUICK = 1 ] && rounds=1 count=20
+echo "## End-to-end encryption cost: rigd's uplink at 1 MiB frames, encryption off and on (same run, alternating after a warm-up; median of $rounds)"
 echo
 keydir=$(mktemp -d); openssl genrsa -out "$keydir/fleet.key.pem" 2048 2>/dev/null
 openssl rsa -in "$keydir/fleet.key.pem" -pubout -out "$keydir/fleet.pem" 2>/dev/null
-count=1000; [ $QUICK = 1 ] && count=20
 runs=()
-"$UPLINK_BENCH" "$URL" "persistent://public/default/bench-enc-$run_id-warmup" 1048576 "$count" 500 false >/dev/null 2>&1
-for round in 1 2 3 4 5; do
+if [ $QUICK = 0 ]; then
+  "$UPLINK_BENCH" "$URL" "persistent://public/default/bench-enc-$run_id-warmup" 1048576 "$count" 500 false >/dev/null 2>&1
+fi
+for round in $(seq "$rounds"); do
   for enc in off on; do
     key=(); [ $enc = on ] && key=("$keydir/fleet.pem")
     runs+=("$enc $("$UPLINK_BENCH" "$URL" "persistent://public/default/bench-enc-$run_id-$round-$enc" 1048576 "$count" 500 false "${key[@]}" 2>/dev/null | grep '^{')")
   done
 done
 rm -rf "$keydir"
-python3 - "${runs[@]}" <<'PY'
+python3 - "$rounds" "${runs[@]}" <<'PY'
 import json, statistics, sys
 rows = {"off": [], "on": []}
-for r in sys.argv[1:]:
+for r in sys.argv[2:]:
     enc, js = r.split(" ", 1)
     rows[enc].append(json.loads(js))
 med = {k: statistics.median(x["mb_per_s"] for x in v) for k, v in rows.items()}
 p99 = {k: statistics.median(x["p99_ms"] for x in v) for k, v in rows.items()}
-print("| encryption | MB/s (median of 5) | p99 ms | cost |")
+print(f"| encryption | MB/s (median of {sys.argv[1]}) | p99 ms | cost |")
 print("|---|---|---|---|")
 print(f"| off | {med['off']:.1f} | {p99['off']:.1f} | |")
 print(f"| on (AES-256-GCM, RSA-2048 data key) | {med['on']:.1f} | {p99['on']:.1f} | {100 * (1 - med['on'] / med['off']):.1f} % |")
@@ -139,7 +164,9 @@ echo "## Full rig profile: 1080p camera 30 fps (MJPEG, then raw YUYV encoded by 
 echo
 secs=60; outage=30; formats=mjpeg,mjpeg+encrypted,yuyv
 # the smoke: the encrypted path runs in the encryption section already
-[ $QUICK = 1 ] && secs=3 && outage=3 && formats=mjpeg,yuyv
+[ $QUICK = 1 ] && secs=2 && outage=2 && formats=mjpeg,yuyv
+# the outage stops the broker: only this run's own (never one somebody else is using)
+if [ "$started" = 0 ]; then outage=0; echo "(no outage rows: the broker is not this run's)"; echo; fi
 python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs "$outage" --url "$URL" \
   --formats "$formats" "${fallback[@]}"
 echo
@@ -167,7 +194,7 @@ if [ "$(id -u)" != 0 ]; then
   echo "(skipped: tc needs root)"
 elif [ $QUICK = 1 ]; then
   # the smoke: one silent 5 s cut of this run's own broker (never one somebody else started)
-  if [ "$started" = 1 ]; then python3 tests/bench/outage_return.py --quick --port 6650; else echo "(skipped: the broker is not this run's)"; fi
+  if [ "$started" = 1 ]; then python3 tests/bench/outage_return.py --quick --port "$PORT"; else echo "(skipped: the broker is not this run's)"; fi
 else
   python3 tests/bench/outage_return.py --outages 40,120 --rounds 3
 fi
@@ -186,18 +213,18 @@ echo
 # Against the standalone broker of this run; a sweep in the full run shows where it bends.
 PULSAR_BROKER_PID=$(tests/pulsar/broker.sh env | sed -n 's/^PULSAR_BROKER_PID=//p'); export PULSAR_BROKER_PID
 if [ $QUICK = 1 ]; then
-  python3 tests/bench/fleet.py --quick --url "$URL" --admin-url http://127.0.0.1:8080
+  python3 tests/bench/fleet.py --quick --url "$URL" --admin-url "$ADMIN_URL"
 else
   # where it bends: 1,000 and 2,000 producers at 1/300 of a rig's rates, two namespace unloads
-  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 \
+  python3 tests/bench/fleet.py --url "$URL" --admin-url "$ADMIN_URL" \
     --rigs 250 --rigs 500 --rate-scale 0.003333 --secs 60 --unload-at 15,40 --json target/bench/fleet-standalone.json
   echo
   echo "One bundle of 16 unloaded (what a load-balancer move does), and 1/30 of the rig rates (26 MB/s)"
   echo
-  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 \
+  python3 tests/bench/fleet.py --url "$URL" --admin-url "$ADMIN_URL" \
     --rigs 250 --bundles 16 --unload-scope bundle --rate-scale 0.003333 --secs 45 --unload-at 15,30 \
     --json target/bench/fleet-bundle.json | tail -n 1
-  python3 tests/bench/fleet.py --url "$URL" --admin-url http://127.0.0.1:8080 --rigs 250 --secs 30 --unload-at 5 \
+  python3 tests/bench/fleet.py --url "$URL" --admin-url "$ADMIN_URL" --rigs 250 --secs 30 --unload-at 5 \
     --drain-secs 30 --json target/bench/fleet-rates.json | tail -n 1
   # And on the multi-broker cluster when the harness is there: a broker kill -9 mid-run.
   if [ -x tests/pulsar/cluster.sh ]; then

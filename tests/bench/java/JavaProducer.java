@@ -4,10 +4,11 @@
 // latency from sendAsync to its completion. (pulsar-perf itself, org.apache.pulsar:pulsar-testclient,
 // is not served by the Maven Central this project can reach.)
 //
-// usage: JavaProducer SERVICE_URL TOPIC SIZE COUNT BATCHING(true|false) MAX_PENDING
-// prints one JSON line: {"client":"java","size":..,"count":..,"secs":..,"msg_per_s":..,"mb_per_s":..,"p50_ms":..,"p99_ms":..}
+// usage: JavaProducer SERVICE_URL TOPIC_PREFIX MAX_PENDING SIZE:COUNT:BATCHING(true|false)...
+// One row per SIZE:COUNT:BATCHING, each a producer of its own on TOPIC_PREFIX-SIZE-BATCHING, all in
+// one JVM and client (its start is seconds, more than a smoke row's sends); one JSON line per row:
+// {"client":"java","size":..,"count":..,"secs":..,"msg_per_s":..,"mb_per_s":..,"p50_ms":..,"p99_ms":..}
 import java.util.Arrays;
-import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
@@ -17,47 +18,53 @@ import org.apache.pulsar.client.api.PulsarClient;
 
 public class JavaProducer {
     public static void main(String[] args) throws Exception {
-        String url = args[0], topic = args[1];
-        int size = Integer.parseInt(args[2]);
-        int count = Integer.parseInt(args[3]);
-        boolean batching = Boolean.parseBoolean(args[4]);
-        int maxPending = Integer.parseInt(args[5]);
+        String url = args[0], prefix = args[1];
+        int maxPending = Integer.parseInt(args[2]);
         try (PulsarClient client = PulsarClient.builder().serviceUrl(url).build()) {
-            Producer<byte[]> producer = client.newProducer()
-                    .topic(topic)
-                    .enableBatching(batching)
-                    .batchingMaxPublishDelay(1, TimeUnit.MILLISECONDS)
-                    .enableChunking(!batching)
-                    .compressionType(CompressionType.NONE)
-                    .maxPendingMessages(maxPending)
-                    .blockIfQueueFull(true)
-                    .sendTimeout(0, TimeUnit.SECONDS)
-                    .create();
-            byte[] payload = new byte[size];
-            Arrays.fill(payload, (byte) 0x5a);
-            long[] latNs = new long[count];
-            Semaphore window = new Semaphore(maxPending);
-            AtomicLong failed = new AtomicLong();
-            long start = System.nanoTime();
-            CompletableFuture<?>[] last = new CompletableFuture<?>[1];
-            for (int i = 0; i < count; i++) {
-                window.acquire();
-                final int idx = i;
-                final long t0 = System.nanoTime();
-                last[0] = producer.sendAsync(payload).whenComplete((id, err) -> {
-                    latNs[idx] = System.nanoTime() - t0;
-                    if (err != null) failed.incrementAndGet();
-                    window.release();
-                });
+            for (String row : Arrays.copyOfRange(args, 3, args.length)) {
+                String[] f = row.split(":");
+                int size = Integer.parseInt(f[0]);
+                boolean batching = Boolean.parseBoolean(f[2]);
+                run(client, prefix + "-" + size + "-" + batching, size, Integer.parseInt(f[1]), batching, maxPending);
             }
-            producer.flush();
-            window.acquire(maxPending);
-            double secs = (System.nanoTime() - start) / 1e9;
-            Arrays.sort(latNs);
-            double p50 = latNs[count / 2] / 1e6, p99 = latNs[(int) Math.min(count - 1, (long) count * 99 / 100)] / 1e6;
-            System.out.printf("{\"client\":\"java\",\"size\":%d,\"count\":%d,\"failed\":%d,\"secs\":%.3f,\"msg_per_s\":%.1f,\"mb_per_s\":%.2f,\"p50_ms\":%.3f,\"p99_ms\":%.3f}%n",
-                    size, count, failed.get(), secs, count / secs, (double) count * size / secs / 1e6, p50, p99);
-            producer.close();
         }
+    }
+
+    static void run(PulsarClient client, String topic, int size, int count, boolean batching, int maxPending)
+            throws Exception {
+        Producer<byte[]> producer = client.newProducer()
+                .topic(topic)
+                .enableBatching(batching)
+                .batchingMaxPublishDelay(1, TimeUnit.MILLISECONDS)
+                .enableChunking(!batching)
+                .compressionType(CompressionType.NONE)
+                .maxPendingMessages(maxPending)
+                .blockIfQueueFull(true)
+                .sendTimeout(0, TimeUnit.SECONDS)
+                .create();
+        byte[] payload = new byte[size];
+        Arrays.fill(payload, (byte) 0x5a);
+        long[] latNs = new long[count];
+        Semaphore window = new Semaphore(maxPending);
+        AtomicLong failed = new AtomicLong();
+        long start = System.nanoTime();
+        for (int i = 0; i < count; i++) {
+            window.acquire();
+            final int idx = i;
+            final long t0 = System.nanoTime();
+            producer.sendAsync(payload).whenComplete((id, err) -> {
+                latNs[idx] = System.nanoTime() - t0;
+                if (err != null) failed.incrementAndGet();
+                window.release();
+            });
+        }
+        producer.flush();
+        window.acquire(maxPending);
+        double secs = (System.nanoTime() - start) / 1e9;
+        Arrays.sort(latNs);
+        double p50 = latNs[count / 2] / 1e6, p99 = latNs[(int) Math.min(count - 1, (long) count * 99 / 100)] / 1e6;
+        System.out.printf("{\"client\":\"java\",\"size\":%d,\"count\":%d,\"failed\":%d,\"secs\":%.3f,\"msg_per_s\":%.1f,\"mb_per_s\":%.2f,\"p50_ms\":%.3f,\"p99_ms\":%.3f}%n",
+                size, count, failed.get(), secs, count / secs, (double) count * size / secs / 1e6, p50, p99);
+        producer.close();
     }
 }
