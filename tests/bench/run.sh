@@ -76,33 +76,56 @@ echo "## Uplink publish: rigd vs the official Java client (same broker, same run
 echo
 echo "Batching: both sides with the Java defaults (1000 messages, 128 KiB, 1 ms), or both off."
 echo
-echo "| size | batching | rigd msg/s | rigd MB/s | rigd p50/p99 ms | Java msg/s | Java MB/s | Java p50/p99 ms | rigd / Java |"
-echo "|---|---|---|---|---|---|---|---|---|"
 if [ $QUICK = 1 ]; then
-  # one row per path: small unbatched and batched, 1 MiB, 20 MiB chunked
-  plan="100:1000:false 4096:1000:true 1048576:20:false 20971520:2:false"
+  # one row per path: small unbatched and batched, 1 MiB, 20 MiB chunked; one round
+  plan="100:1000:false 4096:1000:true 1048576:20:false 20971520:2:false" rounds=1
 else
   plan="100:200000:false 100:500000:true 4096:100000:false 4096:200000:true 1048576:1000:false 20971520:40:false"
+  rounds=3
 fi
-rigd_rows=()
-for p in $plan; do
-  IFS=: read -r size count batching <<<"$p"
-  rigd_rows+=("$("$UPLINK_BENCH" "$URL" "persistent://public/default/bench-rigd-$run_id-$size-$batching" "$size" "$count" 500 "$batching" 2>/dev/null | grep '^{')")
+echo "Medians of $rounds rounds with the spread (min-max); rigd and Java take turns going first, round by round."
+echo
+echo "| size | batching | rigd msg/s | rigd MB/s | rigd p50/p99 ms | Java msg/s | Java MB/s | Java p50/p99 ms | rigd / Java |"
+echo "|---|---|---|---|---|---|---|---|---|"
+uplink_rows=$(mktemp)
+rigd_round() {
+  for p in $plan; do
+    IFS=: read -r size count batching <<<"$p"
+    echo "rigd $1 $("$UPLINK_BENCH" "$URL" "persistent://public/default/bench-rigd-$run_id-$1-$size-$batching" "$size" "$count" 500 "$batching" 2>/dev/null | grep '^{')"
+  done >>"$uplink_rows"
+}
+java_round() {
+  # every row in one JVM (a JVM and client start per row cost more than the smoke's rows)
+  # shellcheck disable=SC2086 # $plan: one argument per row
+  "$JAVA_HOME/bin/java" -Xmx1g -cp "target/bench-java:$LIB/*" JavaProducer "$URL" \
+    "persistent://public/default/bench-java-$run_id-$1" 500 $plan 2>/dev/null | grep '^{' | sed "s/^/java $1 /" >>"$uplink_rows"
+}
+for round in $(seq 1 "$rounds"); do
+  if [ $((round % 2)) = 1 ]; then rigd_round "$round"; java_round "$round"; else java_round "$round"; rigd_round "$round"; fi
 done
-# Java: every row in one JVM (a JVM and client start per row cost more than the smoke's rows)
-# shellcheck disable=SC2086 # $plan: one argument per row
-java_rows=$("$JAVA_HOME/bin/java" -Xmx1g -cp "target/bench-java:$LIB/*" JavaProducer "$URL" \
-  "persistent://public/default/bench-java-$run_id" 500 $plan 2>/dev/null | grep '^{')
-python3 - "$java_rows" "$plan" "${rigd_rows[@]}" <<'PY'
-import json, sys
-java = [json.loads(l) for l in sys.argv[1].splitlines()]
-for r, j, row in zip(map(json.loads, sys.argv[3:]), java, sys.argv[2].split(), strict=True):
-    size = r["size"]
+python3 - "$uplink_rows" "$plan" <<'PY'
+import json, statistics, sys
+plan = sys.argv[2].split()
+runs = {"rigd": {}, "java": {}}
+for line in open(sys.argv[1]):
+    client, rnd, js = line.split(" ", 2)
+    runs[client].setdefault(rnd, []).append(json.loads(js))
+def cell(rows, key, fmt):
+    v = [r[key] for r in rows]
+    m = statistics.median(v)
+    return f"{m:{fmt}} ({min(v):{fmt}}-{max(v):{fmt}})" if len(v) > 1 else f"{m:{fmt}}"
+for i, row in enumerate(plan):
+    size = int(row.split(":")[0])
     label = f"{size} B" if size < 1024 else (f"{size // 1024} KiB" if size < 1 << 20 else f"{size >> 20} MiB")
     batching = "on" if row.endswith(":true") else "off"
-    print(f"| {label} | {batching} | {r['msg_per_s']:.0f} | {r['mb_per_s']:.1f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
-          f"{j['msg_per_s']:.0f} | {j['mb_per_s']:.1f} | {j['p50_ms']:.1f} / {j['p99_ms']:.1f} | {r['msg_per_s'] / j['msg_per_s']:.2f}x |")
+    r = [rows[i] for rows in runs["rigd"].values()]
+    j = [rows[i] for rows in runs["java"].values()]
+    med = lambda rows, k: statistics.median(x[k] for x in rows)
+    print(f"| {label} | {batching} | {cell(r, 'msg_per_s', '.0f')} | {med(r, 'mb_per_s'):.1f} | "
+          f"{med(r, 'p50_ms'):.1f} / {med(r, 'p99_ms'):.1f} | {cell(j, 'msg_per_s', '.0f')} | {med(j, 'mb_per_s'):.1f} | "
+          f"{med(j, 'p50_ms'):.1f} / {med(j, 'p99_ms'):.1f} | {med(r, 'msg_per_s') / med(j, 'msg_per_s'):.2f}x |")
 PY
+rm -f "$uplink_rows"
 echo
 
 section encryption
