@@ -25,6 +25,7 @@ pub mod control;
 pub mod events;
 pub mod foxglove;
 pub mod lifecycle;
+pub mod live;
 pub mod metrics;
 pub mod nmea;
 pub mod notify;
