@@ -251,6 +251,25 @@ mod tests {
         assert_eq!(all[0].class, Class::Camera);
     }
 
+    #[test]
+    fn the_client_cap_is_a_web_key_checked_by_name() {
+        let c = Config::parse("[rig]\nid = \"a\"\n", "t").unwrap();
+        assert_eq!(c.web.max_live_clients, 4);
+        let off = Config::parse("[rig]\nid = \"a\"\n[web]\nmax-live-clients = 0\n", "t").unwrap();
+        assert_eq!(off.web.max_live_clients, 0);
+        let e = Config::parse("[rig]\nid = \"a\"\n[web]\nmax-live-clients = 17\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("web.max-live-clients") && e.contains("16"),
+            "{e}"
+        );
+        let e = Config::parse("[rig]\nid = \"a\"\n[web]\nmax-live-clients = -1\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max-live-clients"), "{e}");
+    }
+
     #[tokio::test]
     async fn a_frame_nobody_wants_is_not_handed_over() {
         let hub = Arc::new(LiveHub::new("t".into(), vec![], 1, Arc::new(|| 0)));

@@ -144,7 +144,7 @@ def test_camera_frames_are_the_jpegs_on_pulsar_and_time_follows_the_newest_captu
     deadline = time.time() + 60
     while time.time() < deadline and not want.keys() <= on_pulsar.keys():
         # The rig goes on publishing: read for a bounded time, not until the topic is idle.
-        for msg in consume(broker, [topic], idle_timeout_s=3, total_timeout_s=10):
+        for msg in consume(broker, [topic], idle_timeout_s=3, total_timeout_s=4):
             on_pulsar[msg["properties"]["capture-ns"]] = (msg["sha256"], int(msg["properties"]["seq"]))
     missing = want.keys() - on_pulsar.keys()
     assert not missing, f"{len(missing)} live frames not on Pulsar"
@@ -182,11 +182,12 @@ def test_after_unsubscribe_messages_stop_within_200_ms(rig):
 
 
 def rates(d: Rigd, t0: float, s0: dict, t1: float, s1: dict) -> dict:
-    """Per source: frames captured and published per second between two statuses."""
+    """Per source: frames captured and published per second between two statuses, and records
+    spooled between them (frames captured before the uplink connected are spooled at the start)."""
     out = {}
     for a, b in zip(s0["sources"], s1["sources"]):
         out[a["id"]] = {k: (b[k] - a[k]) / (t1 - t0) for k in ("frames", "published")}
-        out[a["id"]]["spool_pushed"] = b["spool_pushed"]
+        out[a["id"]]["spool_pushed"] = b["spool_pushed"] - a["spool_pushed"]
     return out
 
 
@@ -245,3 +246,12 @@ def test_a_client_that_stops_reading_for_30_s_is_warned_counted_and_costs_captur
     assert (rss1 - rss0) < (16 + 4) * 1024, (rss0, rss1)
     # After the stall the client is served again.
     assert any(m["at"] > out["resumedAt"] + 500 and m["topic"] == "/front" for m in out["messages"])
+
+
+def test_rigd_check_names_a_bad_max_live_clients_and_exits_2(tmp_path):
+    path = tmp_path / "rigd.toml"
+    path.write_text(config("live-check", None, max_clients=17).replace("{WEB_PORT}", "8088"))
+    r = subprocess.run([os.environ.get("RIGD_BIN") or str(ROOT / "target/release/rigd"), "check", "--config", str(path)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "web.max-live-clients" in r.stderr, r.stderr

@@ -24,6 +24,9 @@ while (args.length) {
   else opt[k.replace(/-(.)/g, (_, c) => c.toUpperCase())] = Number(v);
 }
 const t0 = performance.now();
+// Exits once the report is written: stdout to a pipe is asynchronous, and process.exit() before
+// the write ends would cut the report at 64 KiB.
+const finish = (report, code = 0) => process.stdout.write(JSON.stringify(report) + "\n", () => process.exit(code));
 const at = () => Math.round((performance.now() - t0) * 10) / 10;
 const out = { protocol: null, serverInfo: null, channels: [], messages: [], times: [], statuses: [], events: [] };
 
@@ -32,8 +35,7 @@ ws.on("unexpected-response", (_req, res) => {
   let body = "";
   res.on("data", (d) => (body += d));
   res.on("end", () => {
-    console.log(JSON.stringify({ refused: res.statusCode, body }));
-    process.exit(0);
+    finish({ refused: res.statusCode, body });
   });
 });
 const client = new FoxgloveClient({ ws });
@@ -88,8 +90,8 @@ client.on("message", ({ subscriptionId, timestamp, data }) => {
 
 const channels = await Promise.race([ready, new Promise((r) => setTimeout(() => r(null), 10000))]);
 if (!channels) {
-  console.log(JSON.stringify({ ...out, error: "no advertise within 10 s" }));
-  process.exit(1);
+  finish({ ...out, error: "no advertise within 10 s" }, 1);
+  await new Promise(() => {});
 }
 for (const ch of channels) {
   out.channels.push({ id: ch.id, topic: ch.topic, encoding: ch.encoding, schemaName: ch.schemaName,
@@ -124,5 +126,4 @@ if (opt.unsubscribeAfter !== undefined) {
 }
 client.close();
 out.endedAt = at();
-console.log(JSON.stringify(out));
-process.exit(0);
+finish(out);
