@@ -285,7 +285,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let sink = FrameSink::new(id.clone(), first_seq, tx, health.clone());
         let lane = wiring.spawn(&id, sc.priority(), sc.drain(), rx);
         if let Some(channels) = live_sources.next() {
-            encoders.push(crate::live::connect(
+            encoders.extend(crate::live::connect(
                 &lane.stats.live,
                 live.clone(),
                 channels,

@@ -14,8 +14,7 @@
 use base64::Engine as _;
 use bytes::Bytes;
 use rigd_drivers::{Frame, Media};
-use rigd_web::live::{Channel, Class, LiveHub};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use rigd_web::live::{Channel, ChannelHandle, Class, LiveHub};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::{mpsc, watch};
 
@@ -40,58 +39,77 @@ pub struct SourceChannels {
 pub fn channels(config: &Config) -> (Vec<Channel>, Vec<SourceChannels>) {
     let mut all = Vec::new();
     let mut per_source = Vec::new();
+    for sc in &config.sources {
+        let (channels, source) = source_channels(
+            sc.id(),
+            sc.modality(),
+            speaks_nmea(sc),
+            all.len() as u32 + 1,
+        );
+        all.extend(channels);
+        per_source.push(source);
+    }
+    (all, per_source)
+}
+
+/// The channels of one source, numbered from `first`: `/{source}` with the modality's schema, and
+/// for an NMEA source `/{source}/fix`.
+pub fn source_channels(
+    source: &str,
+    modality: Modality,
+    nmea: bool,
+    first: u32,
+) -> (Vec<Channel>, SourceChannels) {
     let schema = |name: &str| {
         base64::engine::general_purpose::STANDARD
             .encode(foxglove::file_descriptor_set(name).unwrap_or_default())
     };
-    for sc in &config.sources {
-        let (class, media) = match sc.modality() {
-            Modality::Camera => (
-                Class::Camera,
-                Media::Camera {
-                    width: 0,
-                    height: 0,
-                },
-            ),
-            Modality::Audio => (
-                Class::Audio,
-                Media::Audio {
-                    sample_rate: 0,
-                    channels: 0,
-                    frames: 0,
-                },
-            ),
-            Modality::Serial => (Class::Serial, Media::Serial { text: true }),
-        };
-        let main = all.len() as u32 + 1;
-        let name = schema_name(&media);
+    let (class, media) = match modality {
+        Modality::Camera => (
+            Class::Camera,
+            Media::Camera {
+                width: 0,
+                height: 0,
+            },
+        ),
+        Modality::Audio => (
+            Class::Audio,
+            Media::Audio {
+                sample_rate: 0,
+                channels: 0,
+                frames: 0,
+            },
+        ),
+        Modality::Serial => (Class::Serial, Media::Serial { text: true }),
+    };
+    let name = schema_name(&media);
+    let mut all = vec![Channel {
+        id: first,
+        topic: format!("/{source}"),
+        source: source.to_string(),
+        class,
+        schema_name: name.to_string(),
+        schema: schema(name),
+    }];
+    let fix = (nmea && modality == Modality::Serial).then(|| {
         all.push(Channel {
-            id: main,
-            topic: format!("/{}", sc.id()),
-            source: sc.id().to_string(),
+            id: first + 1,
+            topic: format!("/{source}/fix"),
+            source: source.to_string(),
             class,
-            schema_name: name.to_string(),
-            schema: schema(name),
+            schema_name: foxglove::LOCATION_FIX.to_string(),
+            schema: schema(foxglove::LOCATION_FIX),
         });
-        let fix = speaks_nmea(sc).then(|| {
-            let id = all.len() as u32 + 1;
-            all.push(Channel {
-                id,
-                topic: format!("/{}/fix", sc.id()),
-                source: sc.id().to_string(),
-                class,
-                schema_name: foxglove::LOCATION_FIX.to_string(),
-                schema: schema(foxglove::LOCATION_FIX),
-            });
-            id
-        });
-        per_source.push(SourceChannels {
-            source: sc.id().into(),
-            main,
+        first + 1
+    });
+    (
+        all,
+        SourceChannels {
+            source: source.into(),
+            main: first,
             fix,
-        });
-    }
-    (all, per_source)
+        },
+    )
 }
 
 /// Whether a source's records are NMEA sentences worth a `/fix` channel.
@@ -110,10 +128,9 @@ pub struct Tap(OnceLock<TapLink>);
 #[derive(Debug)]
 struct TapLink {
     hub: Arc<LiveHub>,
-    channels: SourceChannels,
+    main: ChannelHandle,
+    fix: Option<ChannelHandle>,
     frames: mpsc::Sender<Frame>,
-    /// Frames the encoder was too far behind to take since the last count.
-    behind: AtomicUsize,
 }
 
 impl Tap {
@@ -123,48 +140,59 @@ impl Tap {
         let Some(link) = self.0.get() else {
             return;
         };
-        let wanted = link.hub.wanted(link.channels.main)
-            || link.channels.fix.is_some_and(|f| link.hub.wanted(f));
+        let wanted = link.main.wanted() || link.fix.as_ref().is_some_and(ChannelHandle::wanted);
         if !wanted || frame.sealed {
             return;
         }
         if link.frames.try_send(frame.clone()).is_err() {
-            link.behind.fetch_add(1, Ordering::Relaxed);
-            link.hub.note_dropped(link.channels.main, 1);
+            link.hub.note_dropped(&link.main, 1);
         }
     }
 }
 
 /// Connects `tap` to the hub and starts the source's encoder task, which ends on shutdown.
+/// Nothing happens for channels the hub does not have.
 pub fn connect(
     tap: &Tap,
     hub: Arc<LiveHub>,
     channels: SourceChannels,
     shutdown: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
+) -> Option<tokio::task::JoinHandle<()>> {
+    let encoder = Encoder::new(hub.clone(), &channels)?;
     let (tx, rx) = mpsc::channel(ENCODER_QUEUE);
-    let encoder = Encoder {
-        hub: hub.clone(),
-        channels: channels.clone(),
-        fixes: FixBuilder::default(),
-    };
     let _ = tap.0.set(TapLink {
         hub,
-        channels,
+        main: encoder.main.clone(),
+        fix: encoder.fix.clone(),
         frames: tx,
-        behind: AtomicUsize::new(0),
     });
-    tokio::spawn(encoder.run(rx, shutdown))
+    Some(tokio::spawn(encoder.run(rx, shutdown)))
 }
 
 /// Encodes one source's frames for the clients subscribed now.
-struct Encoder {
+pub struct Encoder {
     hub: Arc<LiveHub>,
-    channels: SourceChannels,
+    source: Arc<str>,
+    main: ChannelHandle,
+    fix: Option<ChannelHandle>,
     fixes: FixBuilder,
 }
 
 impl Encoder {
+    /// The encoder of a source whose channels the hub has.
+    pub fn new(hub: Arc<LiveHub>, channels: &SourceChannels) -> Option<Self> {
+        Some(Self {
+            main: hub.handle(channels.main)?,
+            fix: match channels.fix {
+                Some(id) => Some(hub.handle(id)?),
+                None => None,
+            },
+            source: channels.source.clone(),
+            hub,
+            fixes: FixBuilder::default(),
+        })
+    }
+
     async fn run(mut self, mut frames: mpsc::Receiver<Frame>, mut shutdown: watch::Receiver<bool>) {
         loop {
             tokio::select! {
@@ -177,9 +205,10 @@ impl Encoder {
         }
     }
 
-    fn encode(&mut self, frame: &Frame) {
-        let main = self.hub.wanted(self.channels.main);
-        let fix = self.channels.fix.filter(|f| self.hub.wanted(*f));
+    /// Encodes `frame` for the channels someone subscribes to now, and hands it to the hub.
+    pub fn encode(&mut self, frame: &Frame) {
+        let main = self.main.wanted();
+        let fix = self.fix.as_ref().filter(|f| f.wanted());
         let sentence = match frame.media {
             Media::Serial { text: true } if main || fix.is_some() => nmea::parse(&frame.payload),
             _ => Ok(None),
@@ -193,16 +222,16 @@ impl Encoder {
             let mut buf = Vec::with_capacity(frame.payload.len() + 64);
             protobuf_message(frame, level, &mut buf);
             self.hub
-                .publish(self.channels.main, frame.capture_ns, Bytes::from(buf));
+                .publish(&self.main, frame.capture_ns, Bytes::from(buf));
         }
         if let Ok(Some(s @ (Sentence::Gga(_) | Sentence::Rmc(_)))) = &sentence {
             // The builder sees every sentence while anyone watches the source, so a fix channel
             // subscribed later starts from a whole epoch.
             for f in self.fixes.push(s, frame.capture_ns, frame.seq) {
-                if let Some(id) = fix {
+                if let Some(h) = fix {
                     let mut buf = Vec::with_capacity(128);
-                    location_fix(&f, &self.channels.source, &mut buf);
-                    self.hub.publish(id, f.capture_ns, Bytes::from(buf));
+                    location_fix(&f, &self.source, &mut buf);
+                    self.hub.publish(h, f.capture_ns, Bytes::from(buf));
                 }
             }
         }
@@ -288,17 +317,20 @@ mod tests {
         };
         tap.offer(&frame);
         let (_tx, rx) = watch::channel(false);
-        let task = connect(
-            &tap,
-            hub.clone(),
-            SourceChannels {
-                source: "front".into(),
-                main: 1,
-                fix: None,
-            },
-            rx,
+        let (all, per) = channels(
+            &Config::parse(
+                "[rig]\nid = \"a\"\n[[source]]\nid = \"front\"\nkind = \"synthetic-camera\"\n",
+                "t",
+            )
+            .unwrap(),
         );
-        // Channel 1 is not the hub's, so nobody wants it: nothing is handed over.
+        assert!(
+            connect(&tap, hub.clone(), per[0].clone(), rx.clone()).is_none(),
+            "the hub has no channel 1"
+        );
+        let hub = Arc::new(LiveHub::new("t".into(), all, 1, Arc::new(|| 0)));
+        let task = connect(&tap, hub, per[0].clone(), rx).unwrap();
+        // Nobody subscribes: nothing is handed over.
         tap.offer(&frame);
         let link = tap.0.get().unwrap();
         assert_eq!(link.frames.capacity(), ENCODER_QUEUE);

@@ -6,9 +6,11 @@ nothing and is told what it lost."""
 
 import json
 import os
+import socket
 import subprocess
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
@@ -50,11 +52,11 @@ max-live-clients = {max_clients}
 """
 
 
-def client_cmd(d: Rigd, *args: str) -> list[str]:
+def client_cmd(d: Rigd | SimpleNamespace, *args: str) -> list[str]:
     return ["node", str(CLIENT), f"ws://127.0.0.1:{d.port}/foxglove", *args]
 
 
-def live(d: Rigd, *args: str, timeout: float = 90) -> dict:
+def live(d: Rigd | SimpleNamespace, *args: str, timeout: float = 90) -> dict:
     """One run of the client; its JSON report."""
     r = subprocess.run(client_cmd(d, *args), capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0 and r.stdout.strip(), f"client failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
@@ -255,3 +257,50 @@ def test_rigd_check_names_a_bad_max_live_clients_and_exits_2(tmp_path):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "web.max-live-clients" in r.stderr, r.stderr
+
+
+def test_rigd_live_serves_the_same_channels_and_frames_from_pulsar(rig, broker, tmp_path):
+    """`rigd live --pulsar URL --rig ID`: the fleet side, from the rig's topics (non-durable, from
+    the latest message). The same client sees the same channels, advertised as each source's first
+    message arrives, and camera frames equal to the ones on Pulsar."""
+    from harness import free_port, rigd_bin
+    name, d = rig
+    port = free_port()
+    log = open(tmp_path / "live.log", "wb")
+    proc = subprocess.Popen([rigd_bin(), "live", "--pulsar", broker, "--rig", name, "--bind", f"127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        fleet = SimpleNamespace(port=port)  # what `live` needs of a server
+        deadline = time.time() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, (tmp_path / "live.log").read_text()
+                time.sleep(0.2)
+        out = live(fleet, "--protocol", SDK, "--want-channels", "4", *subscribe("/front", "/gps/fix"),
+                   "--seconds", "2")
+        got = sorted((c["topic"], c["schemaName"]) for c in out["channels"])
+        assert got == sorted(EXPECTED_CHANNELS), got
+        assert out["serverInfo"]["name"] == f"rigd live {name}"
+        cams = [m for m in out["messages"] if m["topic"] == "/front"]
+        assert len(cams) >= 20, len(cams)
+        assert any(m["topic"] == "/gps/fix" for m in out["messages"]), Counter(m["topic"] for m in out["messages"])
+        assert all(m.get("format") == "jpeg" and m["receiveNs"] == m["timestamp"] for m in cams)
+        on_pulsar = {}
+        for msg in consume(broker, [f"persistent://public/default/{name}-front"], idle_timeout_s=3,
+                           total_timeout_s=4):
+            on_pulsar[msg["properties"]["capture-ns"]] = msg["sha256"]
+        assert all(on_pulsar.get(m["timestamp"]) == m["sha256"] for m in cams)
+        times = [int(t["ns"]) for t in out["times"]]
+        assert times == sorted(times) and len(times) >= 2, times
+    finally:
+        proc.send_signal(2)
+        try:
+            assert proc.wait(timeout=15) == 0, (tmp_path / "live.log").read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()

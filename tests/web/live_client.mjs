@@ -2,7 +2,9 @@
 // FoxgloveClient over `ws`, and prints one JSON object with what it saw. tests/e2e/test_live_view.py
 // runs it:
 //   node tests/web/live_client.mjs URL [--protocol P]... [--subscribe TOPIC]... [--seconds S]
-//        [--unsubscribe-after S] [--pause-after S --pause-for S]
+//        [--unsubscribe-after S] [--pause-after S --pause-for S] [--want-channels N]
+// --want-channels: wait for N channels (a server may advertise them one source at a time, as
+// `rigd live` does when a source's first message arrives) before subscribing.
 // Messages are decoded with the protobuf schema the server advertised (protobufjs, from the
 // channel's base64 FileDescriptorSet), as Foxglove's app decodes them. Times are printed as strings
 // (ns do not fit a double); `at` is milliseconds since the client started.
@@ -16,7 +18,7 @@ import descriptor from "protobufjs/ext/descriptor/index.js";
 
 const args = process.argv.slice(2);
 const url = args.shift();
-const opt = { protocol: [], subscribe: [], seconds: 2 };
+const opt = { protocol: [], subscribe: [], seconds: 2, wantChannels: 1 };
 while (args.length) {
   const k = args.shift().replace(/^--/, "");
   const v = args.shift();
@@ -67,7 +69,13 @@ function summary(ch, msg) {
   }
 }
 
-const ready = new Promise((resolve) => client.on("advertise", resolve));
+const advertised = [];
+const ready = new Promise((resolve) =>
+  client.on("advertise", (channels) => {
+    advertised.push(...channels);
+    if (advertised.length >= opt.wantChannels) resolve(advertised);
+  }),
+);
 client.on("open", () => {
   out.protocol = ws.protocol;
 });
@@ -88,9 +96,9 @@ client.on("message", ({ subscriptionId, timestamp, data }) => {
   out.messages.push({ at: at(), topic: ch.topic, receiveNs: timestamp.toString(), ...decoded });
 });
 
-const channels = await Promise.race([ready, new Promise((r) => setTimeout(() => r(null), 10000))]);
+const channels = await Promise.race([ready, new Promise((r) => setTimeout(() => r(null), opt.wantChannels > 1 ? 30000 : 10000))]);
 if (!channels) {
-  finish({ ...out, error: "no advertise within 10 s" }, 1);
+  finish({ ...out, error: `fewer than ${opt.wantChannels} channels advertised within 10 s` }, 1);
   await new Promise(() => {});
 }
 for (const ch of channels) {

@@ -684,19 +684,9 @@ async fn foxglove(
         axum::extract::ws::rejection::WebSocketUpgradeRejection,
     >,
 ) -> Response {
-    let Some(hub) = state.live.clone() else {
-        return not_found().await.into_response();
-    };
-    let (protocol, permit) = match live::admit(&hub, &headers) {
-        Ok(admitted) => admitted,
-        Err(refusal) => return AppError(refusal.status(), refusal.message()).into_response(),
-    };
-    match ws {
-        Ok(ws) => live::upgrade(hub, ws, protocol, permit, state.shutdown.clone()),
-        Err(e) => AppError::bad_request(format!(
-            "not a WebSocket upgrade ({e}): open this URL in Foxglove or Lichtblick"
-        ))
-        .into_response(),
+    match state.live.clone() {
+        Some(hub) => live::handle(hub, state.shutdown.clone(), &headers, ws),
+        None => not_found().await.into_response(),
     }
 }
 

@@ -18,15 +18,19 @@
 
 pub mod queue;
 
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use queue::{ClientQueue, Data, Outgoing};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -70,9 +74,10 @@ pub type Now = Arc<dyn Fn() -> i64 + Send + Sync>;
 /// The channels, the clients and their subscriptions; shared by the router and the daemon.
 pub struct LiveHub {
     name: String,
-    channels: Vec<ChannelEntry>,
+    /// Channels are only ever added ([`LiveHub::add_channel`]), never removed.
+    channels: RwLock<Vec<Arc<ChannelEntry>>>,
     /// Drops per source, in the order of first appearance among the channels.
-    dropped: Vec<(String, AtomicU64)>,
+    dropped: Mutex<Vec<(String, Arc<AtomicU64>)>>,
     clients: Mutex<Vec<Arc<Client>>>,
     slots: Arc<Semaphore>,
     max_clients: usize,
@@ -86,7 +91,7 @@ impl std::fmt::Debug for LiveHub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LiveHub")
             .field("name", &self.name)
-            .field("channels", &self.channels.len())
+            .field("channels", &self.read_channels().len())
             .field("max_clients", &self.max_clients)
             .finish()
     }
@@ -95,34 +100,40 @@ impl std::fmt::Debug for LiveHub {
 struct ChannelEntry {
     channel: Channel,
     subscribers: AtomicUsize,
-    source: usize,
+    /// The source's drop counter (shared by its channels).
+    dropped: Arc<AtomicU64>,
+}
+
+/// One channel as its publisher holds it: whether anybody wants it is one atomic load.
+#[derive(Clone)]
+pub struct ChannelHandle(Arc<ChannelEntry>);
+
+impl std::fmt::Debug for ChannelHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ChannelHandle")
+            .field(&self.0.channel.topic)
+            .finish()
+    }
+}
+
+impl ChannelHandle {
+    /// Whether any client subscribes to the channel now: the publisher encodes nothing otherwise.
+    pub fn wanted(&self) -> bool {
+        self.0.subscribers.load(Ordering::Relaxed) > 0
+    }
+
+    pub fn id(&self) -> u32 {
+        self.0.channel.id
+    }
 }
 
 impl LiveHub {
     /// `name`: what `serverInfo` calls the server; `max_clients`: 0 turns the live view off.
     pub fn new(name: String, channels: Vec<Channel>, max_clients: usize, now: Now) -> Self {
-        let mut dropped: Vec<(String, AtomicU64)> = Vec::new();
-        let channels = channels
-            .into_iter()
-            .map(|channel| {
-                let source = match dropped.iter().position(|(s, _)| *s == channel.source) {
-                    Some(i) => i,
-                    None => {
-                        dropped.push((channel.source.clone(), AtomicU64::new(0)));
-                        dropped.len() - 1
-                    }
-                };
-                ChannelEntry {
-                    channel,
-                    subscribers: AtomicUsize::new(0),
-                    source,
-                }
-            })
-            .collect();
-        Self {
+        let hub = Self {
             name,
-            channels,
-            dropped,
+            channels: RwLock::default(),
+            dropped: Mutex::default(),
             clients: Mutex::default(),
             slots: Arc::new(Semaphore::new(max_clients)),
             max_clients,
@@ -130,7 +141,51 @@ impl LiveHub {
             queue_bytes: CLIENT_QUEUE_BYTES,
             session: format!("{:x}", session_stamp()),
             next_client: AtomicU64::new(1),
+        };
+        for c in channels {
+            hub.add_channel(c);
         }
+        hub
+    }
+
+    /// Adds a channel (its id must be new) and advertises it to the clients connected now; later
+    /// clients get it with the others. Returns its handle.
+    pub fn add_channel(&self, channel: Channel) -> ChannelHandle {
+        let dropped = {
+            let mut d = self.dropped.lock().unwrap_or_else(|p| p.into_inner());
+            match d.iter().find(|(s, _)| *s == channel.source) {
+                Some((_, n)) => n.clone(),
+                None => {
+                    let n = Arc::new(AtomicU64::new(0));
+                    d.push((channel.source.clone(), n.clone()));
+                    n
+                }
+            }
+        };
+        let entry = Arc::new(ChannelEntry {
+            channel,
+            subscribers: AtomicUsize::new(0),
+            dropped,
+        });
+        let text = advertise(std::slice::from_ref(&entry));
+        self.channels
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(entry.clone());
+        for client in self.lock_clients().iter() {
+            let mut s = client.lock();
+            if s.queue.push_text(text.clone()) > MAX_CONTROL {
+                s.overflow = true;
+            }
+            drop(s);
+            client.wake.notify_one();
+        }
+        ChannelHandle(entry)
+    }
+
+    /// The handle of channel `id`.
+    pub fn handle(&self, id: u32) -> Option<ChannelHandle> {
+        self.entry(id).map(ChannelHandle)
     }
 
     /// Another bound on each client's message data (tests).
@@ -139,8 +194,15 @@ impl LiveHub {
         self
     }
 
-    pub fn channels(&self) -> impl Iterator<Item = &Channel> {
-        self.channels.iter().map(|e| &e.channel)
+    pub fn channels(&self) -> Vec<Channel> {
+        self.read_channels()
+            .iter()
+            .map(|e| e.channel.clone())
+            .collect()
+    }
+
+    fn read_channels(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<ChannelEntry>>> {
+        self.channels.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether any client subscribes to `channel` now: the daemon encodes nothing otherwise.
@@ -152,6 +214,8 @@ impl LiveHub {
     /// Messages of `source` lost to slow clients since start.
     pub fn dropped(&self, source: &str) -> u64 {
         self.dropped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .find(|(s, _)| s == source)
             .map_or(0, |(_, n)| n.load(Ordering::Relaxed))
@@ -166,8 +230,11 @@ impl LiveHub {
         self.max_clients
     }
 
-    fn entry(&self, channel: u32) -> Option<&ChannelEntry> {
-        self.channels.iter().find(|e| e.channel.id == channel)
+    fn entry(&self, channel: u32) -> Option<Arc<ChannelEntry>> {
+        self.read_channels()
+            .iter()
+            .find(|e| e.channel.id == channel)
+            .cloned()
     }
 
     fn lock_clients(&self) -> MutexGuard<'_, Vec<Arc<Client>>> {
@@ -176,10 +243,8 @@ impl LiveHub {
 
     /// Hands one encoded message of `channel`, captured at `receive_ns` on the rig clock, to every
     /// client subscribed to it. Never waits: a client that is behind loses messages instead.
-    pub fn publish(&self, channel: u32, receive_ns: i64, payload: Bytes) {
-        let Some(entry) = self.entry(channel) else {
-            return;
-        };
+    pub fn publish(&self, channel: &ChannelHandle, receive_ns: i64, payload: Bytes) {
+        let entry = &channel.0;
         if entry.subscribers.load(Ordering::Relaxed) == 0 {
             return;
         }
@@ -187,7 +252,7 @@ impl LiveHub {
         for client in clients {
             for (lost, n) in client.push(entry, receive_ns.max(0) as u64, &payload, self) {
                 if let Some(lost) = self.entry(lost) {
-                    self.count_dropped(lost, n, client.id);
+                    count_dropped(&lost, n, client.id);
                 }
             }
         }
@@ -195,20 +260,8 @@ impl LiveHub {
 
     /// Counts messages lost before they reached a client's queue (the daemon's encoder was
     /// behind), against the channel's source.
-    pub fn note_dropped(&self, channel: u32, messages: u64) {
-        if let Some(entry) = self.entry(channel) {
-            self.count_dropped(entry, messages, 0);
-        }
-    }
-
-    fn count_dropped(&self, entry: &ChannelEntry, messages: u64, client: u64) {
-        let (source, n) = &self.dropped[entry.source];
-        let before = n.fetch_add(messages, Ordering::Relaxed);
-        // The first loss, then one line per 1000: a stalled client would otherwise log per frame.
-        if before == 0 || (before + messages) / 1000 != before / 1000 {
-            tracing::warn!(source = %source, topic = %entry.channel.topic, client, dropped_total = before + messages,
-                "live view: a client reads slower than the rig captures; its messages are dropped");
-        }
+    pub fn note_dropped(&self, channel: &ChannelHandle, messages: u64) {
+        count_dropped(&channel.0, messages, 0);
     }
 
     /// `serverInfo`.
@@ -226,8 +279,27 @@ impl LiveHub {
 
     /// `advertise`: every channel.
     fn advertise(&self) -> String {
-        let channels: Vec<_> = self
-            .channels()
+        advertise(&self.read_channels())
+    }
+}
+
+/// Counts a loss against the channel's source, and logs the first, then one line per 1000 (a
+/// stalled client would otherwise log per frame).
+fn count_dropped(entry: &ChannelEntry, messages: u64, client: u64) {
+    let before = entry.dropped.fetch_add(messages, Ordering::Relaxed);
+    if before == 0 || (before + messages) / 1000 != before / 1000 {
+        tracing::warn!(source = %entry.channel.source, topic = %entry.channel.topic, client,
+            dropped_total = before + messages,
+            "live view: a client reads slower than the rig captures; its messages are dropped");
+    }
+}
+
+/// `advertise` for these channels.
+fn advertise(entries: &[Arc<ChannelEntry>]) -> String {
+    {
+        let channels: Vec<_> = entries
+            .iter()
+            .map(|e| &e.channel)
             .map(|c| {
                 serde_json::json!({
                     "id": c.id,
@@ -410,14 +482,55 @@ pub fn admit(
     Ok((protocol, permit))
 }
 
+/// `/foxglove`: refusals in plain HTTP before the upgrade (400 neither subprotocol, 503 past the
+/// cap, 400 not a WebSocket upgrade), else the upgrade.
+pub fn handle(
+    hub: Arc<LiveHub>,
+    shutdown: Option<watch::Receiver<bool>>,
+    headers: &HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let (protocol, permit) = match admit(&hub, headers) {
+        Ok(admitted) => admitted,
+        Err(refusal) => {
+            return crate::AppError(refusal.status(), refusal.message()).into_response()
+        }
+    };
+    match ws {
+        Ok(ws) => upgrade(hub, ws, protocol, permit, shutdown),
+        Err(e) => crate::AppError(
+            StatusCode::BAD_REQUEST,
+            format!("not a WebSocket upgrade ({e}): open this URL in Foxglove or Lichtblick"),
+        )
+        .into_response(),
+    }
+}
+
+/// A server of the live view alone (`rigd live`): `/foxglove` and `/healthz`, every peer
+/// allowed.
+pub fn router(hub: Arc<LiveHub>, shutdown: Option<watch::Receiver<bool>>) -> Router {
+    Router::new()
+        .route(
+            "/foxglove",
+            get(
+                move |headers: HeaderMap,
+                      ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>| async move {
+                    handle(hub, shutdown, &headers, ws)
+                },
+            ),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .layer(axum::extract::DefaultBodyLimit::max(crate::MAX_BODY_BYTES))
+}
+
 /// Upgrades the connection and serves one client until it leaves or the daemon stops.
-pub fn upgrade(
+fn upgrade(
     hub: Arc<LiveHub>,
     ws: WebSocketUpgrade,
     protocol: &'static str,
     permit: OwnedSemaphorePermit,
     shutdown: Option<watch::Receiver<bool>>,
-) -> axum::response::Response {
+) -> Response {
     ws.protocols([protocol])
         .max_message_size(MAX_CLIENT_MESSAGE)
         .on_upgrade(move |socket| async move {
@@ -601,7 +714,7 @@ fn apply(hub: &LiveHub, client: &Client, op: ClientMessage) {
                     client_error(client, &format!("subscription {} is in use", sub.id));
                     continue;
                 }
-                if s.subscriptions.len() >= hub.channels.len() * 4 {
+                if s.subscriptions.len() >= hub.read_channels().len() * 4 {
                     drop(s);
                     client_error(client, "too many subscriptions");
                     continue;
@@ -689,7 +802,7 @@ mod tests {
         let hub = hub();
         let c = client(&hub);
         assert!(!hub.wanted(1));
-        hub.publish(1, 10, Bytes::from_static(b"x"));
+        hub.publish(&hub.handle(1).unwrap(), 10, Bytes::from_static(b"x"));
         assert!(c.lock().queue.is_empty());
         apply(
             &hub,
@@ -702,8 +815,8 @@ mod tests {
             },
         );
         assert!(hub.wanted(1) && !hub.wanted(2));
-        hub.publish(1, 10, Bytes::from_static(b"x"));
-        hub.publish(2, 11, Bytes::from_static(b"y"));
+        hub.publish(&hub.handle(1).unwrap(), 10, Bytes::from_static(b"x"));
+        hub.publish(&hub.handle(2).unwrap(), 11, Bytes::from_static(b"y"));
         match c.lock().queue.pop() {
             Some(Outgoing::Data(d)) => assert_eq!(
                 (d.subscription, d.receive_ns, &d.payload[..]),
@@ -712,7 +825,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(c.lock().queue.is_empty());
-        hub.publish(1, 12, Bytes::from_static(b"z"));
+        hub.publish(&hub.handle(1).unwrap(), 12, Bytes::from_static(b"z"));
         apply(
             &hub,
             &c,
@@ -748,9 +861,9 @@ mod tests {
             },
         );
         for i in 0..10 {
-            hub.publish(1, i, Bytes::from(vec![0u8; 40]));
+            hub.publish(&hub.handle(1).unwrap(), i, Bytes::from(vec![0u8; 40]));
         }
-        hub.publish(2, 20, Bytes::from(vec![0u8; 40]));
+        hub.publish(&hub.handle(2).unwrap(), 20, Bytes::from(vec![0u8; 40]));
         // 100 bytes hold one 53-byte message; the serial record pushed out the last camera frame.
         assert_eq!(hub.dropped("front"), 10);
         assert_eq!(hub.dropped("gps"), 0);
@@ -770,6 +883,31 @@ mod tests {
             "{}",
             texts[0]
         );
+    }
+
+    #[test]
+    fn a_channel_added_later_is_advertised_to_connected_clients() {
+        let hub = hub();
+        let c = client(&hub);
+        let h = hub.add_channel(Channel {
+            id: 9,
+            topic: "/rear".into(),
+            source: "rear".into(),
+            class: Class::Camera,
+            schema_name: "foxglove.CompressedImage".into(),
+            schema: String::new(),
+        });
+        assert!(!h.wanted() && h.id() == 9);
+        match c.lock().queue.pop() {
+            Some(Outgoing::Text(t)) => {
+                let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                assert_eq!(v["op"], "advertise");
+                assert_eq!(v["channels"].as_array().unwrap().len(), 1);
+                assert_eq!(v["channels"][0]["topic"], "/rear");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(hub.channels().len(), 4);
     }
 
     #[test]
