@@ -3,12 +3,14 @@
 // runs it:
 //   node tests/web/live_client.mjs URL [--protocol P]... [--subscribe TOPIC]... [--seconds S]
 //        [--unsubscribe-after S] [--pause-after S --pause-for S] [--want-channels N]
+// --ca FILE: trust this CA for a wss:// URL.
 // --want-channels: wait for N channels (a server may advertise them one source at a time, as
 // `rigd live` does when a source's first message arrives) before subscribing.
 // Messages are decoded with the protobuf schema the server advertised (protobufjs, from the
 // channel's base64 FileDescriptorSet), as Foxglove's app decodes them. Times are printed as strings
 // (ns do not fit a double); `at` is milliseconds since the client started.
 import { createHash } from "node:crypto";
+import { readFileSync } from "node:fs";
 import wsProtocol from "@foxglove/ws-protocol";
 import WebSocket from "ws";
 
@@ -23,6 +25,7 @@ while (args.length) {
   const k = args.shift().replace(/^--/, "");
   const v = args.shift();
   if (k === "protocol" || k === "subscribe") opt[k].push(v);
+  else if (k === "ca") opt.ca = readFileSync(v);
   else opt[k.replace(/-(.)/g, (_, c) => c.toUpperCase())] = Number(v);
 }
 const t0 = performance.now();
@@ -32,7 +35,8 @@ const finish = (report, code = 0) => process.stdout.write(JSON.stringify(report)
 const at = () => Math.round((performance.now() - t0) * 10) / 10;
 const out = { protocol: null, serverInfo: null, channels: [], messages: [], times: [], statuses: [], events: [] };
 
-const ws = new WebSocket(url, opt.protocol.length ? opt.protocol : [FoxgloveClient.SUPPORTED_SUBPROTOCOL]);
+const ws = new WebSocket(url, opt.protocol.length ? opt.protocol : [FoxgloveClient.SUPPORTED_SUBPROTOCOL],
+  opt.ca ? { ca: opt.ca } : {});
 ws.on("unexpected-response", (_req, res) => {
   let body = "";
   res.on("data", (d) => (body += d));
