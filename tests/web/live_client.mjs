@@ -33,7 +33,9 @@ const t0 = performance.now();
 // the write ends would cut the report at 64 KiB.
 const finish = (report, code = 0) => process.stdout.write(JSON.stringify(report) + "\n", () => process.exit(code));
 const at = () => Math.round((performance.now() - t0) * 10) / 10;
-const out = { protocol: null, serverInfo: null, channels: [], messages: [], times: [], statuses: [], events: [] };
+const out = { protocol: null, serverInfo: null, channels: [], messages: [], times: [], statuses: [], events: [],
+  // This host's clock (ns since the epoch) at `at` = 0: arrival time = t0Ns + at * 1e6.
+  t0Ns: String(BigInt(Math.round((performance.timeOrigin + t0) * 1000)) * 1000n) };
 
 const ws = new WebSocket(url, opt.protocol.length ? opt.protocol : [FoxgloveClient.SUPPORTED_SUBPROTOCOL],
   opt.ca ? { ca: opt.ca } : {});
