@@ -2,8 +2,10 @@
 //! so that Foxglove or Lichtblick show the rig's cameras, audio and GPS as they are captured.
 //!
 //! The daemon describes its channels ([`Channel`]: topic, schema, which source and which class of
-//! drop) and hands every message it encodes to [`LiveHub::publish`]; it asks [`LiveHub::wanted`]
-//! first, so a channel nobody subscribes to costs it nothing. The hub knows nothing of frames.
+//! drop), at start or as sources appear ([`LiveHub::add_channel`], advertised to the clients
+//! connected then), and hands every message it encodes to [`LiveHub::publish`] through the
+//! channel's [`ChannelHandle`]; it asks [`ChannelHandle::wanted`] (one atomic load) first, so a
+//! channel nobody subscribes to costs it nothing. The hub knows nothing of frames.
 //!
 //! Each client has a queue of its own, bounded in bytes ([`queue::ClientQueue`]): a client that
 //! reads slower than the rig captures loses camera frames first, then audio, then serial records,
@@ -205,7 +207,8 @@ impl LiveHub {
         self.channels.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether any client subscribes to `channel` now: the daemon encodes nothing otherwise.
+    /// Whether any client subscribes to `channel` now ([`ChannelHandle::wanted`] without the
+    /// lookup).
     pub fn wanted(&self, channel: u32) -> bool {
         self.entry(channel)
             .is_some_and(|e| e.subscribers.load(Ordering::Relaxed) > 0)
