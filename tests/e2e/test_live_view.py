@@ -140,18 +140,7 @@ def test_camera_frames_are_the_jpegs_on_pulsar_and_time_follows_the_newest_captu
     assert 47 < fix["latitude"] < 49 and 11 < fix["longitude"] < 12, fix
 
     # The same frames on Pulsar (the rig keeps publishing: read what is there by capture ns).
-    topic = f"persistent://public/default/{name}-front"
-    want = {m["timestamp"]: m["sha256"] for m in cams}
-    on_pulsar = {}
-    deadline = time.time() + 60
-    while time.time() < deadline and not want.keys() <= on_pulsar.keys():
-        # The rig goes on publishing: read for a bounded time, not until the topic is idle.
-        for msg in consume(broker, [topic], idle_timeout_s=3, total_timeout_s=4):
-            on_pulsar[msg["properties"]["capture-ns"]] = (msg["sha256"], int(msg["properties"]["seq"]))
-    missing = want.keys() - on_pulsar.keys()
-    assert not missing, f"{len(missing)} live frames not on Pulsar"
-    for ns, sha in want.items():
-        assert on_pulsar[ns][0] == sha, f"seq {on_pulsar[ns][1]}: live JPEG differs from Pulsar's"
+    same_on_pulsar(broker, name, cams)
 
     # Time messages: at least 1 Hz, never backwards, within 50 ms of the newest capture seen.
     times = out["times"]
@@ -183,6 +172,22 @@ def test_after_unsubscribe_messages_stop_within_200_ms(rig):
     assert s["live"]["clients"] == 0
 
 
+def same_on_pulsar(broker: str, rig: str, cams: list[dict]) -> None:
+    """Each live camera message's JPEG is the payload of the Pulsar message with its capture ns."""
+    topic = f"persistent://public/default/{rig}-front"
+    want = {m["timestamp"]: m["sha256"] for m in cams}
+    on_pulsar = {}
+    deadline = time.time() + 60
+    while time.time() < deadline and not want.keys() <= on_pulsar.keys():
+        # The rig goes on publishing: read for a bounded time, not until the topic is idle.
+        for msg in consume(broker, [topic], idle_timeout_s=3, total_timeout_s=5):
+            on_pulsar[msg["properties"]["capture-ns"]] = (msg["sha256"], int(msg["properties"]["seq"]))
+    missing = want.keys() - on_pulsar.keys()
+    assert not missing, f"{len(missing)} live frames not on Pulsar"
+    for ns, sha in want.items():
+        assert on_pulsar[ns][0] == sha, f"seq {on_pulsar[ns][1]}: live JPEG differs from Pulsar's"
+
+
 def rates(d: Rigd, t0: float, s0: dict, t1: float, s1: dict) -> dict:
     """Per source: frames captured and published per second between two statuses, and records
     spooled between them (frames captured before the uplink connected are spooled at the start)."""
@@ -203,8 +208,8 @@ def rss_kib(pid: int) -> int:
 def test_a_client_that_stops_reading_for_30_s_is_warned_counted_and_costs_capture_nothing(broker, tmp_path):
     """Two rigs side by side, the same sources (camera frames padded to 48 KiB so that 30 s are far
     more than the socket buffers and the 4 MiB queue hold): one with a client subscribed to
-    everything that stops reading for 30 s, one without. Capture and publish rates over the stall
-    are within 1 % of each other; the stalled rig counts drops (camera, never serial), grows its
+    everything that stops reading for 30 s, one without. Capture and publish rates of the first over
+    the stall are at least 99 % of the other's; the stalled rig counts drops (camera, never serial), grows its
     RSS by less than 16 MiB + the queue bound, and the client gets a warning naming /front."""
     rigs = {k: Rigd(tmp_path / k, config(unique(f"live-{k}"), broker, frame_bytes="48KiB")) for k in ("slow", "none")}
     try:
@@ -235,8 +240,11 @@ def test_a_client_that_stops_reading_for_30_s_is_warned_counted_and_costs_captur
     r = {k: rates(rigs[k], t0, s0[k], t1, s1[k]) for k in rigs}
     for src in ("front", "mic", "gps"):
         for what in ("frames", "published"):
+            # The stalled client's rig keeps up with the other one. One-sided: on this shared machine
+            # either rig may lose a frame or two to CPU starvation (a run had the unwatched rig 1.04 %
+            # behind); what the live view must not do is slow its own rig down.
             a, b = r["slow"][src][what], r["none"][src][what]
-            assert b > 0 and abs(a - b) / b <= 0.01, (src, what, a, b)
+            assert b > 0 and a >= b * 0.99, (src, what, a, b)
         assert r["slow"][src]["spool_pushed"] == r["none"][src]["spool_pushed"] == 0, r
     dropped = {src: s1["slow"]["sources"][i]["live_dropped"] for i, src in enumerate(("front", "mic", "gps"))}
     assert dropped["front"] > 0 and dropped["gps"] == 0, dropped
@@ -288,11 +296,7 @@ def test_rigd_live_serves_the_same_channels_and_frames_from_pulsar(rig, broker, 
         assert len(cams) >= 20, len(cams)
         assert any(m["topic"] == "/gps/fix" for m in out["messages"]), Counter(m["topic"] for m in out["messages"])
         assert all(m.get("format") == "jpeg" and m["receiveNs"] == m["timestamp"] for m in cams)
-        on_pulsar = {}
-        for msg in consume(broker, [f"persistent://public/default/{name}-front"], idle_timeout_s=3,
-                           total_timeout_s=4):
-            on_pulsar[msg["properties"]["capture-ns"]] = msg["sha256"]
-        assert all(on_pulsar.get(m["timestamp"]) == m["sha256"] for m in cams)
+        same_on_pulsar(broker, name, cams)
         times = [int(t["ns"]) for t in out["times"]]
         assert times == sorted(times) and len(times) >= 2, times
     finally:
