@@ -218,6 +218,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         budget,
     };
 
+    // The live view (Foxglove at /foxglove): one channel per source (two for NMEA), fed by a tap
+    // on each lane that costs nothing while no client subscribes (crate::live).
+    let (live_channels, live_sources) = crate::live::channels(&config);
+    let live = {
+        let clock = clock.clone();
+        Arc::new(rigd_web::live::LiveHub::new(
+            format!("rigd {}", config.rig.id),
+            live_channels,
+            config.web.max_live_clients as usize,
+            Arc::new(move || clock.now().ns),
+        ))
+    };
+    let mut live_sources = live_sources.into_iter();
+    let mut encoders = Vec::new();
+
     // Every source: a capture thread feeding a lane (spool and uplink), watched by the watchdog.
     let mut entries = Vec::new();
     let mut lanes = Vec::new();
@@ -230,6 +245,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let sink = FrameSink::new(id.clone(), first_seq, tx, health.clone());
         let lane = wiring.spawn(&id, sc.priority(), sc.drain(), rx);
+        if let Some(channels) = live_sources.next() {
+            encoders.extend(crate::live::connect(
+                &lane.stats.live,
+                live.clone(),
+                channels,
+                shutdown_rx.clone(),
+            ));
+        }
         liveness.lane(id.clone(), lane.stats.clone());
         liveness.capture(id.clone(), health.clone(), sc, config.rig.bucket_ms);
         entries.push(SourceEntry {
@@ -271,6 +294,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         )
     };
     drop(wiring);
+    // Detached: each encoder ends when shutdown is signalled; none holds frames that matter.
+    drop(encoders);
     let committer = tokio::spawn(crate::spool::commit_loop(
         spool.clone(),
         Duration::from_millis(config.spool.fsync_ms),
@@ -287,6 +312,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         uplink_paused,
         events,
         observed: Mutex::default(),
+        live,
         client_cert: client_cert(&config).map(|c| crate::uplink::identity::ClientCert::read(c.0)),
     });
     let (web, web_token) = serve_web(listener, &runtime, &config, web_tls, shutdown_rx.clone());
@@ -343,6 +369,7 @@ fn serve_web(
     let web_token = rigd_web::ControlToken::new(web_token);
     let app = rigd_web::router(
         rigd_web::AppState::new(runtime.clone(), runtime.clone())
+            .with_live(runtime.live.clone())
             .with_control_token(web_token.clone())
             .with_allow_list(config.web.allow_list())
             .with_shutdown(shutdown.clone()),

@@ -49,6 +49,8 @@ enum Command {
     Replay(ReplayArgs),
     /// Follow a rig live on Pulsar: one line per time bucket with the sources that arrived in it.
     Tail(TailArgs),
+    /// Serve a rig's live view (Foxglove WebSocket, /foxglove) from its Pulsar topics.
+    Live(LiveArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     Completions {
         /// The shell to complete for.
@@ -86,6 +88,34 @@ struct TailArgs {
     /// Report a bucket once frames this many buckets newer have arrived (late frames are counted).
     #[arg(long, value_name = "BUCKETS", default_value_t = 30)]
     lag: i64,
+    /// File holding the Pulsar token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// CA certificates (PEM) for a pulsar+ssl:// URL (default: the Mozilla roots).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct LiveArgs {
+    /// The Pulsar cluster (pulsar://host:port).
+    #[arg(long, value_name = "URL")]
+    pulsar: String,
+    /// The rig to serve (`rig.id`).
+    #[arg(long, value_name = "ID", value_parser = rig_id)]
+    rig: String,
+    /// Where to serve the live view: ws://ADDR/foxglove.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8765")]
+    bind: std::net::SocketAddr,
+    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}.
+    #[arg(long, value_name = "TEMPLATE", default_value = crate::wire::DEFAULT_TOPIC)]
+    topic: String,
+    /// Serve only this source (repeatable; default: every topic of the rig, as they appear).
+    #[arg(long = "source", value_name = "S")]
+    sources: Vec<String>,
+    /// Clients served at once; the next one is refused (503).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    max_clients: usize,
     /// File holding the Pulsar token.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
@@ -285,6 +315,7 @@ pub fn main() -> ExitCode {
         Command::Spool { command } => spool(command),
         Command::Replay(args) => replay(args),
         Command::Tail(args) => tail(args),
+        Command::Live(args) => live(args),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(
@@ -532,6 +563,49 @@ fn tail(args: TailArgs) -> ExitCode {
         }
         // The reader of the bucket lines went away (`rigd tail ... | head`): done.
         Err(tail::TailError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            say(format_args!("rigd: {e}"));
+            ExitCode::from(if e.is_usage() { 2 } else { 1 })
+        }
+    }
+}
+
+fn live(args: LiveArgs) -> ExitCode {
+    use crate::relay::{self, RelayConfig};
+    let token = match read_token(args.token_file.as_ref()) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    init_quiet_logging();
+    let interrupt = crate::replay::progress::Interrupt::install();
+    let cfg = RelayConfig {
+        url: args.pulsar,
+        rig: args.rig,
+        topic: args.topic,
+        sources: args.sources,
+        token,
+        tls_ca: args.tls_ca,
+        bind: args.bind,
+        max_clients: args.max_clients,
+    };
+    say(format_args!(
+        "rigd live: {} from {} on ws://{}/foxglove",
+        cfg.rig, cfg.url, cfg.bind
+    ));
+    match relay::run(&cfg, &interrupt) {
+        Ok(s) => {
+            say(format_args!(
+                "rigd live: {} frames from {} sources{}",
+                s.frames,
+                s.sources,
+                if s.encrypted > 0 {
+                    format!(", {} encrypted frames skipped", s.encrypted)
+                } else {
+                    String::new()
+                }
+            ));
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -1,6 +1,8 @@
 //! Foxglove's protobuf message schemas that rigd writes (`foxglove.CompressedImage`,
-//! `foxglove.RawAudio`, `foxglove.LocationFix`, `foxglove.Log`): the messages, and for each a
-//! `FileDescriptorSet` to embed as its MCAP schema (encoding `protobuf`). Pure: no I/O.
+//! `foxglove.RawAudio`, `foxglove.LocationFix`, `foxglove.Log`): the messages, a frame's message
+//! ([`protobuf_message`], [`location_fix`]), and for each type a `FileDescriptorSet`, the schema
+//! of an MCAP channel and of a live-view channel (encoding `protobuf`). Shared by the MCAP export
+//! (`replay::mcap`) and the live view (`live`). Pure: no I/O.
 //!
 //! The descriptors are built here from the field lists Foxglove publishes (names, numbers and
 //! types as in its `.proto` files, package `foxglove`, proto3, `google.protobuf.Timestamp` for
@@ -10,6 +12,9 @@
 
 use bytes::Bytes;
 use prost::Message as _;
+use rigd_drivers::{Frame, Media};
+
+use crate::nmea::Fix;
 use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{
     DescriptorProto, EnumDescriptorProto, EnumValueDescriptorProto, FieldDescriptorProto,
@@ -94,6 +99,83 @@ pub struct Log {
 
 pub const LOG_INFO: i32 = 2;
 pub const LOG_WARNING: i32 = 3;
+
+/// The Foxglove message type of a frame.
+pub fn schema_name(media: &Media) -> &'static str {
+    match media {
+        Media::Camera { .. } => COMPRESSED_IMAGE,
+        Media::Audio { .. } => RAW_AUDIO,
+        Media::Serial { .. } => LOG,
+    }
+}
+
+/// The text of a serial record for a Log line: the line without its end, or `base64:...`.
+pub fn log_text(f: &Frame) -> String {
+    use base64::Engine;
+    match std::str::from_utf8(&f.payload) {
+        Ok(s) if matches!(f.media, Media::Serial { text: true }) => {
+            s.trim_end_matches(['\r', '\n']).to_string()
+        }
+        _ => format!(
+            "base64:{}",
+            base64::engine::general_purpose::STANDARD.encode(&f.payload)
+        ),
+    }
+}
+
+/// The protobuf message of a frame, into `out` (cleared first). Pure.
+pub fn protobuf_message(f: &Frame, log_level: i32, out: &mut Vec<u8>) {
+    out.clear();
+    let timestamp = timestamp(f.capture_ns);
+    let encoded = match &f.media {
+        Media::Camera { .. } => CompressedImage {
+            timestamp,
+            frame_id: f.source.to_string(),
+            data: f.payload.clone(),
+            format: "jpeg".into(),
+        }
+        .encode(out),
+        Media::Audio {
+            sample_rate,
+            channels,
+            ..
+        } => RawAudio {
+            timestamp,
+            data: f.payload.clone(),
+            format: "pcm-s16".into(),
+            sample_rate: *sample_rate,
+            number_of_channels: u32::from(*channels),
+        }
+        .encode(out),
+        Media::Serial { .. } => Log {
+            timestamp,
+            level: log_level,
+            message: log_text(f),
+            name: f.source.to_string(),
+            file: String::new(),
+            line: 0,
+        }
+        .encode(out),
+    };
+    // A Vec grows as needed: encoding into it cannot run out of room.
+    debug_assert!(encoded.is_ok());
+}
+
+/// The `foxglove.LocationFix` of a fix, into `out` (cleared first). Pure.
+pub fn location_fix(fix: &Fix, frame_id: &str, out: &mut Vec<u8>) {
+    out.clear();
+    let encoded = LocationFix {
+        timestamp: timestamp(fix.capture_ns),
+        frame_id: frame_id.to_string(),
+        latitude: fix.latitude,
+        longitude: fix.longitude,
+        altitude: fix.altitude,
+        position_covariance: fix.covariance.to_vec(),
+        position_covariance_type: fix.covariance_type as i32,
+    }
+    .encode(out);
+    debug_assert!(encoded.is_ok());
+}
 
 const TIMESTAMP_FILE: &str = "google/protobuf/timestamp.proto";
 

@@ -41,6 +41,8 @@ pub struct LaneStats {
     pub capture_latency: crate::metrics::LatencyHistogram,
     /// The latest frames for the web UI (a reference to a payload a few times a second).
     pub preview: crate::metrics::Preview,
+    /// The live view's tap (Foxglove): hands frames over only while a client subscribes.
+    pub live: crate::live::Tap,
     /// Beats on every turn of the lane loop, and at least once a second while idle (watchdog).
     pub heartbeat: crate::lifecycle::Heartbeat,
 }

@@ -38,6 +38,8 @@ pub struct Runtime {
     pub events: crate::events::EventMarker,
     /// Counter samples that status keeps to compute rates.
     pub observed: Mutex<crate::metrics::Observed>,
+    /// The live view's channels and clients (`/foxglove`).
+    pub live: Arc<rigd_web::live::LiveHub>,
     /// `[pulsar] tls-cert-file`, read at start, for the status's `uplink.credentials`.
     pub client_cert: Option<crate::uplink::identity::ClientCert>,
 }

@@ -147,6 +147,7 @@ impl rigd_web::StatusSource for Runtime {
                 } else {
                     Vec::new()
                 },
+                live_dropped: self.live.dropped(&e.id),
                 latency: uplink.configured.then(|| snap.to_web()),
                 capture_latency: uplink
                     .configured
@@ -234,6 +235,10 @@ impl rigd_web::StatusSource for Runtime {
                 marked: self.events.marked(),
                 topic: self.events.topic.clone(),
                 last: self.events.lane.preview.records(),
+            },
+            live: rigd_web::LiveStatus {
+                clients: self.live.clients() as u64,
+                max_clients: self.live.max_clients() as u64,
             },
         }
     }

@@ -411,7 +411,7 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
 
 /// A client of the `pulsar` crate: the token, if any, and for `pulsar+ssl://` the CA
 /// certificates to trust (default: the Mozilla roots).
-fn client(
+pub(crate) fn client(
     url: &str,
     token: Option<String>,
     tls_ca: Option<&std::path::Path>,

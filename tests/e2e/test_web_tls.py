@@ -121,3 +121,22 @@ def test_tls_settings_that_cannot_work_are_refused_before_start(tmp_path):
         r = check(path)
         assert r.returncode == 2, (name, r.returncode, r.stdout, r.stderr)
         assert want in r.stdout + r.stderr, (name, r.stdout, r.stderr)
+
+
+def test_the_live_view_is_served_over_wss_with_the_same_certificate(tmp_path):
+    """Issue 29: with `[web]` TLS the live view is `wss://` (Foxglove's client, the fleet's CA)."""
+    import json
+    ca, cert, key = make_certs(tmp_path / "pki")
+    d = Rigd(tmp_path, config(tmp_path, cert, key), tls_ca=ca).start()
+    try:
+        client = Path(__file__).resolve().parent.parent / "web" / "live_client.mjs"
+        r = subprocess.run(["node", str(client), f"wss://127.0.0.1:{d.port}/foxglove", "--ca", str(ca),
+                            "--protocol", "foxglove.sdk.v1", "--subscribe", "/gps", "--seconds", "1.5"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["protocol"] == "foxglove.sdk.v1"
+        assert [c["topic"] for c in out["channels"]] == ["/gps", "/gps/fix"]
+        assert sum(m["topic"] == "/gps" for m in out["messages"]) >= 5, out["messages"][:3]
+    finally:
+        assert d.stop() == 0

@@ -1,6 +1,7 @@
 //! rigd's status web UI and HTTP API. Knows nothing of the daemon's internals: the daemon hands it a
 //! [`StatusSource`] (what to show) and a [`Control`] (what a technician may ask it to do), and it
-//! serves the page, `/api/status`, the live stream, `/metrics`, `/healthz`, `/readyz` and the control actions.
+//! serves the page, `/api/status`, the live stream, `/metrics`, `/healthz`, `/readyz` and the control actions,
+//! and with a [`live::LiveHub`] the live view for Foxglove at `/foxglove`.
 //! docs/WEB.md documents every route and field.
 //!
 //! Hostile clients are bounded: request bodies are capped ([`MAX_BODY_BYTES`]), every request but
@@ -14,6 +15,7 @@
 
 pub mod access;
 mod alerts;
+pub mod live;
 mod prometheus;
 mod serve;
 
@@ -57,6 +59,16 @@ pub struct Status {
     pub uplink: UplinkStatus,
     pub spool: SpoolStatus,
     pub events: EventsStatus,
+    pub live: LiveStatus,
+}
+
+/// The live view for Foxglove (`/foxglove`).
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct LiveStatus {
+    /// Clients connected now.
+    pub clients: u64,
+    /// `[web] max-live-clients` (0: the live view is off).
+    pub max_clients: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -152,6 +164,9 @@ pub struct SourceStatus {
     pub audio: Option<AudioLevelStatus>,
     /// The last few records, oldest first (serial sources; binary records as hex).
     pub last_records: Vec<String>,
+    /// Messages of this source that live-view clients (Foxglove) lost because they read slower
+    /// than the rig captures (capture, publish and spool are not affected).
+    pub live_dropped: u64,
     /// Publish latency (submission to broker receipt) since start; `/metrics` only.
     #[serde(skip)]
     pub latency: Option<Histogram>,
@@ -338,6 +353,8 @@ pub struct AppState {
     stream_period: Duration,
     /// Networks allowed to connect; None: every peer.
     allow: Option<Arc<access::AllowList>>,
+    /// The live view (`/foxglove`); None: 404.
+    live: Option<Arc<live::LiveHub>>,
 }
 
 impl AppState {
@@ -350,7 +367,14 @@ impl AppState {
             shutdown: None,
             stream_period: STREAM_PERIOD,
             allow: None,
+            live: None,
         }
+    }
+
+    /// Serves the live view at `/foxglove` from this hub.
+    pub fn with_live(mut self, hub: Arc<live::LiveHub>) -> Self {
+        self.live = Some(hub);
+        self
     }
 
     /// Only peers on these networks get an answer (403 for the rest, every route): see
@@ -424,6 +448,7 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(deadline));
     Router::new()
         .route("/api/stream", get(stream))
+        .route("/foxglove", get(foxglove))
         .merge(bounded)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), allow_from))
@@ -647,6 +672,22 @@ async fn stream(State(state): State<AppState>) -> Result<Response, AppError> {
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(r)
+}
+
+/// `/foxglove`: the live view (Foxglove's WebSocket protocol, [`live`]). The subprotocol and
+/// the client cap are judged before the upgrade, so a refusal is a plain HTTP answer.
+async fn foxglove(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ws: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
+) -> Response {
+    match state.live.clone() {
+        Some(hub) => live::handle(hub, state.shutdown.clone(), &headers, ws),
+        None => not_found().await.into_response(),
+    }
 }
 
 /// Resolves when the daemon shuts down (or never, without a shutdown signal).

@@ -378,6 +378,19 @@ pub fn render(s: &Status) -> String {
     );
     e.sample("rigd_clock_steps_total", &[], s.clock.steps as f64);
 
+    e.per_source(
+        s,
+        "rigd_live_dropped_total",
+        "counter",
+        "Messages live-view clients (Foxglove, /foxglove) lost because they read slower than the rig captures.",
+        |x| Some(x.live_dropped as f64),
+    );
+    e.family(
+        "rigd_live_clients",
+        "gauge",
+        "Live-view clients connected now.",
+    );
+    e.sample("rigd_live_clients", &[], s.live.clients as f64);
     e.family(
         "rigd_events_marked_total",
         "counter",

@@ -229,7 +229,9 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     // request, which would cut idle connections at the header deadline; the watchdog below keeps
     // the two apart.
     http.header_read_timeout(None);
-    let conn = http.serve_connection(io, service);
+    // With upgrades: the live view (`/foxglove`) turns its connection into a WebSocket, which
+    // then lives on in the task that serves it (ending on shutdown), outside this watchdog.
+    let conn = http.serve_connection(io, service).with_upgrades();
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => {

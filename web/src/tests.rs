@@ -624,3 +624,58 @@ async fn peers_outside_the_allow_list_get_403_on_every_route() {
         }
     }
 }
+
+/// `/foxglove` answers a refusal in plain HTTP before any upgrade: 404 without a live view, 400
+/// for a request offering neither Foxglove subprotocol (or not an upgrade at all), 503 past the
+/// client cap, and the peer allow-list applies as on every route.
+#[tokio::test]
+async fn the_live_view_refuses_in_plain_http() {
+    assert_eq!(get(app(), "/foxglove").await.0, StatusCode::NOT_FOUND);
+    let rig = Arc::new(FakeRig::default());
+    let hub = Arc::new(live::LiveHub::new(
+        "rigd van-07".into(),
+        vec![],
+        0,
+        Arc::new(|| 0),
+    ));
+    let live_app =
+        |hub: Arc<live::LiveHub>| router(AppState::new(rig.clone(), rig.clone()).with_live(hub));
+    let upgrade = |protocol: &str| {
+        Request::get("/foxglove")
+            .header(header::CONNECTION, "upgrade")
+            .header(header::UPGRADE, "websocket")
+            .header(header::SEC_WEBSOCKET_VERSION, "13")
+            .header(header::SEC_WEBSOCKET_KEY, "dGhlIHNhbXBsZSBub25jZQ==")
+            .header(header::SEC_WEBSOCKET_PROTOCOL, protocol)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (code, _, body) = send(live_app(hub.clone()), upgrade("graphql-ws")).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(json(&body)["error"]
+        .as_str()
+        .unwrap()
+        .contains(live::SUBPROTOCOL_SDK));
+    // max-live-clients = 0: the live view is off.
+    let (code, _, body) = send(live_app(hub), upgrade(live::SUBPROTOCOL_WEBSOCKET)).await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(json(&body)["error"].as_str().unwrap().contains("off"));
+    // A subprotocol but no upgrade (oneshot has no connection to upgrade): 400, not a hang.
+    let hub = Arc::new(live::LiveHub::new(
+        "rigd van-07".into(),
+        vec![],
+        1,
+        Arc::new(|| 0),
+    ));
+    let (code, _, _) = send(live_app(hub.clone()), upgrade(live::SUBPROTOCOL_SDK)).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    let refused = router(
+        AppState::new(rig.clone(), rig.clone())
+            .with_live(hub)
+            .with_allow_list(access::AllowList::new(vec![])),
+    );
+    assert_eq!(
+        send(refused, upgrade(live::SUBPROTOCOL_SDK)).await.0,
+        StatusCode::FORBIDDEN
+    );
+}

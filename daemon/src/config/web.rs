@@ -19,6 +19,17 @@ pub struct WebConfig {
     /// a bare address); absent: loopback, RFC 1918, link-local and IPv6 ULA, the networks next
     /// to the rig (`rigd_web::access`). `["0.0.0.0/0", "::/0"]` answers everyone.
     pub allow_from: Option<Vec<String>>,
+    /// Live-view clients (Foxglove at `/foxglove`) served at once; the next is refused (503).
+    /// 0 turns the live view off.
+    #[serde(default = "default_max_live_clients")]
+    pub max_live_clients: u32,
+}
+
+/// Most live-view clients a rig may be asked to serve: each may hold its queue's bytes.
+pub const MAX_LIVE_CLIENTS: u32 = 16;
+
+fn default_max_live_clients() -> u32 {
+    4
 }
 
 fn default_bind() -> String {
@@ -33,6 +44,7 @@ impl Default for WebConfig {
             tls_cert_file: None,
             tls_key_file: None,
             allow_from: None,
+            max_live_clients: default_max_live_clients(),
         }
     }
 }
@@ -70,6 +82,13 @@ impl WebConfig {
             p.push(format!(
                 "web.bind: `{}` is not an address like 127.0.0.1:8088",
                 self.bind
+            ));
+        }
+        if self.max_live_clients > MAX_LIVE_CLIENTS {
+            p.push(format!(
+                "web.max-live-clients: {} is more than {MAX_LIVE_CLIENTS} (each client may hold {} MiB of queued messages; 0 turns the live view off)",
+                self.max_live_clients,
+                rigd_web::live::CLIENT_QUEUE_BYTES >> 20
             ));
         }
         for net in self.allow_from.iter().flatten() {

@@ -238,6 +238,7 @@ impl LaneTask {
     fn on_frame(&self, frame: Frame, lane: &mut Lane, producers: &Producers) {
         let next = frame.seq + 1;
         self.stats.preview.offer(&frame);
+        self.stats.live.offer(&frame);
         let frame = Held::plain(frame);
         let paused = self.paused.load(Ordering::Relaxed);
         // A number at or past the durable floor could have been handed out before a crash: such

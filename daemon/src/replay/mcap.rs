@@ -30,7 +30,6 @@
 
 pub mod json;
 
-use prost::Message as _;
 use rigd_drivers::{ClockState, Frame, Media};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -40,7 +39,7 @@ use std::path::Path;
 
 use super::progress::{Interrupt, Progress};
 use super::{capture_order, total_bytes, ReplayError, SourcePlan, Summary, Tally};
-use crate::foxglove::{self, COMPRESSED_IMAGE, LOCATION_FIX, LOG, RAW_AUDIO};
+use crate::foxglove::{self, location_fix, log_text, protobuf_message, schema_name, LOCATION_FIX};
 use crate::nmea::{self, Fix, FixBuilder, Sentence};
 use crate::payload::Held;
 use crate::spool::snapshot::{Corrupt, Entry, SpoolSnapshot};
@@ -129,15 +128,6 @@ pub struct McapReport {
     pub markers: u64,
 }
 
-/// The Foxglove message type of a frame.
-fn schema_name(media: &Media) -> &'static str {
-    match media {
-        Media::Camera { .. } => COMPRESSED_IMAGE,
-        Media::Audio { .. } => RAW_AUDIO,
-        Media::Serial { .. } => LOG,
-    }
-}
-
 fn channel_metadata(f: &Frame, bucket_ms: u32) -> BTreeMap<String, String> {
     let mut m = BTreeMap::new();
     m.insert("source".into(), f.source.to_string());
@@ -150,74 +140,6 @@ fn channel_metadata(f: &Frame, bucket_ms: u32) -> BTreeMap<String, String> {
         }
     }
     m
-}
-
-/// The text of a serial record for a Log line: the line without its end, or `base64:...`.
-fn log_text(f: &Frame) -> String {
-    use base64::Engine;
-    match std::str::from_utf8(&f.payload) {
-        Ok(s) if matches!(f.media, Media::Serial { text: true }) => {
-            s.trim_end_matches(['\r', '\n']).to_string()
-        }
-        _ => format!(
-            "base64:{}",
-            base64::engine::general_purpose::STANDARD.encode(&f.payload)
-        ),
-    }
-}
-
-/// The protobuf message of a frame, into `out` (cleared first). Pure.
-pub fn protobuf_message(f: &Frame, log_level: i32, out: &mut Vec<u8>) {
-    out.clear();
-    let timestamp = foxglove::timestamp(f.capture_ns);
-    let encoded = match &f.media {
-        Media::Camera { .. } => foxglove::CompressedImage {
-            timestamp,
-            frame_id: f.source.to_string(),
-            data: f.payload.clone(),
-            format: "jpeg".into(),
-        }
-        .encode(out),
-        Media::Audio {
-            sample_rate,
-            channels,
-            ..
-        } => foxglove::RawAudio {
-            timestamp,
-            data: f.payload.clone(),
-            format: "pcm-s16".into(),
-            sample_rate: *sample_rate,
-            number_of_channels: u32::from(*channels),
-        }
-        .encode(out),
-        Media::Serial { .. } => foxglove::Log {
-            timestamp,
-            level: log_level,
-            message: log_text(f),
-            name: f.source.to_string(),
-            file: String::new(),
-            line: 0,
-        }
-        .encode(out),
-    };
-    // A Vec grows as needed: encoding into it cannot run out of room.
-    debug_assert!(encoded.is_ok());
-}
-
-/// The `foxglove.LocationFix` of a fix, into `out` (cleared first). Pure.
-pub fn location_fix(fix: &Fix, frame_id: &str, out: &mut Vec<u8>) {
-    out.clear();
-    let encoded = foxglove::LocationFix {
-        timestamp: foxglove::timestamp(fix.capture_ns),
-        frame_id: frame_id.to_string(),
-        latitude: fix.latitude,
-        longitude: fix.longitude,
-        altitude: fix.altitude,
-        position_covariance: fix.covariance.to_vec(),
-        position_covariance_type: fix.covariance_type as i32,
-    }
-    .encode(out);
-    debug_assert!(encoded.is_ok());
 }
 
 /// Runs of one clock state in a source's frames: `[first_capture_ns, last_capture_ns, state]`.
@@ -671,6 +593,7 @@ fn marker(f: &Frame) -> BTreeMap<String, String> {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use prost::Message as _;
 
     fn frame(media: Media, payload: &'static [u8]) -> Frame {
         Frame {

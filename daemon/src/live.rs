@@ -1,0 +1,338 @@
+//! The live view's daemon side (the protocol itself is `rigd_web::live`): which Foxglove channels
+//! each source offers, the tap on each lane that hands frames over only while a client subscribes
+//! to one of them, and the task per source that encodes them with Foxglove's schemas
+//! ([`crate::foxglove`], shared with the MCAP export).
+//!
+//! Channels: a camera `foxglove.CompressedImage` on `/{source}`, audio `foxglove.RawAudio` on
+//! `/{source}`, serial `foxglove.Log` on `/{source}` and, for NMEA sources (synthetic serial,
+//! `framing = "nmea"` or `"line"`), `foxglove.LocationFix` on `/{source}/fix`.
+//!
+//! What the lane pays: with no client subscribed, one atomic load per frame (no clone, no encode);
+//! with one, a frame clone (reference counts) into a bounded channel that never waits. Encoding
+//! happens on the source's encoder task, once for every client.
+
+use base64::Engine as _;
+use bytes::Bytes;
+use rigd_drivers::{Frame, Media};
+use rigd_web::live::{Channel, ChannelHandle, Class, LiveHub};
+use std::sync::{Arc, OnceLock};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::{Config, Modality, SourceConfig};
+use crate::foxglove::{self, location_fix, protobuf_message, schema_name};
+use crate::nmea::{self, FixBuilder, Sentence};
+
+/// Frames waiting for a source's encoder; more are dropped (and counted) rather than held.
+const ENCODER_QUEUE: usize = 32;
+
+/// The channels of one source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceChannels {
+    pub source: Arc<str>,
+    /// `/{source}`.
+    pub main: u32,
+    /// `/{source}/fix` (NMEA sources).
+    pub fix: Option<u32>,
+}
+
+/// Every source's channels (ids from 1, in config order), for the hub and for the taps.
+pub fn channels(config: &Config) -> (Vec<Channel>, Vec<SourceChannels>) {
+    let mut all = Vec::new();
+    let mut per_source = Vec::new();
+    for sc in &config.sources {
+        let (channels, source) = source_channels(
+            sc.id(),
+            sc.modality(),
+            speaks_nmea(sc),
+            all.len() as u32 + 1,
+        );
+        all.extend(channels);
+        per_source.push(source);
+    }
+    (all, per_source)
+}
+
+/// The channels of one source, numbered from `first`: `/{source}` with the modality's schema, and
+/// for an NMEA source `/{source}/fix`.
+pub fn source_channels(
+    source: &str,
+    modality: Modality,
+    nmea: bool,
+    first: u32,
+) -> (Vec<Channel>, SourceChannels) {
+    let schema = |name: &str| {
+        base64::engine::general_purpose::STANDARD
+            .encode(foxglove::file_descriptor_set(name).unwrap_or_default())
+    };
+    let (class, media) = match modality {
+        Modality::Camera => (
+            Class::Camera,
+            Media::Camera {
+                width: 0,
+                height: 0,
+            },
+        ),
+        Modality::Audio => (
+            Class::Audio,
+            Media::Audio {
+                sample_rate: 0,
+                channels: 0,
+                frames: 0,
+            },
+        ),
+        Modality::Serial => (Class::Serial, Media::Serial { text: true }),
+    };
+    let name = schema_name(&media);
+    let mut all = vec![Channel {
+        id: first,
+        topic: format!("/{source}"),
+        source: source.to_string(),
+        class,
+        schema_name: name.to_string(),
+        schema: schema(name),
+    }];
+    let fix = (nmea && modality == Modality::Serial).then(|| {
+        all.push(Channel {
+            id: first + 1,
+            topic: format!("/{source}/fix"),
+            source: source.to_string(),
+            class,
+            schema_name: foxglove::LOCATION_FIX.to_string(),
+            schema: schema(foxglove::LOCATION_FIX),
+        });
+        first + 1
+    });
+    (
+        all,
+        SourceChannels {
+            source: source.into(),
+            main: first,
+            fix,
+        },
+    )
+}
+
+/// Whether a source's records are NMEA sentences worth a `/fix` channel.
+fn speaks_nmea(sc: &SourceConfig) -> bool {
+    match sc {
+        SourceConfig::SyntheticSerial(_) => true,
+        SourceConfig::Serial(c) => !matches!(c.framing, rigd_drivers::serial::Framing::Raw),
+        _ => false,
+    }
+}
+
+/// A lane's tap: unconnected (no live view) it does nothing.
+#[derive(Debug, Default)]
+pub struct Tap(OnceLock<TapLink>);
+
+#[derive(Debug)]
+struct TapLink {
+    hub: Arc<LiveHub>,
+    main: ChannelHandle,
+    fix: Option<ChannelHandle>,
+    frames: mpsc::Sender<Frame>,
+}
+
+impl Tap {
+    /// Looks at a frame on its way through the lane: handed to the encoder only while a client
+    /// subscribes to one of the source's channels. Never waits.
+    pub fn offer(&self, frame: &Frame) {
+        let Some(link) = self.0.get() else {
+            return;
+        };
+        let wanted = link.main.wanted() || link.fix.as_ref().is_some_and(ChannelHandle::wanted);
+        if !wanted {
+            return;
+        }
+        if link.frames.try_send(frame.clone()).is_err() {
+            link.hub.note_dropped(&link.main, 1);
+        }
+    }
+}
+
+/// Connects `tap` to the hub and starts the source's encoder task, which ends on shutdown.
+/// Nothing happens for channels the hub does not have.
+pub fn connect(
+    tap: &Tap,
+    hub: Arc<LiveHub>,
+    channels: SourceChannels,
+    shutdown: watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let encoder = Encoder::new(hub.clone(), &channels)?;
+    let (tx, rx) = mpsc::channel(ENCODER_QUEUE);
+    let _ = tap.0.set(TapLink {
+        hub,
+        main: encoder.main.clone(),
+        fix: encoder.fix.clone(),
+        frames: tx,
+    });
+    Some(tokio::spawn(encoder.run(rx, shutdown)))
+}
+
+/// Encodes one source's frames for the clients subscribed now.
+pub struct Encoder {
+    hub: Arc<LiveHub>,
+    source: Arc<str>,
+    main: ChannelHandle,
+    fix: Option<ChannelHandle>,
+    fixes: FixBuilder,
+}
+
+impl Encoder {
+    /// The encoder of a source whose channels the hub has.
+    pub fn new(hub: Arc<LiveHub>, channels: &SourceChannels) -> Option<Self> {
+        Some(Self {
+            main: hub.handle(channels.main)?,
+            fix: match channels.fix {
+                Some(id) => Some(hub.handle(id)?),
+                None => None,
+            },
+            source: channels.source.clone(),
+            hub,
+            fixes: FixBuilder::default(),
+        })
+    }
+
+    async fn run(mut self, mut frames: mpsc::Receiver<Frame>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                frame = frames.recv() => match frame {
+                    Some(f) => self.encode(&f),
+                    None => return,
+                },
+                _ = shutdown.wait_for(|down| *down) => return,
+            }
+        }
+    }
+
+    /// Encodes `frame` for the channels someone subscribes to now, and hands it to the hub.
+    pub fn encode(&mut self, frame: &Frame) {
+        let main = self.main.wanted();
+        let fix = self.fix.as_ref().filter(|f| f.wanted());
+        let sentence = match frame.media {
+            Media::Serial { text: true } if main || fix.is_some() => nmea::parse(&frame.payload),
+            _ => Ok(None),
+        };
+        if main {
+            let level = if sentence.is_err() {
+                foxglove::LOG_WARNING
+            } else {
+                foxglove::LOG_INFO
+            };
+            let mut buf = Vec::with_capacity(frame.payload.len() + 64);
+            protobuf_message(frame, level, &mut buf);
+            self.hub
+                .publish(&self.main, frame.capture_ns, Bytes::from(buf));
+        }
+        if let Ok(Some(s @ (Sentence::Gga(_) | Sentence::Rmc(_)))) = &sentence {
+            // The builder sees every sentence while anyone watches the source, so a fix channel
+            // subscribed later starts from a whole epoch.
+            for f in self.fixes.push(s, frame.capture_ns, frame.seq) {
+                if let Some(h) = fix {
+                    let mut buf = Vec::with_capacity(128);
+                    location_fix(&f, &self.source, &mut buf);
+                    self.hub.publish(h, f.capture_ns, Bytes::from(buf));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_source_has_a_channel_and_nmea_sources_a_fix_channel() {
+        let c = Config::parse(
+            "[rig]\nid = \"a\"\n[[source]]\nid = \"front\"\nkind = \"synthetic-camera\"\n\
+             [[source]]\nid = \"mic\"\nkind = \"synthetic-audio\"\n\
+             [[source]]\nid = \"gps\"\nkind = \"synthetic-serial\"\n\
+             [[source]]\nid = \"can\"\nkind = \"serial\"\ndevice = \"/dev/null\"\nframing = \"raw\"\n",
+            "t",
+        )
+        .unwrap();
+        let (all, per) = channels(&c);
+        let topics: Vec<(&str, &str)> = all
+            .iter()
+            .map(|c| (c.topic.as_str(), c.schema_name.as_str()))
+            .collect();
+        assert_eq!(
+            topics,
+            [
+                ("/front", foxglove::COMPRESSED_IMAGE),
+                ("/mic", foxglove::RAW_AUDIO),
+                ("/gps", foxglove::LOG),
+                ("/gps/fix", foxglove::LOCATION_FIX),
+                ("/can", foxglove::LOG),
+            ]
+        );
+        assert_eq!(per[2].fix, Some(4));
+        assert_eq!(
+            per[3],
+            SourceChannels {
+                source: "can".into(),
+                main: 5,
+                fix: None
+            }
+        );
+        assert!(all.iter().all(|c| !c.schema.is_empty()));
+        assert_eq!(all[0].class, Class::Camera);
+    }
+
+    #[test]
+    fn the_client_cap_is_a_web_key_checked_by_name() {
+        let c = Config::parse("[rig]\nid = \"a\"\n", "t").unwrap();
+        assert_eq!(c.web.max_live_clients, 4);
+        let off = Config::parse("[rig]\nid = \"a\"\n[web]\nmax-live-clients = 0\n", "t").unwrap();
+        assert_eq!(off.web.max_live_clients, 0);
+        let e = Config::parse("[rig]\nid = \"a\"\n[web]\nmax-live-clients = 17\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("web.max-live-clients") && e.contains("16"),
+            "{e}"
+        );
+        let e = Config::parse("[rig]\nid = \"a\"\n[web]\nmax-live-clients = -1\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max-live-clients"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_frame_nobody_wants_is_not_handed_over() {
+        let hub = Arc::new(LiveHub::new("t".into(), vec![], 1, Arc::new(|| 0)));
+        let tap = Tap::default();
+        let frame = Frame {
+            source: "front".into(),
+            seq: 1,
+            capture_ns: 5,
+            clock: rigd_drivers::ClockState::Unsynced,
+            media: Media::Camera {
+                width: 1,
+                height: 1,
+            },
+            payload: Bytes::from_static(b"jpeg"),
+        };
+        tap.offer(&frame);
+        let (_tx, rx) = watch::channel(false);
+        let (all, per) = channels(
+            &Config::parse(
+                "[rig]\nid = \"a\"\n[[source]]\nid = \"front\"\nkind = \"synthetic-camera\"\n",
+                "t",
+            )
+            .unwrap(),
+        );
+        assert!(
+            connect(&tap, hub.clone(), per[0].clone(), rx.clone()).is_none(),
+            "the hub has no channel 1"
+        );
+        let hub = Arc::new(LiveHub::new("t".into(), all, 1, Arc::new(|| 0)));
+        let task = connect(&tap, hub, per[0].clone(), rx).unwrap();
+        // Nobody subscribes: nothing is handed over.
+        tap.offer(&frame);
+        let link = tap.0.get().unwrap();
+        assert_eq!(link.frames.capacity(), ENCODER_QUEUE);
+        task.abort();
+    }
+}
