@@ -18,7 +18,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::live::{source_channels, Encoder};
@@ -143,7 +142,7 @@ async fn serve(cfg: &RelayConfig, interrupt: &Interrupt) -> Result<RelaySummary,
         let options = ConsumerOptions::default()
             .durable(false)
             .with_initial_position(InitialPosition::Latest);
-        let mut builder = pulsar
+        let builder = pulsar
             .consumer()
             .with_subscription(format!(
                 "rigd-live-{}-{:x}",
@@ -153,24 +152,11 @@ async fn serve(cfg: &RelayConfig, interrupt: &Interrupt) -> Result<RelaySummary,
             .with_subscription_type(SubType::Exclusive)
             .with_consumer_name(format!("rigd-live-{}", cfg.rig))
             .with_options(options);
-        if cfg.sources.is_empty() {
-            let (re, namespace) = crate::tail::topic_pattern(&cfg.topic, &cfg.rig).map_err(|why| {
-                RelayError::Template {
-                    template: cfg.topic.clone(),
-                    why,
-                }
+        let builder = crate::tail::rig_topics(builder, &cfg.topic, &cfg.rig, &cfg.sources)
+            .map_err(|why| RelayError::Template {
+                template: cfg.topic.clone(),
+                why,
             })?;
-            builder = builder
-                .with_topic_regex(re)
-                .with_lookup_namespace(namespace)
-                .with_topic_refresh(Duration::from_secs(5));
-        } else {
-            builder = builder.with_topics(
-                cfg.sources
-                    .iter()
-                    .map(|s| crate::wire::topic(&cfg.topic, &cfg.rig, s)),
-            );
-        }
         let mut consumer: Consumer<Vec<u8>, TokioExecutor> = tokio::select! {
             r = builder.build() => r.map_err(|e| perr(format!("cannot subscribe: {e}")))?,
             _ = interrupt.wait() => return Ok(RelaySummary::default()),

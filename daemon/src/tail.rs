@@ -10,7 +10,7 @@
 use futures::StreamExt;
 use pulsar::consumer::{ConsumerOptions, InitialPosition};
 use pulsar::message::proto::command_subscribe::SubType;
-use pulsar::{Authentication, Consumer, Pulsar, PulsarBuilder, TokioExecutor};
+use pulsar::{Authentication, Consumer, ConsumerBuilder, Pulsar, PulsarBuilder, TokioExecutor};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Write;
@@ -246,6 +246,25 @@ pub fn format_line(l: &BucketLine) -> String {
     s
 }
 
+/// A consumer of a rig's topics (`rigd tail`, `rigd live`): the named sources' topics, or, with none
+/// named, every topic the template gives the rig, listed again every 5 s so that a source added
+/// later is read too. `Err`: the template gives no pattern (why).
+pub fn rig_topics(
+    builder: ConsumerBuilder<TokioExecutor>,
+    template: &str,
+    rig: &str,
+    sources: &[String],
+) -> Result<ConsumerBuilder<TokioExecutor>, String> {
+    if sources.is_empty() {
+        let (re, namespace) = topic_pattern(template, rig)?;
+        return Ok(builder
+            .with_topic_regex(re)
+            .with_lookup_namespace(namespace)
+            .with_topic_refresh(Duration::from_secs(5)));
+    }
+    Ok(builder.with_topics(sources.iter().map(|s| crate::wire::topic(template, rig, s))))
+}
+
 /// The regular expression of the rig's topics and the namespace to look them up in.
 pub fn topic_pattern(template: &str, rig: &str) -> Result<(regex::Regex, String), String> {
     let (_, rest) = template
@@ -313,29 +332,18 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
         } else {
             InitialPosition::Latest
         });
-    let mut builder = pulsar
+    let builder = pulsar
         .consumer()
         .with_subscription(subscription)
         .with_subscription_type(SubType::KeyShared)
         .with_consumer_name(format!("rigd-tail-{}", cfg.rig))
         .with_options(options);
-    if cfg.sources.is_empty() {
-        let (re, namespace) =
-            topic_pattern(&cfg.topic, &cfg.rig).map_err(|why| TailError::Template {
-                template: cfg.topic.clone(),
-                why,
-            })?;
-        builder = builder
-            .with_topic_regex(re)
-            .with_lookup_namespace(namespace)
-            .with_topic_refresh(Duration::from_secs(5));
-    } else {
-        builder = builder.with_topics(
-            cfg.sources
-                .iter()
-                .map(|s| crate::wire::topic(&cfg.topic, &cfg.rig, s)),
-        );
-    }
+    let builder = rig_topics(builder, &cfg.topic, &cfg.rig, &cfg.sources).map_err(|why| {
+        TailError::Template {
+            template: cfg.topic.clone(),
+            why,
+        }
+    })?;
     let mut consumer: Consumer<Vec<u8>, TokioExecutor> = tokio::select! {
         r = builder.build() => r.map_err(|e| perr(format!("cannot subscribe: {e}")))?,
         _ = interrupt.wait() => return Ok(TailSummary::default()),
