@@ -269,6 +269,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracing::info!(source = %id, kind = sc.kind(), first_seq, "source starting");
         captures.push(spawn_capture(source, sink, stop.clone()));
     }
+    let mut events_channel = None;
     // Technician event markers: an internal source with a lane of its own, so markers spool
     // during an outage and publish on `{rig}-events` like frames (crate::events).
     let events = {
@@ -279,6 +280,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // Markers are rare and small: first.
         let lane = wiring.spawn(&id, 0, crate::config::Drain::InOrder, rx);
         lanes.push(lane.task);
+        // The live view's `/events` (last of crate::live::channels): markers through the tap.
+        if let Some(channels) = live_sources.next() {
+            events_channel = Some(channels.main);
+            encoders.extend(crate::live::connect(
+                &lane.stats.live,
+                live.clone(),
+                channels,
+                shutdown_rx.clone(),
+            ));
+        }
         let topic = config
             .pulsar
             .url
@@ -315,6 +326,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         live,
         client_cert: client_cert(&config).map(|c| crate::uplink::identity::ClientCert::read(c.0)),
     });
+    // The alerts on the live view's `/events`, while a client subscribes (crate::live).
+    if let Some(channel) = events_channel {
+        let clock = runtime.clock.clone();
+        drop(crate::live::spawn_alerts(
+            runtime.live.clone(),
+            channel,
+            runtime.clone(),
+            Arc::new(move || clock.now().ns),
+            shutdown_rx.clone(),
+        ));
+    }
     let (web, web_token) = serve_web(listener, &runtime, &config, web_tls, shutdown_rx.clone());
     tracing::info!(rig = %config.rig.id, sources = config.sources.len(), web = %bind,
         uplink = config.pulsar.url.as_deref().unwrap_or("none (spooling everything)"),

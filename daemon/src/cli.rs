@@ -122,6 +122,10 @@ struct LiveArgs {
     /// CA certificates (PEM) for a pulsar+ssl:// URL (default: the Mozilla roots).
     #[arg(long, value_name = "FILE")]
     tls_ca: Option<PathBuf>,
+    /// The fleet's RSA private key (PEM): frames of a rig with end-to-end encryption are
+    /// decrypted with it. Without it they are skipped and counted.
+    #[arg(long, value_name = "FILE")]
+    decrypt_key: Option<PathBuf>,
 }
 
 fn rig_id(s: &str) -> Result<String, String> {
@@ -132,6 +136,19 @@ fn rig_id(s: &str) -> Result<String, String> {
         Ok(s.to_string())
     } else {
         Err(format!("{s:?}: a rig id is [a-z0-9-]+"))
+    }
+}
+
+/// `--decrypt-key FILE` (`rigd replay`, `rigd live`): the fleet's private key, loaded once; a key
+/// that does not load is a usage error (exit 2).
+fn decryptor(path: Option<&std::path::Path>) -> Result<Option<crate::seal::Decryptor>, ExitCode> {
+    match path.map(crate::seal::Decryptor::load) {
+        None => Ok(None),
+        Some(Ok(k)) => Ok(Some(k)),
+        Some(Err(e)) => {
+            say(format_args!("rigd: --decrypt-key {e}"));
+            Err(ExitCode::from(2))
+        }
     }
 }
 
@@ -474,17 +491,9 @@ fn replay(args: ReplayArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(&e),
     };
-    let key = match args
-        .decrypt_key
-        .as_deref()
-        .map(crate::seal::Decryptor::load)
-    {
-        None => None,
-        Some(Ok(k)) => Some(k),
-        Some(Err(e)) => {
-            eprintln!("rigd: --decrypt-key {e}");
-            return ExitCode::from(2);
-        }
+    let key = match decryptor(args.decrypt_key.as_deref()) {
+        Ok(k) => k,
+        Err(code) => return code,
     };
     let result = if let Some(dir) = &args.out {
         files::export(&snap, &plan, dir, rig.bucket_ms, key.as_ref(), &interrupt)
@@ -578,6 +587,10 @@ fn live(args: LiveArgs) -> ExitCode {
         Ok(t) => t,
         Err(code) => return code,
     };
+    let decryptor = match decryptor(args.decrypt_key.as_deref()) {
+        Ok(k) => k.map(std::sync::Arc::new),
+        Err(code) => return code,
+    };
     init_quiet_logging();
     let interrupt = crate::replay::progress::Interrupt::install();
     let cfg = RelayConfig {
@@ -589,6 +602,7 @@ fn live(args: LiveArgs) -> ExitCode {
         tls_ca: args.tls_ca,
         bind: args.bind,
         max_clients: args.max_clients,
+        decryptor,
     };
     say(format_args!(
         "rigd live: {} from {} on ws://{}/foxglove",
@@ -596,16 +610,26 @@ fn live(args: LiveArgs) -> ExitCode {
     ));
     match relay::run(&cfg, &interrupt) {
         Ok(s) => {
-            say(format_args!(
-                "rigd live: {} frames from {} sources{}",
-                s.frames,
-                s.sources,
-                if s.encrypted > 0 {
-                    format!(", {} encrypted frames skipped", s.encrypted)
-                } else {
-                    String::new()
-                }
-            ));
+            let mut line = format!("rigd live: {} frames from {} sources", s.frames, s.sources);
+            if s.reassembled > 0 || s.incomplete > 0 {
+                line += &format!(
+                    ", {} reassembled from chunks, {} chunked frames dropped incomplete",
+                    s.reassembled, s.incomplete
+                );
+            }
+            if s.encrypted > 0 {
+                line += &format!(
+                    ", {} encrypted messages skipped (no --decrypt-key)",
+                    s.encrypted
+                );
+            }
+            if s.undecryptable > 0 {
+                line += &format!(
+                    ", {} encrypted messages --decrypt-key did not open",
+                    s.undecryptable
+                );
+            }
+            say(format_args!("{line}"));
             ExitCode::SUCCESS
         }
         Err(e) => {

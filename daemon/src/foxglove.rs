@@ -99,6 +99,23 @@ pub struct Log {
 
 pub const LOG_INFO: i32 = 2;
 pub const LOG_WARNING: i32 = 3;
+pub const LOG_ERROR: i32 = 4;
+
+/// A `foxglove.Log` line that is not a frame (the live view's alerts), into `out` (cleared first).
+/// Pure.
+pub fn log_line(capture_ns: i64, level: i32, name: &str, message: &str, out: &mut Vec<u8>) {
+    out.clear();
+    let encoded = Log {
+        timestamp: timestamp(capture_ns),
+        level,
+        message: message.to_string(),
+        name: name.to_string(),
+        file: String::new(),
+        line: 0,
+    }
+    .encode(out);
+    debug_assert!(encoded.is_ok());
+}
 
 /// The Foxglove message type of a frame.
 pub fn schema_name(media: &Media) -> &'static str {

@@ -5,7 +5,10 @@
 //!
 //! Channels: a camera `foxglove.CompressedImage` on `/{source}`, audio `foxglove.RawAudio` on
 //! `/{source}`, serial `foxglove.Log` on `/{source}` and, for NMEA sources (synthetic serial,
-//! `framing = "nmea"` or `"line"`), `foxglove.LocationFix` on `/{source}/fix`.
+//! `framing = "nmea"` or `"line"`), `foxglove.LocationFix` on `/{source}/fix`. Last, `/events`
+//! (`foxglove.Log`), the channel `rigd live` makes of the rig's events topic: the technician's
+//! markers (the events lane's frames, through its tap like any source's) and the daemon's alerts
+//! (the status page's, [`rigd_web::alerts`]) as they appear and clear ([`spawn_alerts`]).
 //!
 //! What the lane pays: with no client subscribed, one atomic load per frame (no clone, no encode);
 //! with one, a frame clone (reference counts) into a bounded channel that never waits. Encoding
@@ -18,7 +21,7 @@ use rigd_web::live::{Channel, ChannelHandle, Class, LiveHub};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{Config, Modality, SourceConfig};
+use crate::config::{Config, Modality, SourceConfig, EVENTS_SOURCE};
 use crate::foxglove::{self, location_fix, protobuf_message, schema_name};
 use crate::nmea::{self, FixBuilder, Sentence};
 
@@ -35,21 +38,92 @@ pub struct SourceChannels {
     pub fix: Option<u32>,
 }
 
-/// Every source's channels (ids from 1, in config order), for the hub and for the taps.
+/// How often the alerts are looked at while a client subscribes to `/events`.
+const ALERT_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Every source's channels (ids from 1, in config order), then the events lane's `/events`, for
+/// the hub and for the taps.
 pub fn channels(config: &Config) -> (Vec<Channel>, Vec<SourceChannels>) {
     let mut all = Vec::new();
     let mut per_source = Vec::new();
-    for sc in &config.sources {
-        let (channels, source) = source_channels(
-            sc.id(),
-            sc.modality(),
-            speaks_nmea(sc),
-            all.len() as u32 + 1,
-        );
+    let sources = config
+        .sources
+        .iter()
+        .map(|sc| (sc.id(), sc.modality(), speaks_nmea(sc)))
+        .chain([(EVENTS_SOURCE, Modality::Serial, false)]);
+    for (id, modality, nmea) in sources {
+        let (channels, source) = source_channels(id, modality, nmea, all.len() as u32 + 1);
         all.extend(channels);
         per_source.push(source);
     }
     (all, per_source)
+}
+
+/// What to say on `/events` about the alerts now, given those already said: each alert whose
+/// subject and level are new (error ERROR, warn WARNING, else INFO), and for a subject that has no
+/// alert any more, INFO `cleared`. Pure.
+pub fn alert_changes(said: &[rigd_web::Alert], now: &[rigd_web::Alert]) -> Vec<(i32, String)> {
+    let level = |a: &rigd_web::Alert| match a.level {
+        "error" => foxglove::LOG_ERROR,
+        "warn" => foxglove::LOG_WARNING,
+        _ => foxglove::LOG_INFO,
+    };
+    let mut out: Vec<(i32, String)> = now
+        .iter()
+        .filter(|a| {
+            !said
+                .iter()
+                .any(|b| b.subject == a.subject && b.level == a.level)
+        })
+        .map(|a| (level(a), format!("{}: {}", a.subject, a.text)))
+        .collect();
+    let mut cleared: Vec<&str> = Vec::new();
+    for b in said {
+        if !now.iter().any(|a| a.subject == b.subject) && !cleared.contains(&b.subject.as_str()) {
+            cleared.push(&b.subject);
+            out.push((
+                foxglove::LOG_INFO,
+                format!("{}: cleared ({})", b.subject, b.text),
+            ));
+        }
+    }
+    out
+}
+
+/// The daemon's alerts on `/events` (channel `channel`), as `foxglove.Log` named `alert`: looked
+/// at every [`ALERT_POLL`] while a client subscribes, and only then (the status is not built for
+/// nobody). A client subscribing first gets the alerts standing then, every client the changes.
+pub fn spawn_alerts(
+    hub: Arc<LiveHub>,
+    channel: u32,
+    status: Arc<dyn rigd_web::StatusSource>,
+    now: rigd_web::live::Now,
+    mut shutdown: watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let handle = hub.handle(channel)?;
+    Some(tokio::spawn(async move {
+        let mut said: Vec<rigd_web::Alert> = Vec::new();
+        let mut tick = tokio::time::interval(ALERT_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut buf = Vec::new();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.wait_for(|down| *down) => return,
+            }
+            if !handle.wanted() {
+                said.clear();
+                continue;
+            }
+            let current = rigd_web::alerts(&status.status());
+            let ns = now();
+            for (level, text) in alert_changes(&said, &current) {
+                foxglove::log_line(ns, level, "alert", &text, &mut buf);
+                hub.publish(&handle, ns, Bytes::copy_from_slice(&buf));
+            }
+            said = current;
+        }
+    }))
 }
 
 /// The channels of one source, numbered from `first`: `/{source}` with the modality's schema, and
@@ -265,6 +339,7 @@ mod tests {
                 ("/gps", foxglove::LOG),
                 ("/gps/fix", foxglove::LOCATION_FIX),
                 ("/can", foxglove::LOG),
+                ("/events", foxglove::LOG),
             ]
         );
         assert_eq!(per[2].fix, Some(4));
@@ -278,6 +353,62 @@ mod tests {
         );
         assert!(all.iter().all(|c| !c.schema.is_empty()));
         assert_eq!(all[0].class, Class::Camera);
+        assert_eq!(
+            per[4],
+            SourceChannels {
+                source: EVENTS_SOURCE.into(),
+                main: 6,
+                fix: None
+            },
+            "the events lane's channel, the one `rigd live` makes of the events topic"
+        );
+    }
+
+    fn alert(level: &'static str, subject: &str, text: &str) -> rigd_web::Alert {
+        rigd_web::Alert {
+            level,
+            subject: subject.into(),
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn alerts_are_said_when_they_appear_change_level_and_clear() {
+        let first = [
+            alert("error", "uplink", "Broker unreachable"),
+            alert("warn", "spool", "Spool 80 % full"),
+        ];
+        assert_eq!(
+            alert_changes(&[], &first),
+            [
+                (
+                    foxglove::LOG_ERROR,
+                    "uplink: Broker unreachable".to_string()
+                ),
+                (foxglove::LOG_WARNING, "spool: Spool 80 % full".to_string()),
+            ]
+        );
+        // The same alerts with other numbers in their text: nothing new to say.
+        let same = [
+            alert("error", "uplink", "Broker unreachable for 12 s"),
+            alert("warn", "spool", "Spool 81 % full"),
+        ];
+        assert!(alert_changes(&first, &same).is_empty());
+        // The spool's warning became an error; the uplink's cleared.
+        let later = [alert("error", "spool", "Spool full: dropping")];
+        assert_eq!(
+            alert_changes(&same, &later),
+            [
+                (
+                    foxglove::LOG_ERROR,
+                    "spool: Spool full: dropping".to_string()
+                ),
+                (
+                    foxglove::LOG_INFO,
+                    "uplink: cleared (Broker unreachable for 12 s)".to_string()
+                ),
+            ]
+        );
     }
 
     #[test]

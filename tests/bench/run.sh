@@ -194,6 +194,17 @@ python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs "$outage" --url 
   --formats "$formats" "${fallback[@]}"
 echo
 
+section live-view
+echo "## Live view cost: one Foxglove client on every channel of the rig profile (added CPU, capture-to-client latency on loopback)"
+echo
+# alternating rounds without and with the client, medians and spread (the smoke: one round of 2 s)
+if [ $QUICK = 1 ]; then
+  python3 tests/bench/live_view.py --quick --url "$URL"
+else
+  python3 tests/bench/live_view.py --rounds 5 --secs 20 --url "$URL"
+fi
+echo
+
 section jpeg
 echo "## YUYV and NV12 to JPEG, every encoder side by side (ms per frame, one core)"
 echo

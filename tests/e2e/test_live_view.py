@@ -4,6 +4,7 @@ decoded by the protobuf schema the server advertised. Camera frames seen live ar
 Pulsar (read with the official client); a client that stops reading costs capture and publish
 nothing and is told what it lost."""
 
+import contextlib
 import json
 import os
 import socket
@@ -22,9 +23,10 @@ CLIENT = ROOT / "tests" / "web" / "live_client.mjs"
 SDK, WEBSOCKET = "foxglove.sdk.v1", "foxglove.websocket.v1"
 
 
-def config(rig: str, broker: str | None, max_clients: int = 4, frame_bytes: str | None = None) -> str:
+def config(rig: str, broker: str | None, max_clients: int = 4, frame_bytes: str | None = None,
+           fps: int = 30, pulsar_extra: str = "") -> str:
     pad = f'frame-bytes = "{frame_bytes}"\n' if frame_bytes else ""
-    pulsar = f'[pulsar]\nurl = "{broker}"\n' if broker else ""
+    pulsar = f'[pulsar]\nurl = "{broker}"\n{pulsar_extra}' if broker else ""
     return f"""
 [rig]
 id = "{rig}"
@@ -33,7 +35,7 @@ id = "front"
 kind = "synthetic-camera"
 width = 320
 height = 240
-fps = 30
+fps = {fps}
 {pad}
 [[source]]
 id = "mic"
@@ -87,6 +89,9 @@ EXPECTED_CHANNELS = [
     ("/gps", "foxglove.Log"),
     ("/gps/fix", "foxglove.LocationFix"),
 ]
+# The rig also offers its markers and alerts; `rigd live` advertises `/events` with the events
+# topic's first message.
+RIG_CHANNELS = EXPECTED_CHANNELS + [("/events", "foxglove.Log")]
 
 
 @pytest.mark.parametrize("protocol", [SDK, WEBSOCKET])
@@ -97,7 +102,7 @@ def test_each_subprotocol_is_echoed_with_server_info_and_one_channel_per_source(
     info = out["serverInfo"]
     assert "time" in info["capabilities"] and info["name"].startswith("rigd "), info
     got = [(c["topic"], c["schemaName"]) for c in out["channels"]]
-    assert got == EXPECTED_CHANNELS, got
+    assert got == RIG_CHANNELS, got
     assert all(c["encoding"] == "protobuf" and c["schemaEncoding"] == "protobuf" for c in out["channels"])
     assert not out["events"] or all("error" not in e for e in out["events"]), out["events"]
 
@@ -175,15 +180,16 @@ def test_after_unsubscribe_messages_stop_within_200_ms(rig):
     assert s["live"]["clients"] == 0
 
 
-def same_on_pulsar(broker: str, rig: str, cams: list[dict]) -> None:
-    """Each live camera message's JPEG is the payload of the Pulsar message with its capture ns."""
+def same_on_pulsar(broker: str, rig: str, cams: list[dict], **consume_args) -> None:
+    """Each live camera message's JPEG is the payload of the Pulsar message with its capture ns (as
+    the official client reads it: chunks reassembled, decrypted with `crypto_key_reader`)."""
     topic = f"persistent://public/default/{rig}-front"
     want = {m["timestamp"]: m["sha256"] for m in cams}
     on_pulsar = {}
     deadline = time.time() + 60
     while time.time() < deadline and not want.keys() <= on_pulsar.keys():
         # The rig goes on publishing: read for a bounded time, not until the topic is idle.
-        for msg in consume(broker, [topic], idle_timeout_s=3, total_timeout_s=5):
+        for msg in consume(broker, [topic], idle_timeout_s=3, total_timeout_s=5, **consume_args):
             on_pulsar[msg["properties"]["capture-ns"]] = (msg["sha256"], int(msg["properties"]["seq"]))
     missing = want.keys() - on_pulsar.keys()
     assert not missing, f"{len(missing)} live frames not on Pulsar"
@@ -272,44 +278,145 @@ def test_rigd_check_names_a_bad_max_live_clients_and_exits_2(tmp_path):
     assert "web.max-live-clients" in r.stderr, r.stderr
 
 
-def test_rigd_live_serves_the_same_channels_and_frames_from_pulsar(rig, broker, tmp_path):
-    """`rigd live --pulsar URL --rig ID`: the fleet side, from the rig's topics (non-durable, from
-    the latest message). The same client sees the same channels, advertised as each source's first
-    message arrives, and camera frames equal to the ones on Pulsar."""
+@contextlib.contextmanager
+def relay(broker: str, rig: str, tmp_path, *args: str):
+    """`rigd live --pulsar URL --rig ID ARGS` on a free port, until SIGINT (exit 0 asserted). Yields
+    what `live` needs of a server and, at the end, `.log` the relay's output (its summary line)."""
     from harness import free_port, rigd_bin
-    name, d = rig
     port = free_port()
-    log = open(tmp_path / "live.log", "wb")
-    proc = subprocess.Popen([rigd_bin(), "live", "--pulsar", broker, "--rig", name, "--bind", f"127.0.0.1:{port}"],
+    log_path = tmp_path / f"live-{port}.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([rigd_bin(), "live", "--pulsar", broker, "--rig", rig, "--bind", f"127.0.0.1:{port}", *args],
                             stdout=log, stderr=subprocess.STDOUT)
+    fleet = SimpleNamespace(port=port, log="", log_path=log_path)
     try:
-        fleet = SimpleNamespace(port=port)  # what `live` needs of a server
         deadline = time.time() + 30
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1):
                     break
             except OSError:
-                assert proc.poll() is None and time.time() < deadline, (tmp_path / "live.log").read_text()
+                assert proc.poll() is None and time.time() < deadline, log_path.read_text()
                 time.sleep(0.2)
-        out = live(fleet, "--protocol", SDK, "--want-channels", "4", *subscribe("/front", "/gps/fix"),
-                   "--seconds", "2")
-        got = sorted((c["topic"], c["schemaName"]) for c in out["channels"])
-        assert got == sorted(EXPECTED_CHANNELS), got
-        assert out["serverInfo"]["name"] == f"rigd live {name}"
-        cams = [m for m in out["messages"] if m["topic"] == "/front"]
-        assert len(cams) >= 20, len(cams)
-        assert any(m["topic"] == "/gps/fix" for m in out["messages"]), Counter(m["topic"] for m in out["messages"])
-        assert all(m.get("format") == "jpeg" and m["receiveNs"] == m["timestamp"] for m in cams)
-        same_on_pulsar(broker, name, cams)
-        times = [int(t["ns"]) for t in out["times"]]
-        assert times == sorted(times) and len(times) >= 2, times
+        yield fleet
     finally:
         proc.send_signal(2)
         try:
-            assert proc.wait(timeout=15) == 0, (tmp_path / "live.log").read_text()
+            assert proc.wait(timeout=15) == 0, log_path.read_text()
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
             log.close()
+            fleet.log = log_path.read_text()
+
+
+def test_rigd_live_serves_the_same_channels_and_frames_from_pulsar(rig, broker, tmp_path):
+    """`rigd live --pulsar URL --rig ID`: the fleet side, from the rig's topics (non-durable, from
+    the latest message). The same client sees the same channels, advertised as each source's first
+    message arrives, and camera frames equal to the ones on Pulsar."""
+    name, d = rig
+    with relay(broker, name, tmp_path) as fleet:
+        out = live(fleet, "--protocol", SDK, "--want-channels", "4", *subscribe("/front", "/gps/fix"),
+                   "--seconds", "2")
+    got = sorted((c["topic"], c["schemaName"]) for c in out["channels"])
+    assert got == sorted(EXPECTED_CHANNELS), got
+    assert out["serverInfo"]["name"] == f"rigd live {name}"
+    cams = [m for m in out["messages"] if m["topic"] == "/front"]
+    assert len(cams) >= 20, len(cams)
+    assert any(m["topic"] == "/gps/fix" for m in out["messages"]), Counter(m["topic"] for m in out["messages"])
+    assert all(m.get("format") == "jpeg" and m["receiveNs"] == m["timestamp"] for m in cams)
+    same_on_pulsar(broker, name, cams)
+    times = [int(t["ns"]) for t in out["times"]]
+    assert times == sorted(times) and len(times) >= 2, times
+
+
+def test_rigd_live_decrypts_an_encrypted_rig_with_decrypt_key_and_says_what_it_skips_without(broker, tmp_path):
+    """A rig with end-to-end encryption (`[pulsar] encryption-key-file`): `rigd live --decrypt-key`
+    shows its camera frames, each equal to the frame the official Python client decrypts with the
+    fleet's private key (CryptoKeyReader). Without the key, `rigd live` warns naming the option and
+    counts what it skipped. (Uncompressed and unbatched: the `pulsar` crate underneath `rigd live`
+    decompresses and splits batches before rigd sees a message, which it cannot do to ciphertext.)"""
+    import pulsar
+    from test_encryption import fleet_key
+    pub, priv = fleet_key(tmp_path)
+    name = unique("live-enc")
+    extra = f'encryption-key-file = "{pub}"\nencryption-key-name = "fleet-2026"\nbatch-max-messages = 1\n'
+    d = Rigd(tmp_path / "rig", config(name, broker, fps=10, pulsar_extra=extra)).start()
+    try:
+        d.wait_for(lambda s: s["uplink"]["connected"] and all(x["published"] > 0 for x in s["sources"]),
+                   timeout=60, what="publishing")
+        with relay(broker, name, tmp_path, "--decrypt-key", str(priv)) as fleet:
+            out = live(fleet, "--protocol", SDK, "--want-channels", "4", *subscribe("/front", "/gps/fix"),
+                       "--seconds", "3")
+        with relay(broker, name, tmp_path) as blind:
+            # The warning comes with the first encrypted message (10 camera frames a second).
+            deadline = time.time() + 30
+            while "--decrypt-key" not in blind.log_path.read_text() and time.time() < deadline:
+                time.sleep(0.2)
+    finally:
+        d.stop()
+        d.close()
+    got = sorted((c["topic"], c["schemaName"]) for c in out["channels"])
+    assert got == sorted(EXPECTED_CHANNELS), got
+    cams = [m for m in out["messages"] if m["topic"] == "/front"]
+    assert len(cams) >= 15, len(cams)  # 10 fps for 3 s
+    assert any(m["topic"] == "/gps/fix" for m in out["messages"])
+    assert "encrypted messages skipped" not in fleet.log, fleet.log
+    reader = pulsar.CryptoKeyReader(str(pub), str(priv))
+    same_on_pulsar(broker, name, cams, crypto_key_reader=reader)
+    assert "end-to-end encrypted" in blind.log and "--decrypt-key FILE" in blind.log, blind.log
+    assert "encrypted messages skipped (no --decrypt-key)" in blind.log, blind.log
+
+
+def test_rigd_live_shows_camera_frames_larger_than_the_brokers_max_message_size_whole(broker, tmp_path):
+    """6 MiB camera frames against the test broker's 5 MiB maxMessageSize: the rig sends each in two
+    chunks. `rigd live` puts them back together (the one whose first chunk came before its
+    subscription is dropped and counted), and the client gets each frame whole, equal to what the
+    official client reassembles; the rig's own /foxglove shows them whole, too."""
+    size = 6 << 20
+    name = unique("live-big")
+    d = Rigd(tmp_path / "rig", config(name, broker, fps=1, frame_bytes="6MiB")).start()
+    try:
+        d.wait_for(lambda s: s["uplink"]["connected"] and all(x["published"] > 0 for x in s["sources"]),
+                   timeout=60, what="publishing")
+        with relay(broker, name, tmp_path) as fleet:
+            out = live(fleet, "--protocol", SDK, "--want-channels", "4", *subscribe("/front"), "--seconds", "5")
+        on_rig = live(d, "--protocol", SDK, *subscribe("/front"), "--seconds", "3")
+    finally:
+        d.stop()
+        d.close()
+    cams = [m for m in out["messages"] if m["topic"] == "/front"]
+    # 1 fps for 5 s; a loaded machine may take a frame period or two more to deliver the first.
+    assert len(cams) >= 3, (len(cams), fleet.log)
+    assert all(m["bytes"] == size and m["format"] == "jpeg" for m in cams), [m["bytes"] for m in cams]
+    same_on_pulsar(broker, name, cams)
+    assert "reassembled from chunks" in fleet.log, fleet.log
+    rig_cams = [m for m in on_rig["messages"] if m["topic"] == "/front"]
+    assert len(rig_cams) >= 2 and all(m["bytes"] == size for m in rig_cams), [m["bytes"] for m in rig_cams]
+
+
+def test_a_marker_and_the_alerts_arrive_as_foxglove_log_on_the_rigs_events_channel(tmp_path):
+    """On the rig's own /foxglove: `/events` (foxglove.Log, the channel `rigd live` makes of the events
+    topic). The client subscribes, then POSTs a marker to /api/events: it arrives as a Log named
+    `events` holding the marker, stamped with its capture time; the alert standing (no broker
+    configured) arrives as a Log named `alert`."""
+    d = Rigd(tmp_path, config(unique("live-ev"), None)).start()
+    try:
+        d.wait_for(lambda s: all(x["frames"] > 0 for x in s["sources"]), timeout=60, what="frames")
+        out = live(d, "--protocol", WEBSOCKET, *subscribe("/events"), "--post-after", "0.5",
+                   "--post", d.url("/api/events"), "--post-body", json.dumps({"note": "pothole at km 12"}),
+                   "--seconds", "3")
+    finally:
+        d.stop()
+        d.close()
+    assert out["posted"]["status"] == 201, out["posted"]
+    marked = json.loads(out["posted"]["body"])
+    logs = [m for m in out["messages"] if m["topic"] == "/events"]
+    markers = [m for m in logs if m["name"] == "events"]
+    assert len(markers) == 1, logs
+    assert json.loads(markers[0]["message"])["event"] == "pothole at km 12"
+    assert markers[0]["timestamp"] == markers[0]["receiveNs"] == str(marked["capture_ns"]), (markers, marked)
+    alerts = [m for m in logs if m["name"] == "alert"]
+    assert any(m["message"].startswith("uplink: ") for m in alerts), logs
+    assert all(m["level"] in (2, 3, 4) for m in alerts), alerts

@@ -4,6 +4,8 @@
 //   node tests/web/live_client.mjs URL [--protocol P]... [--subscribe TOPIC]... [--seconds S]
 //        [--unsubscribe-after S] [--pause-after S --pause-for S] [--want-channels N]
 // --ca FILE: trust this CA for a wss:// URL.
+// --post URL --post-body JSON [--post-after S]: once subscribed (and S seconds later), POST the JSON
+// to URL (a marker to the rig's /api/events) and record the answer's status as `posted`.
 // --want-channels: wait for N channels (a server may advertise them one source at a time, as
 // `rigd live` does when a source's first message arrives) before subscribing.
 // Messages are decoded with the protobuf schema the server advertised (protobufjs, from the
@@ -26,6 +28,7 @@ while (args.length) {
   const v = args.shift();
   if (k === "protocol" || k === "subscribe") opt[k].push(v);
   else if (k === "ca") opt.ca = readFileSync(v);
+  else if (k === "post" || k === "post-body") opt[k === "post" ? "post" : "postBody"] = v;
   else opt[k.replace(/-(.)/g, (_, c) => c.toUpperCase())] = Number(v);
 }
 const t0 = performance.now();
@@ -69,7 +72,7 @@ function summary(ch, msg) {
     case "foxglove.LocationFix":
       return { timestamp: ns(msg.timestamp), latitude: msg.latitude, longitude: msg.longitude };
     case "foxglove.Log":
-      return { timestamp: ns(msg.timestamp), level: msg.level, message: msg.message };
+      return { timestamp: ns(msg.timestamp), level: msg.level, name: msg.name, message: msg.message };
     default:
       return {};
   }
@@ -122,6 +125,12 @@ for (const topic of opt.subscribe) {
 }
 out.subscribedAt = at();
 const sleep = (s) => new Promise((r) => setTimeout(r, s * 1000));
+if (opt.post) {
+  await sleep(opt.postAfter ?? 0);
+  const res = await fetch(opt.post, { method: "POST", headers: { "Content-Type": "application/json" },
+                                      body: opt.postBody });
+  out.posted = { at: at(), status: res.status, body: await res.text() };
+}
 if (opt.unsubscribeAfter !== undefined) {
   await sleep(opt.unsubscribeAfter);
   for (const id of subs) client.unsubscribe(id);

@@ -5,7 +5,10 @@
 //! messages of the channels it may push out, oldest first: cameras before audio before serial, and
 //! a message never pushes out one of a class that is kept longer than its own (a camera frame
 //! never pushes out an audio block; a serial record may push out anything). When nothing it may
-//! push out is left, the new message is dropped itself. Control messages (status, time) are small,
+//! push out is left, the new message is dropped itself. A message larger than the whole bound (a
+//! camera frame the rig sent chunked, above the broker's max message size) goes out alone: it
+//! pushes out what it may and is queued only when nothing else is left, so a queue holds at most
+//! the larger of the bound and one message. Control messages (status, time) are small,
 //! few and never dropped; a pending time message is replaced by a newer one rather than queued
 //! twice.
 
@@ -93,11 +96,9 @@ impl ClientQueue {
     #[must_use]
     pub fn push_data(&mut self, data: Data) -> Vec<u32> {
         let size = data.size();
-        if size > self.bound {
-            return vec![data.channel];
-        }
+        let bound = self.bound.max(size);
         let mut dropped = Vec::new();
-        while self.data_bytes + size > self.bound {
+        while self.data_bytes + size > bound {
             match self.victim(data.class) {
                 Some(i) => {
                     if let Some(Outgoing::Data(d)) = self.items.remove(i) {
@@ -253,8 +254,21 @@ mod tests {
         assert_eq!(q.push_data(data(Class::Audio, 4, 100)), [2]);
         assert_eq!(q.push_data(data(Class::Audio, 5, 150)), [4, 5]);
         assert_eq!(channels(&mut q), [3]);
-        // Larger than the bound: dropped at once.
-        assert_eq!(q.push_data(data(Class::Serial, 3, 201)), [3]);
+    }
+
+    #[test]
+    fn a_message_larger_than_the_bound_goes_out_alone() {
+        let mut q = ClientQueue::new(200);
+        assert!(q.push_data(data(Class::Camera, 1, 100)).is_empty());
+        // A chunked camera frame: it pushes out the queued camera frame and is queued alone.
+        assert_eq!(q.push_data(data(Class::Camera, 11, 500)), [1]);
+        assert_eq!(q.data_bytes(), 500);
+        // Anything more pushes it out (it is the oldest camera frame) or is dropped itself.
+        assert_eq!(q.push_data(data(Class::Camera, 1, 100)), [11]);
+        assert_eq!(q.push_data(data(Class::Audio, 2, 100)), Vec::<u32>::new());
+        // With audio queued, which a camera frame never pushes out, it is dropped itself.
+        assert_eq!(q.push_data(data(Class::Camera, 12, 500)), [1, 12]);
+        assert_eq!(channels(&mut q), [2]);
     }
 
     #[test]
