@@ -401,11 +401,15 @@ def test_a_marker_and_the_alerts_arrive_as_foxglove_log_on_the_rigs_events_chann
     topic). The client subscribes, then POSTs a marker to /api/events: it arrives as a Log named
     `events` holding the marker, stamped with its capture time; the alert standing (no broker
     configured) arrives as a Log named `alert`."""
-    d = Rigd(tmp_path, config(unique("live-ev"), None)).start()
+    token = tmp_path / "web.token"
+    token.write_text("live-events-token")
+    cfg = config(unique("live-ev"), None).replace("[web]\n", f'[web]\ntoken-file = "{token}"\n')
+    d = Rigd(tmp_path, cfg).start()
     try:
         d.wait_for(lambda s: all(x["frames"] > 0 for x in s["sources"]), timeout=60, what="frames")
         out = live(d, "--protocol", WEBSOCKET, *subscribe("/events"), "--post-after", "0.5",
                    "--post", d.url("/api/events"), "--post-body", json.dumps({"note": "pothole at km 12"}),
+                   "--post-token", "live-events-token",
                    "--seconds", "3")
     finally:
         d.stop()

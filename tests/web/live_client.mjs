@@ -5,7 +5,8 @@
 //        [--unsubscribe-after S] [--pause-after S --pause-for S] [--want-channels N]
 // --ca FILE: trust this CA for a wss:// URL.
 // --post URL --post-body JSON [--post-after S]: once subscribed (and S seconds later), POST the JSON
-// to URL (a marker to the rig's /api/events) and record the answer's status as `posted`.
+// to URL (a marker to the rig's /api/events; --post-token T: with `Authorization: Bearer T`) and
+// record the answer as `posted`.
 // --want-channels: wait for N channels (a server may advertise them one source at a time, as
 // `rigd live` does when a source's first message arrives) before subscribing.
 // Messages are decoded with the protobuf schema the server advertised (protobufjs, from the
@@ -28,7 +29,7 @@ while (args.length) {
   const v = args.shift();
   if (k === "protocol" || k === "subscribe") opt[k].push(v);
   else if (k === "ca") opt.ca = readFileSync(v);
-  else if (k === "post" || k === "post-body") opt[k === "post" ? "post" : "postBody"] = v;
+  else if (k === "post" || k === "post-body" || k === "post-token") opt[k.replace(/-(.)/g, (_, c) => c.toUpperCase())] = v;
   else opt[k.replace(/-(.)/g, (_, c) => c.toUpperCase())] = Number(v);
 }
 const t0 = performance.now();
@@ -127,8 +128,9 @@ out.subscribedAt = at();
 const sleep = (s) => new Promise((r) => setTimeout(r, s * 1000));
 if (opt.post) {
   await sleep(opt.postAfter ?? 0);
-  const res = await fetch(opt.post, { method: "POST", headers: { "Content-Type": "application/json" },
-                                      body: opt.postBody });
+  const headers = { "Content-Type": "application/json" };
+  if (opt.postToken) headers.Authorization = `Bearer ${opt.postToken}`;
+  const res = await fetch(opt.post, { method: "POST", headers, body: opt.postBody });
   out.posted = { at: at(), status: res.status, body: await res.text() };
 }
 if (opt.unsubscribeAfter !== undefined) {
