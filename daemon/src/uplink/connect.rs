@@ -1,26 +1,25 @@
-//! Connection setup to a broker: TCP (bounded send buffer) or TLS, `CONNECT` with token auth,
-//! `PARTITIONED_METADATA`, `LOOKUP` with redirects, `PRODUCER` under a stable name. Every step has a
+//! Producer setup: the rig's connection to the service (dialled if the pool has none: TCP with a
+//! bounded send buffer or TLS, `CONNECT` with token auth), `PARTITIONED_METADATA`, `LOOKUP` with
+//! redirects (to the owner's connection), `PRODUCER` under a stable name. Every step has a
 //! deadline; the caller also races the whole setup against shutdown.
 
 use bytes::BytesMut;
 use pulsar::proto::{
-    base_command::Type, command_lookup_topic_response::LookupType, AuthData, BaseCommand,
-    CommandAuthResponse, CommandCloseProducer, CommandConnect, CommandLookupTopic,
-    CommandPartitionedTopicMetadata, CommandPing, CommandPong, CommandProducer, FeatureFlags,
-    ServerError,
+    base_command::Type, command_lookup_topic_response::LookupType, BaseCommand,
+    CommandCloseProducer, CommandConnect, CommandLookupTopic, CommandPartitionedTopicMetadata,
+    CommandProducer, FeatureFlags,
 };
-use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::service::Endpoint;
 
-use super::codec;
-use super::pool::{self, ChannelEnd, Connection, Dialed, Pool};
-
-const PROTOCOL_VERSION: i32 = 21;
+use super::codec::{self, PROTOCOL_VERSION};
+use super::error::{server_error, LinkError};
+use super::pool::{self, ChannelEnd, Conn, Connection, Dialed, Pool};
+use super::token::Token;
 /// Each request of the setup (TCP connect, TLS handshake, each command and its answer).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a producer whose broker took no connection checks whether it does again
@@ -32,64 +31,6 @@ pub const REACH_TIMEOUT: Duration = Duration::from_secs(1);
 /// link carried (write progress means the link moves: a silent link stops it within a second or
 /// two even at 1 Mbit/s), large enough for a cellular link's bandwidth-delay product.
 const SEND_BUFFER: u32 = 128 << 10;
-
-#[derive(Debug, thiserror::Error)]
-pub enum LinkError {
-    #[error("connect to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
-    /// The lookup named a broker that takes no connection: it died and its bundles are not yet
-    /// reassigned (the metadata store's session timeout), a state that ends by itself soon.
-    #[error("topic owner {addr} unreachable: {source}")]
-    OwnerUnreachable {
-        addr: String,
-        source: Box<LinkError>,
-    },
-    /// The cluster is moving the topic between brokers (`ServiceNotReady`: the bundle is being
-    /// unloaded or not yet owned, or the broker closed the producer for a move): it is served
-    /// again within seconds, so the producer retries it within a second (its `Pace`).
-    #[error("topic moving between brokers: {0}")]
-    Moving(String),
-    #[error("connection: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("protocol: {0}")]
-    Codec(#[from] codec::CodecError),
-    #[error("broker: {0}")]
-    Broker(String),
-    #[error("topic terminated: {0}")]
-    Terminated(String),
-    #[error("timed out waiting for {0}")]
-    Timeout(String),
-    #[error("connection closed by the broker")]
-    Closed,
-    #[error("shutting down")]
-    Shutdown,
-}
-
-/// Where a token comes from: a file re-read at every connection and authentication challenge (a
-/// rotated JWT is picked up without a restart), or a fixed one (the offline tools).
-#[derive(Debug, Clone, Default)]
-pub enum Token {
-    #[default]
-    None,
-    Fixed(String),
-    File(PathBuf),
-}
-
-impl Token {
-    /// The token now; a file that cannot be read is an error that names it.
-    pub fn current(&self) -> Result<Option<String>, LinkError> {
-        match self {
-            Token::None => Ok(None),
-            Token::Fixed(t) => Ok(Some(t.clone())),
-            Token::File(path) => crate::config::read_token(path)
-                .map(Some)
-                .map_err(|e| LinkError::Broker(format!("token file {e}"))),
-        }
-    }
-}
 
 /// A producer's place on a shared [`Connection`]: the broker's commands for it, and a buffer of
 /// whole frames it encodes before it queues them on the connection.
@@ -156,79 +97,6 @@ fn close_producer(producer_id: u64, request_id: u64) -> BaseCommand {
         ..Default::default()
     }
 }
-
-impl LinkError {
-    /// The broker's ERROR for a request: [`LinkError::Terminated`] for a terminated topic, else
-    /// as [`LinkError::refused`].
-    pub(super) fn refused_request(code: i32, why: String) -> Self {
-        if code == ServerError::TopicTerminatedError as i32 {
-            LinkError::Terminated(why)
-        } else {
-            LinkError::refused(Some(code), why)
-        }
-    }
-
-    /// A broker's refusal: [`LinkError::Moving`] for `ServiceNotReady`, else [`LinkError::Broker`].
-    fn refused(code: Option<i32>, why: String) -> Self {
-        if code == Some(ServerError::ServiceNotReady as i32) {
-            LinkError::Moving(why)
-        } else {
-            LinkError::Broker(why)
-        }
-    }
-
-    /// A lookup's refusal: a bundle being unloaded answers `MetadataError` (Pulsar 3.0 and 4.0),
-    /// a move as well.
-    fn lookup_refused(code: Option<i32>, why: String) -> Self {
-        if code == Some(ServerError::MetadataError as i32) {
-            LinkError::Moving(why)
-        } else {
-            LinkError::refused(code, why)
-        }
-    }
-}
-
-/// A server error code's name (`PersistenceError`, ...).
-pub fn server_error(code: i32) -> &'static str {
-    ServerError::try_from(code)
-        .unwrap_or(ServerError::UnknownError)
-        .as_str_name()
-}
-
-pub(super) fn auth_response(token: Option<String>) -> BaseCommand {
-    BaseCommand {
-        r#type: Type::AuthResponse as i32,
-        auth_response: Some(CommandAuthResponse {
-            client_version: Some(format!("rigd-{}", env!("CARGO_PKG_VERSION"))),
-            response: Some(AuthData {
-                auth_method_name: Some("token".into()),
-                auth_data: token.map(String::into_bytes),
-            }),
-            protocol_version: Some(PROTOCOL_VERSION),
-        }),
-        ..Default::default()
-    }
-}
-
-pub fn pong() -> BaseCommand {
-    BaseCommand {
-        r#type: Type::Pong as i32,
-        pong: Some(CommandPong {}),
-        ..Default::default()
-    }
-}
-
-pub fn ping() -> BaseCommand {
-    BaseCommand {
-        r#type: Type::Ping as i32,
-        ping: Some(CommandPing {}),
-        ..Default::default()
-    }
-}
-
-/// A byte stream to a broker: plain TCP or TLS.
-pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Conn for T {}
 
 /// What a producer connection needs to know.
 pub struct Setup {
@@ -722,40 +590,5 @@ async fn connected(
         if stream.read_buf(rest).await? == 0 {
             return Err(LinkError::Closed);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn service_not_ready_is_a_move_and_other_refusals_are_not() {
-        let moving = LinkError::refused(Some(ServerError::ServiceNotReady as i32), "x".into());
-        assert!(matches!(moving, LinkError::Moving(_)));
-        for code in [
-            None,
-            Some(ServerError::AuthorizationError as i32),
-            Some(9999),
-        ] {
-            assert!(matches!(
-                LinkError::refused(code, "x".into()),
-                LinkError::Broker(_)
-            ));
-            assert!(matches!(
-                LinkError::lookup_refused(code, "x".into()),
-                LinkError::Broker(_)
-            ));
-        }
-        // "Namespace bundle ... is being unloaded" comes as a lookup's MetadataError
-        let unloading = Some(ServerError::MetadataError as i32);
-        assert!(matches!(
-            LinkError::lookup_refused(unloading, "x".into()),
-            LinkError::Moving(_)
-        ));
-        assert!(matches!(
-            LinkError::refused(unloading, "x".into()),
-            LinkError::Broker(_)
-        ));
     }
 }

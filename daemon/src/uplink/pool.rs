@@ -17,16 +17,22 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, Notify};
 
 use super::budget::Budget;
 use super::codec::{self, Inbound};
-use super::connect::{self, Conn, LinkError, Token};
+use super::error::{server_error, LinkError};
 use super::session::{keepalive, Keepalive, PING_IDLE};
+use super::token::Token;
 
 /// How often the keepalive looks at the broker's silence.
 const KEEPALIVE_TICK: Duration = Duration::from_millis(500);
+
+/// A byte stream to a broker: plain TCP or TLS.
+pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Conn for T {}
 
 /// The rig's connections, one per broker address (and TLS, and proxy target).
 #[derive(Default)]
@@ -298,10 +304,10 @@ impl Inner {
         *self.last_inbound.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         match route(&frame.cmd) {
             Route::Answer if frame.cmd.auth_challenge.is_some() => match self.token.current() {
-                Ok(token) => self.control(&connect::auth_response(token)),
+                Ok(token) => self.control(&codec::auth_response(token)),
                 Err(e) => self.fail(Failure::of(&e)),
             },
-            Route::Answer => self.control(&connect::pong()),
+            Route::Answer => self.control(&codec::pong()),
             Route::Channel(id) => {
                 if let Some(c) = self.state().channels.get(&id) {
                     let _ = c.route.send(frame);
@@ -515,7 +521,7 @@ impl Connection {
                 let why = format!(
                     "{} ({}) instead of {what}",
                     e.message,
-                    connect::server_error(e.error)
+                    server_error(e.error)
                 );
                 return Err(LinkError::refused_request(e.error, why));
             }
@@ -658,7 +664,7 @@ async fn keepalive_loop(inner: Arc<Inner>) {
             }
             Keepalive::Ping => {
                 if pinged.is_none_or(|t| t.elapsed() >= PING_IDLE / 6) {
-                    inner.control(&connect::ping());
+                    inner.control(&codec::ping());
                     pinged = Some(Instant::now());
                 }
             }
@@ -706,7 +712,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(route(&success), Route::Request(11));
-        assert_eq!(route(&connect::ping()), Route::Answer);
-        assert_eq!(route(&connect::pong()), Route::Drop);
+        assert_eq!(route(&codec::ping()), Route::Answer);
+        assert_eq!(route(&codec::pong()), Route::Drop);
     }
 }

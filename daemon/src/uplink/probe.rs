@@ -28,7 +28,8 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::connect::{LinkError, Setup};
+use super::connect::Setup;
+use super::error::LinkError;
 use super::plan::BrokerLast;
 use super::pool::{ChannelEnd, Connection};
 

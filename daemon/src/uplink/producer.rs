@@ -16,10 +16,12 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use super::batch::BatchPolicy;
 use super::budget::Budget;
-use super::connect::{Link, LinkError, Setup, Token};
+use super::connect::{Link, Setup};
+use super::error::LinkError;
 use super::plan::BrokerLast;
 use super::pool::Pool;
 use super::session::{Deadlines, Turn};
+use super::token::Token;
 use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
 use crate::backoff::Backoff;
 use crate::payload::Held;
