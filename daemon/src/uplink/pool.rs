@@ -627,9 +627,11 @@ async fn write_loop(inner: Arc<Inner>, mut w: tokio::io::WriteHalf<Box<dyn Conn>
                 held,
             } => (Some(id), bytes, rank, Some(held)),
         };
+        // Written as the socket takes it, each write reported: a 5 MiB chunk on a 4 Mbit/s link
+        // is ten seconds of progress, not ten seconds of silence.
         let mut at = 0;
         while at < bytes.len() {
-            let n = match &inner.budget {
+            let granted = match &inner.budget {
                 Some(b) => {
                     b.acquire(rank, bytes.len() - at, || {
                         if let Some(h) = &held {
@@ -640,11 +642,17 @@ async fn write_loop(inner: Arc<Inner>, mut w: tokio::io::WriteHalf<Box<dyn Conn>
                 }
                 None => bytes.len() - at,
             };
-            if let Err(e) = w.write_all(&bytes[at..at + n]).await {
-                return inner.fail(Failure::Io(e.kind(), e.to_string()));
+            let end = at + granted;
+            while at < end {
+                match w.write(&bytes[at..end]).await {
+                    Ok(0) => return inner.fail(Failure::Closed),
+                    Ok(n) => {
+                        at += n;
+                        wrote(&inner, id, n);
+                    }
+                    Err(e) => return inner.fail(Failure::Io(e.kind(), e.to_string())),
+                }
             }
-            at += n;
-            wrote(&inner, id, n);
         }
         dirty = true;
     }
