@@ -479,6 +479,14 @@ impl Session {
                     shared.set_connected(false);
                     shared.room.notify_one();
                     match &r {
+                        // No progress for this producer while the broker keeps talking on the
+                        // connection (the others' receipts): this producer's trouble, not the
+                        // connection's; close it and set it up again.
+                        Err(LinkError::Timeout(_))
+                            if link.conn.last_inbound().elapsed() < LINK_STALL_AFTER =>
+                        {
+                            link.close().await
+                        }
                         // The connection is dead (no progress, the broker silent) or already
                         // failed: every producer on it goes, to set up again on a new one.
                         Err(
