@@ -136,7 +136,8 @@ def test_the_live_view_is_served_over_wss_with_the_same_certificate(tmp_path):
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert out["protocol"] == "foxglove.sdk.v1"
-        assert [c["topic"] for c in out["channels"]] == ["/gps", "/gps/fix"]
+        # The rig's markers and alerts as foxglove.Log on /events come after the sources' channels.
+        assert [c["topic"] for c in out["channels"]] == ["/gps", "/gps/fix", "/events"]
         assert sum(m["topic"] == "/gps" for m in out["messages"]) >= 5, out["messages"][:3]
     finally:
         assert d.stop() == 0
