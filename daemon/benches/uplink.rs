@@ -54,7 +54,6 @@ async fn main() {
             rank: 0,
             stats: None,
             fresh: false,
-            pool: rigd::uplink::Pool::new(None),
             compression: rigd::config::Compression::None,
             encryption,
             batch: if batching {
