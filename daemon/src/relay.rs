@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use crate::live::{source_channels, Encoder};
 use crate::replay::progress::Interrupt;
-use crate::seal::{Decryptor, Key, Piece};
+use crate::seal::Decryptor;
 
 /// Bytes held at most for chunked frames being reassembled (all of them together): several of the
 /// largest frames a rig sends chunked (a 6 MiB camera frame against a 5 MiB broker limit), and a
@@ -318,7 +318,7 @@ impl Opener {
                 self.encrypted += 1;
                 return Opened::Skipped(Skip::Encrypted);
             };
-            match decrypt(d, meta, payload) {
+            match d.open_message(meta, payload) {
                 Ok(p) => p,
                 Err(e) => {
                     self.undecryptable += 1;
@@ -373,32 +373,6 @@ impl Opener {
         summary.reassembled = self.reassembled;
         summary.incomplete = self.chunks.incomplete;
     }
-}
-
-/// One encrypted message payload opened with the fleet's private key: the data key is the one
-/// wrapped under `encryption_keys` (the first that opens), the IV is `encryption_param`.
-fn decrypt(d: &Decryptor, meta: &MessageMetadata, payload: Vec<u8>) -> Result<Vec<u8>, String> {
-    let iv = meta
-        .encryption_param
-        .as_deref()
-        .and_then(|p| <[u8; ring::aead::NONCE_LEN]>::try_from(p).ok())
-        .ok_or("an encrypted message without a 12-byte IV (encryption_param)")?;
-    let piece = Piece {
-        iv,
-        ciphertext: payload.into(),
-    };
-    let mut why = String::from("an encrypted message without a data key");
-    for k in &meta.encryption_keys {
-        let key = Key {
-            name: k.key.as_str().into(),
-            wrapped: k.value.clone().into(),
-        };
-        match d.open(&key, &piece) {
-            Ok(plain) => return Ok(plain),
-            Err(e) => why = e,
-        }
-    }
-    Err(why)
 }
 
 /// Logs a skipped message: the first of each kind, then one line per 1000.

@@ -426,6 +426,37 @@ impl Decryptor {
         Ok(buf)
     }
 
+    /// One encrypted message as a consumer reads it, opened: the data key is the first of its
+    /// `encryption_keys` that this private key opens ([`Key::metadata`] writes them), the IV its
+    /// `encryption_param`.
+    pub fn open_message(
+        &self,
+        meta: &pulsar::proto::MessageMetadata,
+        payload: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
+        let iv = meta
+            .encryption_param
+            .as_deref()
+            .and_then(|p| <[u8; NONCE_LEN]>::try_from(p).ok())
+            .ok_or("an encrypted message without a 12-byte IV (encryption_param)")?;
+        let piece = Piece {
+            iv,
+            ciphertext: payload.into(),
+        };
+        let mut why = String::from("an encrypted message without a data key");
+        for k in &meta.encryption_keys {
+            let key = Key {
+                name: k.key.as_str().into(),
+                wrapped: k.value.clone().into(),
+            };
+            match self.open(&key, &piece) {
+                Ok(plain) => return Ok(plain),
+                Err(e) => why = e,
+            }
+        }
+        Err(why)
+    }
+
     /// A sealed frame back to the frame as captured; a frame that is not sealed as it is.
     pub fn open_frame(&self, held: &Held) -> Result<Frame, String> {
         if !held.sealed {
