@@ -5,10 +5,13 @@
 # What reached the broker is judged on the host with the official Python client (vehicle/judge.py).
 #   tests/vm/vehicle.sh     build/boot/check; one `vehicle: PASS: ...` or `FAIL` line per check,
 #                           exit 0 when every check passed
+#   RIGD_VM_ARCH=arm64 tests/vm/vehicle.sh
+#                           the same checks on an aarch64 guest (QEMU `virt`, TCG) with the
+#                           cross-built arm64 .deb (needs `tests/setup.sh --cross arm64`)
 # Env: PULSAR_URL (default pulsar://127.0.0.1:6650; started with tests/pulsar/broker.sh when
 # nothing listens, stopped again at the end), PULSAR_ADMIN_URL (default http://127.0.0.1:8080),
-# RIGD_VM_CACHE (default ~/.cache/rigd-vm: the debootstrapped base, reused by every run).
-# Work files: target/vm. See docs/SYSTEMD.md ("Vehicle in a box").
+# RIGD_VM_CACHE (default ~/.cache/rigd-vm: the debootstrapped base, reused by every run; base-arm64
+# for arm64). Work files: target/vm (target/vm-arm64). See docs/SYSTEMD.md ("Vehicle in a box").
 # Checks are functions run through `check` (SC2317); file names here are ours (SC2012).
 # shellcheck disable=SC2317,SC2012
 set -euo pipefail
@@ -16,22 +19,46 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 VM=$ROOT/tests/vm/vehicle
 CACHE=${RIGD_VM_CACHE:-$HOME/.cache/rigd-vm}
-WORK=$ROOT/target/vm
-mkdir -p "$CACHE" "$WORK"
+ARCH=${RIGD_VM_ARCH:-amd64}
 export PULSAR_URL=${PULSAR_URL:-pulsar://127.0.0.1:6650}
 BROKER_PORT=${PULSAR_URL##*:}
 log() { echo "vehicle: $*" >&2; }
+# What differs between the architectures; the checks below are the same for both.
+#   BASE/WORK   the cached base and this run's files
+#   TTY_SHELL   the guest's tty with the host's root shell; TTY_GPS the UART rigd reads NMEA from
+#   RELEASE     rigd's release binary; CARGO_TARGET the --target of the cross build
+case $ARCH in
+  amd64)
+    BASE=$CACHE/base; WORK=$ROOT/target/vm
+    QEMU_SYSTEM=qemu-system-x86_64; QEMU_MACHINE=(-machine q35 -cpu max)
+    TTY_CONSOLE=ttyS0; TTY_SHELL=ttyS1; TTY_GPS=ttyS2
+    CARGO_TARGET=""; RELEASE=$ROOT/target/release/rigd ;;
+  arm64)
+    # `virt` has one PL011 UART (ttyAMA0, the console); the shell and the GPS get 16550 UARTs on
+    # PCI (`pci-serial`, Linux's 8250_pci: ttyS0 and ttyS1 in slot order), the UART a rig's GPS
+    # would hang off a USB or PCIe serial card as well. cortex-a72 (a Raspberry Pi 4's core), not
+    # `max`: TCG emulates `max`'s pointer authentication at a large cost.
+    BASE=$CACHE/base-arm64; WORK=$ROOT/target/vm-arm64
+    QEMU_SYSTEM=qemu-system-aarch64; QEMU_MACHINE=(-machine virt -cpu cortex-a72)
+    TTY_CONSOLE=ttyAMA0; TTY_SHELL=ttyS0; TTY_GPS=ttyS1
+    CARGO_TARGET=aarch64-unknown-linux-gnu; RELEASE=$ROOT/target/$CARGO_TARGET/release/rigd ;;
+  *) log "RIGD_VM_ARCH=$ARCH: amd64 or arm64"; exit 2 ;;
+esac
+mkdir -p "$CACHE" "$WORK"
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 t_begin=$(now)
 
-for tool in debootstrap qemu-system-x86_64 mkfs.ext4 socat curl python3; do
-  command -v $tool >/dev/null || { log "missing $tool (apt-get install debootstrap qemu-system-x86 qemu-utils e2fsprogs socat curl)"; exit 1; }
+for tool in debootstrap $QEMU_SYSTEM mkfs.ext4 socat curl python3; do
+  command -v $tool >/dev/null || { log "missing $tool (tests/setup.sh$([ "$ARCH" = amd64 ] || echo " --cross $ARCH"))"; exit 1; }
 done
+# A foreign guest's tree is prepared with chroot through qemu-user's binfmt handler (setup.sh).
+if [ "$ARCH" != amd64 ] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
+  log "no binfmt handler for aarch64 binaries (tests/setup.sh --cross arm64 registers it)"; exit 1
+fi
 
 # 1. Base image (cached): minimal Debian with systemd, a kernel (its vivid.ko and snd-aloop.ko are
 # what the guest loads), alsa-utils for the test tone, curl to read rigd's status inside the guest.
-BASE=$CACHE/base
 GUEST_PKGS=socat,alsa-utils,curl
 if [ ! -f "$BASE/.done" ]; then
   # The mirror the host's apt uses (no host named here).
@@ -39,19 +66,20 @@ if [ ! -f "$BASE/.done" ]; then
   [ -n "$MIRROR" ] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
   log "debootstrap bookworm from the host's mirror into $BASE"
   rm -rf "$BASE"
-  debootstrap --variant=minbase \
-    --include=systemd,systemd-sysv,udev,dbus,linux-image-amd64,initramfs-tools,init-system-helpers,libasound2,iproute2,procps,kmod,$GUEST_PKGS \
-    bookworm "$BASE" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1
+  debootstrap --arch="$ARCH" --variant=minbase \
+    --include=systemd,systemd-sysv,udev,dbus,linux-image-"$ARCH",initramfs-tools,init-system-helpers,libasound2,iproute2,procps,kmod,$GUEST_PKGS \
+    bookworm "$BASE" "$MIRROR" >"$CACHE/debootstrap-$ARCH.log" 2>&1 \
+    || { tail -20 "$CACHE/debootstrap-$ARCH.log" >&2; exit 1; }
   echo vehicle > "$BASE/etc/hostname"
   # Network: DHCP on the virtio NIC (QEMU user networking).
   mkdir -p "$BASE/etc/systemd/network"
   printf '[Match]\nName=en*\n[Network]\nDHCP=yes\n' > "$BASE/etc/systemd/network/50-dhcp.network"
   chroot "$BASE" systemctl enable systemd-networkd >/dev/null 2>&1
-  # A root shell on the second serial port: the host drives checks through it.
-  mkdir -p "$BASE/etc/systemd/system/serial-getty@ttyS1.service.d"
+  # A root shell on a serial port of its own: the host drives checks through it.
+  mkdir -p "$BASE/etc/systemd/system/serial-getty@$TTY_SHELL.service.d"
   printf '[Service]\nExecStart=\nExecStart=-/sbin/agetty --autologin root --noclear %%I 115200 dumb\n' \
-    > "$BASE/etc/systemd/system/serial-getty@ttyS1.service.d/autologin.conf"
-  chroot "$BASE" systemctl enable serial-getty@ttyS1.service >/dev/null 2>&1
+    > "$BASE/etc/systemd/system/serial-getty@$TTY_SHELL.service.d/autologin.conf"
+  chroot "$BASE" systemctl enable "serial-getty@$TTY_SHELL.service" >/dev/null 2>&1
   printf '/dev/vda / ext4 defaults 0 1\n' > "$BASE/etc/fstab"
   chroot "$BASE" apt-get clean
   touch "$BASE/.done"
@@ -70,23 +98,26 @@ if [ ${#missing_pkgs[@]} -gt 0 ]; then
     || { tail -20 "$CACHE/packages.log" >&2; exit 1; }
   chroot "$BASE" apt-get clean
 fi
+# `--base`: only the cached base (CI's setup, or a first run timed apart from the checks).
+if [ "${1:-}" = --base ]; then log "base ready in $BASE ($(secs "$t_begin" "$(now)") s)"; exit 0; fi
 
-# 2. The package: built here when missing or older than the release binary.
-# Into target/vm/deb, and cargo-deb under a lock: test_systemd.py packages at the same time (its
-# staging dir is target/debian for both).
-DEB=$(ls -t "$WORK"/deb/rigd_*.deb 2>/dev/null | head -1 || true)
-if [ ! -x "$ROOT/target/release/rigd" ]; then
-  log "building rigd (release)"
-  cargo build --release --locked -p rigd >&2
+# 2. The package: built here when missing or older than the release binary (for arm64: the cross
+# build, .cargo/config.toml). Into $WORK/deb, and cargo-deb under a lock: test_systemd.py packages
+# at the same time (its staging dir is target/debian for both).
+DEB=$(ls -t "$WORK"/deb/rigd_*_"$ARCH".deb 2>/dev/null | head -1 || true)
+if [ ! -x "$RELEASE" ]; then
+  log "building rigd (release${CARGO_TARGET:+, $CARGO_TARGET})"
+  cargo build --release --locked -p rigd ${CARGO_TARGET:+--target "$CARGO_TARGET"} >&2
 fi
-if [ -z "$DEB" ] || [ "$ROOT/target/release/rigd" -nt "$DEB" ]; then
+if [ -z "$DEB" ] || [ "$RELEASE" -nt "$DEB" ]; then
   if ! command -v cargo-deb >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo-deb" ]; then
     log "installing cargo-deb"; cargo install cargo-deb --locked --version 3.8.0 >&2
   fi
   log "building the package"
   mkdir -p "$WORK/deb"
-  (cd daemon && flock "$ROOT/target/.cargo-deb.lock" cargo deb -p rigd --no-build --fast --strip -o "$WORK/deb" >&2)
-  DEB=$(ls -t "$WORK"/deb/rigd_*.deb | head -1)
+  (cd daemon && flock "$ROOT/target/.cargo-deb.lock" cargo deb -p rigd --no-build --fast --strip \
+    ${CARGO_TARGET:+--target "$CARGO_TARGET"} -o "$WORK/deb" >&2)
+  DEB=$(ls -t "$WORK"/deb/rigd_*_"$ARCH".deb | head -1)
 fi
 
 # 3. This run's guest: the base, the package, the rig's config and devices; an ext4 image made
@@ -115,7 +146,7 @@ rm -rf "$GUEST"; cp -a "$BASE" "$GUEST"
 cp "$DEB" "$GUEST/tmp/rigd.deb"
 chroot "$GUEST" dpkg -i /tmp/rigd.deb >"$WORK/dpkg.log" 2>&1 || { cat "$WORK/dpkg.log" >&2; exit 1; }
 rm -f "$GUEST/tmp/rigd.deb"
-sed -e "s|@TOPIC_NS@|$NS|; s|@BROKER_PORT@|$BROKER_PORT|" "$VM/rigd.toml" > "$GUEST/etc/rigd/rigd.toml"
+sed -e "s|@TOPIC_NS@|$NS|; s|@BROKER_PORT@|$BROKER_PORT|; s|@TTY_GPS@|$TTY_GPS|" "$VM/rigd.toml" > "$GUEST/etc/rigd/rigd.toml"
 sed -e "s|@BROKER_PORT@|$BROKER_PORT|g" "$VM/broker-relay.service" > "$GUEST/etc/systemd/system/broker-relay.service"
 cp "$VM/rigd-audio-feed.service" "$GUEST/etc/systemd/system/"
 cp "$VM/modules-load.conf" "$GUEST/etc/modules-load.d/rigd-vm.conf"
@@ -132,11 +163,19 @@ mkfs.ext4 -q -F -L root -d "$GUEST" "$WORK/disk.img" 3G
 rm -rf "$GUEST"
 log "image ready in $(secs "$t_begin" "$(now)") s"
 
-# 4. Boot under TCG. Web UI forwarded to a host port; console log to a file; the root shell on
-# ttyS1 and the GPS UART (ttyS2) on unix sockets.
+# 4. Boot under TCG. Web UI forwarded to a host port; console log to a file; the root shell's and
+# the GPS's UARTs on unix sockets.
 WEB_PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 SHELL_SOCK=$WORK/shell.sock
 GPS_SOCK=$WORK/gps.sock
+
+case $ARCH in
+  amd64) SERIALS=(-serial file:"$WORK/console-@BOOT@.log" -serial unix:"$SHELL_SOCK",server=on,wait=off
+                  -chardev socket,id=gps,path="$GPS_SOCK",server=on,wait=off -serial chardev:gps) ;;
+  arm64) SERIALS=(-serial file:"$WORK/console-@BOOT@.log"
+                  -chardev socket,id=shell,path="$SHELL_SOCK",server=on,wait=off -device pci-serial,chardev=shell
+                  -chardev socket,id=gps,path="$GPS_SOCK",server=on,wait=off -device pci-serial,chardev=gps) ;;
+esac
 
 guest() { # runs a command in the guest's root shell, prints its output
   python3 "$VM/shell.py" "$SHELL_SOCK" "$1" "${2:-60}"
@@ -150,13 +189,12 @@ spool_records() { status | jq_py 'd["spool"]["records"]'; }
 boot() { # boots the disk image as it is; returns when rigd's web UI answers
   rm -f "$SHELL_SOCK" "$GPS_SOCK" "$WORK/qemu.pid"
   t_boot=$(now)
-  timeout 900 qemu-system-x86_64 -accel tcg -machine q35 -cpu max -smp 2 -m 1536 -nographic \
+  timeout 900 "$QEMU_SYSTEM" -accel tcg "${QEMU_MACHINE[@]}" -smp 2 -m 1536 -nographic \
     -kernel "$WORK/vmlinuz" -initrd "$WORK/initrd" \
-    -append "root=/dev/vda rw console=ttyS0 net.ifnames=1 systemd.show_status=1" \
+    -append "root=/dev/vda rw console=$TTY_CONSOLE net.ifnames=1 systemd.show_status=1" \
     -drive file="$WORK/disk.img",format=raw,if=virtio \
     -netdev user,id=n0,hostfwd=tcp:127.0.0.1:"$WEB_PORT"-:8088 -device virtio-net-pci,netdev=n0 \
-    -serial file:"$WORK/console-$1.log" -serial unix:"$SHELL_SOCK",server=on,wait=off \
-    -chardev socket,id=gps,path="$GPS_SOCK",server=on,wait=off -serial chardev:gps \
+    "${SERIALS[@]//@BOOT@/$1}" \
     -monitor none -display none -pidfile "$WORK/qemu.pid" >"$WORK/qemu-$1.log" 2>&1 &
   QEMU=$!   # `timeout`, which passes SIGTERM on to QEMU; the power cut needs QEMU's own pid
   for _ in $(seq 1 100); do [ -s "$WORK/qemu.pid" ] || ! kill -0 "$QEMU" 2>/dev/null && break; sleep 0.1; done
