@@ -49,8 +49,8 @@ now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 t_begin=$(now)
 
-for tool in debootstrap $QEMU_SYSTEM mkfs.ext4 socat curl python3; do
-  command -v $tool >/dev/null || { log "missing $tool (tests/setup.sh$([ "$ARCH" = amd64 ] || echo " --cross $ARCH"))"; exit 1; }
+for tool in debootstrap "$QEMU_SYSTEM" mkfs.ext4 socat curl python3; do
+  command -v "$tool" >/dev/null || { log "missing $tool (tests/setup.sh$([ "$ARCH" = amd64 ] || echo " --cross $ARCH"))"; exit 1; }
 done
 # A foreign guest's tree is prepared with chroot through qemu-user's binfmt handler (setup.sh).
 if [ "$ARCH" != amd64 ] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
@@ -169,12 +169,13 @@ WEB_PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));p
 SHELL_SOCK=$WORK/shell.sock
 GPS_SOCK=$WORK/gps.sock
 
+# (@BOOT@: the boot's number, in the console log's name)
 case $ARCH in
-  amd64) SERIALS=(-serial file:"$WORK/console-@BOOT@.log" -serial unix:"$SHELL_SOCK",server=on,wait=off
-                  -chardev socket,id=gps,path="$GPS_SOCK",server=on,wait=off -serial chardev:gps) ;;
-  arm64) SERIALS=(-serial file:"$WORK/console-@BOOT@.log"
-                  -chardev socket,id=shell,path="$SHELL_SOCK",server=on,wait=off -device pci-serial,chardev=shell
-                  -chardev socket,id=gps,path="$GPS_SOCK",server=on,wait=off -device pci-serial,chardev=gps) ;;
+  amd64) SERIALS=(-serial "file:$WORK/console-@BOOT@.log" -serial "unix:$SHELL_SOCK,server=on,wait=off"
+                  -chardev "socket,id=gps,path=$GPS_SOCK,server=on,wait=off" -serial chardev:gps) ;;
+  arm64) SERIALS=(-serial "file:$WORK/console-@BOOT@.log"
+                  -chardev "socket,id=shell,path=$SHELL_SOCK,server=on,wait=off" -device "pci-serial,chardev=shell"
+                  -chardev "socket,id=gps,path=$GPS_SOCK,server=on,wait=off" -device "pci-serial,chardev=gps") ;;
 esac
 
 guest() { # runs a command in the guest's root shell, prints its output
@@ -308,14 +309,14 @@ config_faults() {
     guest "$SPOOL_BACK; umount /mnt/spool 2>/dev/null; rm -f $SPOOL_DROPIN; systemctl daemon-reload; cp /root/rigd.toml.good /etc/rigd/rigd.toml; chown -R rigd:rigd /var/lib/rigd; systemctl reset-failed rigd; systemctl restart rigd" 240 >/dev/null || true
   fi
   wait_for 120 drained || rc=1
-  return $rc
+  return "$rc"
 }
 config_fault_steps() {
   local n1 state journal t0
   # An explicit restart sets NRestarts to 0; a config error must leave it there.
   guest "sed -i 's/^\\[spool\\]\$/[spool]\\nmax-byts = 5/' /etc/rigd/rigd.toml; grep -c max-byts /etc/rigd/rigd.toml; systemctl restart rigd || true" 120 >/dev/null
   sleep 8
-  state=$(guest 'systemctl show -p ActiveState --value rigd' 30 | tr -dc a-z)
+  state=$(guest 'systemctl show -p ActiveState --value rigd' 30 | tr -dc "[:lower:]")
   n1=$(guest 'systemctl show -p NRestarts --value rigd' 30 | tr -dc 0-9)
   journal=$(guest 'journalctl -u rigd -n 30 --no-pager | grep -m1 max-byts' 30 || true)
   log "  bad key: $state, NRestarts $n1 8 s after the restart; journal: ${journal:0:200}"
