@@ -8,6 +8,9 @@
 #   RIGD_VM_ARCH=arm64 tests/vm/vehicle.sh
 #                           the same checks on an aarch64 guest (QEMU `virt`, TCG) with the
 #                           cross-built arm64 .deb (needs `tests/setup.sh --cross arm64`)
+#   tests/vm/vehicle.sh --base          only the cached base image
+#   tests/vm/vehicle.sh --bench SECS    no checks: the rig profile's CPU inside the guest
+#                           (docs/PERFORMANCE.md, "arm64"); one `vehicle: bench ...` line
 # Env: PULSAR_URL (default pulsar://127.0.0.1:6650; started with tests/pulsar/broker.sh when
 # nothing listens, stopped again at the end), PULSAR_ADMIN_URL (default http://127.0.0.1:8080),
 # RIGD_VM_CACHE (default ~/.cache/rigd-vm: the debootstrapped base, reused by every run; base-arm64
@@ -156,6 +159,18 @@ chroot "$GUEST" systemctl enable broker-relay.service rigd-audio-feed.service >/
 chroot "$GUEST" systemctl disable getty@tty1.service e2scrub_reap.service apt-daily.timer \
   apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
 chroot "$GUEST" rigd check --config /etc/rigd/rigd.toml >&2
+if [ "${1:-}" = --bench ]; then
+  # tests/bench/rig_profile.py's own config (1080p MJPEG 30 fps, 48 kHz stereo, 100 Hz serial,
+  # publishing live), through the guest's relay to the host's broker.
+  python3 - "$BROKER_PORT" > "$GUEST/root/rig-profile.toml" <<'EOF'
+import sys
+sys.path.insert(0, "tests/bench")
+import rig_profile
+print(rig_profile.CONFIG.format(rig="vm-bench", format="mjpeg", url=f"pulsar://127.0.0.1:{sys.argv[1]}")
+      .replace("{WEB_PORT}", "8089"))
+EOF
+  chroot "$GUEST" rigd check --config /root/rig-profile.toml >&2
+fi
 KERNEL=$(ls "$GUEST"/boot/vmlinuz-* | head -1); INITRD=$(ls "$GUEST"/boot/initrd.img-* | head -1)
 cp "$KERNEL" "$WORK/vmlinuz"; cp "$INITRD" "$WORK/initrd"
 rm -f "$WORK/disk.img"
@@ -226,6 +241,24 @@ python3 "$VM/nmea_feed.py" "$GPS_SOCK" 5 &
 FEED=$!
 log "booting (TCG)"
 boot 1
+
+# `--bench SECS`: the rig profile run by this guest's binary (the service and the test tone
+# stopped), as root from /root; after 15 s of warm-up, its CPU time over SECS s of the guest's
+# clock, in % of one guest core, and QEMU's CPU on the host over the same window. Run on both
+# architectures in one session, the ratio of the two guests' figures is the arm64 binary's cost
+# against the amd64 one with TCG's cost mostly cancelled (docs/PERFORMANCE.md).
+if [ "${1:-}" = --bench ]; then
+  secs_bench=${2:-30}
+  guest 'systemctl stop rigd rigd-audio-feed; cd /root && { nohup rigd run --config /root/rig-profile.toml >/root/bench.log 2>&1 & echo $! > /root/bench.pid; }' 60 >/dev/null
+  sleep 15
+  q0=$(awk '{print $14 + $15}' "/proc/$QEMU_PID/stat")
+  figures=$(guest "pid=\$(cat /root/bench.pid); tck=\$(getconf CLK_TCK); u0=\$(cut -d' ' -f1 /proc/uptime); c0=\$(awk '{print \$14 + \$15}' /proc/\$pid/stat); sleep $secs_bench; u1=\$(cut -d' ' -f1 /proc/uptime); c1=\$(awk '{print \$14 + \$15}' /proc/\$pid/stat); echo \$tck \$u0 \$c0 \$u1 \$c1" $((secs_bench + 60)))
+  q1=$(awk '{print $14 + $15}' "/proc/$QEMU_PID/stat")
+  read -r tck u0 c0 u1 c1 <<<"$(tail -1 <<<"$figures")"
+  published=$(guest 'curl -s http://127.0.0.1:8089/api/status' 30 | jq_py '"%d published, uplink connected %s, sources %s" % (d["uplink"]["published"], d["uplink"]["connected"], " ".join("%s %s" % (s["id"], s["state"]) for s in d["sources"]))' || echo '?')
+  log "bench $ARCH: rig profile $(awk -v a="$c0" -v b="$c1" -v t="$tck" -v u="$u0" -v w="$u1" 'BEGIN { printf "%.1f", (b - a) / t / (w - u) * 100 }') % of one guest core over $(awk -v u="$u0" -v w="$u1" 'BEGIN { printf "%.1f", w - u }') s (guest clock); QEMU $(awk -v a="$q0" -v b="$q1" -v t="$(getconf CLK_TCK)" -v s="$secs_bench" 'BEGIN { printf "%.0f", (b - a) / t / s * 100 }') % of a host core; $published"
+  exit 0
+fi
 
 CHECK="service active"
 active=$(guest 'systemctl is-active rigd' 30 || true); log "systemctl is-active: $active"
