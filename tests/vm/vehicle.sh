@@ -67,12 +67,27 @@ if [ ! -f "$BASE/.done" ]; then
   # The mirror the host's apt uses (no host named here).
   MIRROR=$(grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -1 || true)
   [ -n "$MIRROR" ] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
-  log "debootstrap bookworm from the host's mirror into $BASE"
+  log "debootstrap bookworm ($ARCH) from the host's mirror into $BASE"
   rm -rf "$BASE"
+  # arm64: every program of the foreign tree runs under qemu-user, where an initramfs of
+  # MODULES=most takes ~20 min to build (and debootstrap builds it twice): the kernel comes after,
+  # in one apt run, with an initramfs of only what mounts the root disk (also less for TCG to
+  # unpack at every boot).
+  KERNEL_PKGS=linux-image-"$ARCH",initramfs-tools,
+  [ "$ARCH" = amd64 ] || KERNEL_PKGS=""
   debootstrap --arch="$ARCH" --variant=minbase \
-    --include=systemd,systemd-sysv,udev,dbus,linux-image-"$ARCH",initramfs-tools,init-system-helpers,libasound2,iproute2,procps,kmod,$GUEST_PKGS \
+    --include=systemd,systemd-sysv,udev,dbus,"${KERNEL_PKGS}"init-system-helpers,libasound2,iproute2,procps,kmod,$GUEST_PKGS \
     bookworm "$BASE" "$MIRROR" >"$CACHE/debootstrap-$ARCH.log" 2>&1 \
     || { tail -20 "$CACHE/debootstrap-$ARCH.log" >&2; exit 1; }
+  if [ -z "$KERNEL_PKGS" ]; then
+    mkdir -p "$BASE/etc/initramfs-tools/conf.d" "$BASE/usr/share/initramfs-tools/modules.d"
+    echo MODULES=list > "$BASE/etc/initramfs-tools/conf.d/rigd-vm.conf"
+    printf 'virtio_pci\nvirtio_blk\next4\n' > "$BASE/usr/share/initramfs-tools/modules.d/rigd-vm.conf"
+    cp /etc/resolv.conf "$BASE/etc/resolv.conf"
+    { chroot "$BASE" apt-get update -qq && DEBIAN_FRONTEND=noninteractive chroot "$BASE" \
+        apt-get install -y -qq --no-install-recommends linux-image-"$ARCH" initramfs-tools; } >>"$CACHE/debootstrap-$ARCH.log" 2>&1 \
+      || { tail -20 "$CACHE/debootstrap-$ARCH.log" >&2; exit 1; }
+  fi
   echo vehicle > "$BASE/etc/hostname"
   # Network: DHCP on the virtio NIC (QEMU user networking).
   mkdir -p "$BASE/etc/systemd/network"
