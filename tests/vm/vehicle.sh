@@ -266,12 +266,31 @@ if [ "${1:-}" = --bench ]; then
   secs_bench=${2:-30}
   guest 'systemctl stop rigd rigd-audio-feed; cd /root && { nohup rigd run --config /root/rig-profile.toml >/root/bench.log 2>&1 & echo $! > /root/bench.pid; }' 60 >/dev/null
   sleep 15
-  q0=$(awk '{print $14 + $15}' "/proc/$QEMU_PID/stat")
-  figures=$(guest "pid=\$(cat /root/bench.pid); tck=\$(getconf CLK_TCK); u0=\$(cut -d' ' -f1 /proc/uptime); c0=\$(awk '{print \$14 + \$15}' /proc/\$pid/stat); sleep $secs_bench; u1=\$(cut -d' ' -f1 /proc/uptime); c1=\$(awk '{print \$14 + \$15}' /proc/\$pid/stat); echo \$tck \$u0 \$c0 \$u1 \$c1" $((secs_bench + 60)))
-  q1=$(awk '{print $14 + $15}' "/proc/$QEMU_PID/stat")
-  read -r tck u0 c0 u1 c1 <<<"$(tail -1 <<<"$figures")"
-  published=$(guest 'curl -s http://127.0.0.1:8089/api/status' 30 | jq_py '"%d published, uplink connected %s, sources %s" % (d["uplink"]["published"], d["uplink"]["connected"], " ".join("%s %s" % (s["id"], s["state"]) for s in d["sources"]))' || echo '?')
-  log "bench $ARCH: rig profile $(awk -v a="$c0" -v b="$c1" -v t="$tck" -v u="$u0" -v w="$u1" 'BEGIN { printf "%.1f", (b - a) / t / (w - u) * 100 }') % of one guest core over $(awk -v u="$u0" -v w="$u1" 'BEGIN { printf "%.1f", w - u }') s (guest clock); QEMU $(awk -v a="$q0" -v b="$q1" -v t="$(getconf CLK_TCK)" -v s="$secs_bench" 'BEGIN { printf "%.0f", (b - a) / t / s * 100 }') % of a host core; $published"
+  # The guest's uptime, rigd's CPU ticks and its status, read in one go.
+  sample() { guest "getconf CLK_TCK; cut -d' ' -f1 /proc/uptime; awk '{print \$14 + \$15}' /proc/\$(cat /root/bench.pid)/stat; curl -s http://127.0.0.1:8089/api/status" 60; }
+  q0=$(awk '{print $14 + $15}' "/proc/$QEMU_PID/stat"); s0=$(sample)
+  sleep "$secs_bench"
+  q1=$(awk '{print $14 + $15}' "/proc/$QEMU_PID/stat"); s1=$(sample)
+  # Whether the guest kept up matters as much as the CPU: a saturated guest's sources fall behind,
+  # so the figure to compare is also guest CPU per captured frame.
+  log "bench $ARCH: $(python3 - "$s0" "$s1" "$q0" "$q1" "$(getconf CLK_TCK)" "$secs_bench" <<'EOF'
+import json, sys
+def parse(text):
+    tck, up, cpu, doc = text.strip().split("\n", 3)
+    return int(tck), float(up), float(cpu), json.loads(doc)
+tck, u0, c0, d0 = parse(sys.argv[1])
+_, u1, c1, d1 = parse(sys.argv[2])
+q = (float(sys.argv[4]) - float(sys.argv[3])) / int(sys.argv[5]) / float(sys.argv[6])
+wall, cpu = u1 - u0, (c1 - c0) / tck
+rates = {a["id"]: (b["frames"] - a["frames"]) / wall for a, b in zip(d0["sources"], d1["sources"])}
+frames = sum(rates.values()) * wall
+print(f"rig profile {100 * cpu / wall:.1f} % of one guest core over {wall:.1f} s of the guest's clock, "
+      f"{1000 * cpu / max(frames, 1):.2f} ms of guest CPU per frame; frames/s "
+      + ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
+      + f"; published {d1['uplink']['published'] - d0['uplink']['published']}, uplink connected {d1['uplink']['connected']}; "
+      f"QEMU {100 * q:.0f} % of a host core")
+EOF
+)"
   exit 0
 fi
 
