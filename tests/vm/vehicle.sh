@@ -176,12 +176,13 @@ chroot "$GUEST" systemctl disable getty@tty1.service e2scrub_reap.service apt-da
 chroot "$GUEST" rigd check --config /etc/rigd/rigd.toml >&2
 if [ "${1:-}" = --bench ]; then
   # tests/bench/rig_profile.py's own config (1080p MJPEG 30 fps, 48 kHz stereo, 100 Hz serial,
-  # publishing live), through the guest's relay to the host's broker.
-  python3 - "$BROKER_PORT" > "$GUEST/root/rig-profile.toml" <<'EOF'
+  # publishing live), through the guest's relay to the host's broker. A rig id of this run's own:
+  # a killed guest's producers hold their names on the broker until their connection times out.
+  python3 - "$BROKER_PORT" "vm-bench-$ARCH-${NS##*-}" > "$GUEST/root/rig-profile.toml" <<'EOF'
 import sys
 sys.path.insert(0, "tests/bench")
 import rig_profile
-print(rig_profile.CONFIG.format(rig="vm-bench", format="mjpeg", url=f"pulsar://127.0.0.1:{sys.argv[1]}")
+print(rig_profile.CONFIG.format(rig=sys.argv[2], format="mjpeg", url=f"pulsar://127.0.0.1:{sys.argv[1]}")
       .replace("{WEB_PORT}", "8089"))
 EOF
   chroot "$GUEST" rigd check --config /root/rig-profile.toml >&2
