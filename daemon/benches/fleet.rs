@@ -15,7 +15,7 @@
 //! a `{"summary":...}` line. Driven by tests/bench/fleet.py.
 
 use bytes::Bytes;
-use rigd::uplink::{Ack, BatchPolicy, Outcome, Producer, ProducerConfig, ProducerStats};
+use rigd::uplink::{Ack, Outcome, Producer, ProducerConfig, ProducerStats};
 use rigd_drivers::{ClockState, Frame, Media};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
@@ -158,7 +158,6 @@ async fn main() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    let defaults = rigd::config::PulsarConfig::default();
     let (_stop_tx, stop) = watch::channel(false);
     let (go_tx, go) = watch::channel(false);
     let t0 = Instant::now();
@@ -186,25 +185,16 @@ async fn main() {
             let (ack_tx, acks) = mpsc::unbounded_channel();
             let producer = Producer::spawn(
                 ProducerConfig {
-                    url: url.clone(),
-                    topic: topic.clone(),
-                    producer_name: rigd::wire::producer_name(&rig, &kind.name),
-                    rig: rig.clone(),
-                    bucket_ms: 33,
-                    token: rigd::uplink::Token::None,
                     max_in_flight: args.max_in_flight,
-                    max_in_flight_bytes: defaults.max_in_flight_bytes.0 as usize,
-                    max_frame_bytes: defaults.max_frame_bytes.0 as usize,
-                    send_timeout: Duration::from_millis(defaults.send_timeout_ms),
-                    tls: None,
-                    compression: rigd::config::Compression::None,
-                    encryption: None,
-                    batch: BatchPolicy::from(&defaults),
-                    budget: None,
-                    rank: 0,
-                    stats: None,
                     // new topics: nothing of an earlier run to look for
                     fresh: true,
+                    ..ProducerConfig::new(
+                        url,
+                        topic.clone(),
+                        rigd::wire::producer_name(&rig, &kind.name),
+                        &rig,
+                        33,
+                    )
                 },
                 ack_tx,
                 stop.clone(),

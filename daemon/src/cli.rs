@@ -242,6 +242,9 @@ struct ReplayArgs {
     /// verify and --pulsar still work (the sealed frames are republished as they are).
     #[arg(long, value_name = "FILE")]
     decrypt_key: Option<PathBuf>,
+    /// With --pulsar, on a partitioned topic: how a key picks its partition (`pulsar.hashing-scheme`).
+    #[arg(long, value_name = "SCHEME", value_parser = ["murmur3-32", "java-string"], default_value = "murmur3-32")]
+    hashing_scheme: String,
     /// With --pulsar: give up after this many seconds without progress (no connection, no receipt).
     #[arg(long, value_name = "S", default_value_t = 60)]
     timeout: u64,
@@ -519,6 +522,11 @@ fn replay(args: ReplayArgs) -> ExitCode {
             token,
             tls_ca: args.tls_ca.clone(),
             stall_timeout: std::time::Duration::from_secs(args.timeout.max(1)),
+            hashing: if args.hashing_scheme == "java-string" {
+                crate::config::HashingScheme::JavaString
+            } else {
+                crate::config::HashingScheme::Murmur3_32
+            },
         };
         republish::run(&snap, &plan, &target, &interrupt)
     } else {

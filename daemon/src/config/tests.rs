@@ -268,6 +268,7 @@ fn every_message_names_the_table_index_key_and_line() {
         (format!("{rig}[clock]\ntransport = \"udp6\"\n"), vec!["t.toml:4: clock.transport:"]),
         (format!("{rig}[spool]\nmode = \"sometimes\"\n"), vec!["t.toml:4: spool.mode:"]),
         (format!("{rig}[pulsar]\ncompression = \"gzip\"\n"), vec!["t.toml:4: pulsar.compression:"]),
+        (format!("{rig}[pulsar]\nhashing-scheme = \"crc32\"\n"), vec!["t.toml:4: pulsar.hashing-scheme: unknown variant `crc32`, expected `murmur3-32` or `java-string`"]),
         (format!("source = 5\n{rig}"), vec!["t.toml:1: source:"]),
         (format!("{rig}source = 5\n"), vec!["t.toml:3: rig.source: unknown field"]),
         (format!("{rig}[sppol]\npath = \"x\"\n"), vec!["t.toml:3: sppol: unknown field"]),

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 use super::progress::{Interrupt, Progress};
 use super::{capture_order, total_bytes, Published, ReplayError, SourcePlan, Summary, Tally};
 use crate::spool::snapshot::SpoolSnapshot;
-use crate::uplink::{Ack, Outcome, Producer, ProducerConfig};
+use crate::uplink::{Ack, Outcome, ProducerConfig, TopicProducer};
 use crate::wire;
 
 /// Where and as whom to republish.
@@ -34,6 +34,8 @@ pub struct Target {
     pub tls_ca: Option<std::path::PathBuf>,
     /// Give up when nothing moves (no connection, no receipt) for this long.
     pub stall_timeout: Duration,
+    /// A partitioned topic's key -> partition mapping (`pulsar.hashing-scheme`).
+    pub hashing: crate::config::HashingScheme,
 }
 
 impl Target {
@@ -43,7 +45,7 @@ impl Target {
 }
 
 struct EpochSender {
-    producer: Producer,
+    producer: TopicProducer,
     acks: mpsc::UnboundedReceiver<Ack>,
     submitted: u64,
     acked: u64,
@@ -120,6 +122,7 @@ async fn republish(
                 tls: tls.clone(),
                 compression: crate::config::Compression::None,
                 batch: crate::uplink::BatchPolicy::default(),
+                hashing: target.hashing,
                 ..ProducerConfig::new(
                     &target.url,
                     target.topic_of(&p.source),
@@ -129,7 +132,7 @@ async fn republish(
                 )
             };
             EpochSender {
-                producer: Producer::spawn(cfg, tx, shutdown.clone()),
+                producer: TopicProducer::spawn(cfg, tx, shutdown.clone()),
                 acks,
                 submitted: 0,
                 acked: 0,
@@ -173,6 +176,9 @@ async fn republish(
                 }
                 Err(f) => {
                     frame = f;
+                    // Nothing was handed over yet when a topic turns out partitioned.
+                    let left = senders[sender].producer.refresh().await;
+                    debug_assert!(left.is_empty());
                     let sender = &senders[sender];
                     if !sender.producer.is_connected() {
                         progress.set_message(format!("waiting for {}", target.url));
@@ -304,6 +310,7 @@ mod tests {
             token: None,
             tls_ca: None,
             stall_timeout: Duration::from_secs(1),
+            hashing: Default::default(),
         };
         assert_eq!(
             t.topic_of("front"),

@@ -58,6 +58,10 @@ pub enum LinkError {
     Broker(String),
     #[error("topic terminated: {0}")]
     Terminated(String),
+    /// The topic is partitioned: its partitions are produced to, each a topic of its own
+    /// (`uplink::topic`).
+    #[error("{topic} is partitioned ({partitions} partitions)")]
+    Partitioned { topic: String, partitions: u32 },
     #[error("timed out waiting for {0}")]
     Timeout(String),
     #[error("connection closed by the broker")]
@@ -539,13 +543,15 @@ impl Setup {
         self.create_producer(link).await
     }
 
-    /// Connects to the service, checks the topic is not partitioned and looks it up (following
-    /// redirects): a connection to the broker that owns the topic.
-    pub(super) async fn lookup(&mut self) -> Result<Link, LinkError> {
+    /// How many partitions the topic has (0: not partitioned), asked on a connection of its own
+    /// to the service (a partitioned producer watches for partitions added while it runs).
+    pub async fn partitions(&mut self) -> Result<u32, LinkError> {
         let hosts = Endpoint::parse_service(&self.url).map_err(LinkError::Broker)?;
-        let (service, mut link) = self.open_service(&hosts).await?;
-        self.service_host = Some(service.url());
+        let (_, mut link) = self.open_service(&hosts).await?;
+        self.partitions_on(&mut link).await
+    }
 
+    async fn partitions_on(&mut self, link: &mut Link) -> Result<u32, LinkError> {
         let id = self.request_id();
         let topic = self.topic.clone();
         link.command(BaseCommand {
@@ -563,22 +569,32 @@ impl Setup {
                 c.partition_metadata_response.is_some()
             })
             .await?;
-        if let Some(m) = meta.partition_metadata_response {
-            if let Some(msg) = m.message.filter(|_| m.response == Some(1)) {
-                return Err(LinkError::refused(
-                    m.error,
-                    format!(
-                        "partitioned metadata of {topic}: {msg} ({})",
-                        m.error.map_or("no code", server_error)
-                    ),
-                ));
-            }
-            if m.partitions.unwrap_or(0) > 0 {
-                return Err(LinkError::Broker(format!(
-                    "{topic} is partitioned ({} partitions); rigd publishes one non-partitioned topic per source",
-                    m.partitions.unwrap_or(0)
-                )));
-            }
+        let Some(m) = meta.partition_metadata_response else {
+            return Ok(0);
+        };
+        if let Some(msg) = m.message.filter(|_| m.response == Some(1)) {
+            return Err(LinkError::refused(
+                m.error,
+                format!(
+                    "partitioned metadata of {topic}: {msg} ({})",
+                    m.error.map_or("no code", server_error)
+                ),
+            ));
+        }
+        Ok(m.partitions.unwrap_or(0))
+    }
+
+    /// Connects to the service, learns whether the topic is partitioned and looks it up (following
+    /// redirects): a connection to the broker that owns the topic.
+    pub(super) async fn lookup(&mut self) -> Result<Link, LinkError> {
+        let hosts = Endpoint::parse_service(&self.url).map_err(LinkError::Broker)?;
+        let (service, mut link) = self.open_service(&hosts).await?;
+        self.service_host = Some(service.url());
+
+        let topic = self.topic.clone();
+        let partitions = self.partitions_on(&mut link).await?;
+        if partitions > 0 {
+            return Err(LinkError::Partitioned { topic, partitions });
         }
 
         let mut authoritative = false;

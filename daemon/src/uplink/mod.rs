@@ -10,13 +10,16 @@ pub mod identity;
 pub mod plan;
 mod probe;
 mod producer;
+pub mod route;
 mod session;
+mod topic;
 pub mod window;
 
 pub use batch::BatchPolicy;
 pub use budget::Budget;
 pub use connect::Token;
 pub use producer::{Producer, ProducerConfig, ProducerStats, SHUTDOWN_GRACE};
+pub use topic::{partition_topic, TopicProducer};
 pub use window::{Ack, Outcome};
 
 /// Client TLS settings: the CA certificates of `ca_file` (PEM), or the Mozilla roots when absent;

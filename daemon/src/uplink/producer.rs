@@ -10,7 +10,7 @@
 //!   outstanding receipts, then the frames go back to the caller).
 
 use bytes::Buf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -81,6 +81,11 @@ pub struct ProducerConfig {
     /// No frame was ever sent under this producer name (an epoch this process opened): the
     /// topic is not probed at its creation (its last message is another producer's).
     pub fresh: bool,
+    /// `[pulsar] hashing-scheme`: a partitioned topic's key -> partition mapping.
+    pub hashing: super::route::HashingScheme,
+    /// One partition of a partitioned topic: the link state and window size in the shared stats
+    /// are the whole topic's, which [`super::TopicProducer`] reports, not this producer.
+    pub partition: bool,
 }
 
 impl ProducerConfig {
@@ -107,6 +112,8 @@ impl ProducerConfig {
             rank: 0,
             stats: None,
             fresh: false,
+            hashing: defaults.hashing_scheme,
+            partition: false,
         }
     }
 
@@ -122,6 +129,7 @@ impl ProducerConfig {
             send_timeout: Duration::from_millis(p.send_timeout_ms),
             compression: p.compression,
             batch: BatchPolicy::from(p),
+            hashing: p.hashing_scheme,
             ..ProducerConfig::new(
                 url,
                 p.topic_for(&config.rig.id, source),
@@ -182,6 +190,8 @@ struct Shared {
     /// The producer of a source's live frames: the one whose connection and window the shared
     /// stats report (a source's producers share one [`ProducerStats`]).
     live: AtomicBool,
+    /// The broker said the topic is partitioned, into this many (0: it is not, or not known yet).
+    partitioned: AtomicU32,
 }
 
 impl Shared {
@@ -277,7 +287,7 @@ impl Producer {
             stats: cfg.stats.clone().unwrap_or_default(),
             connected: AtomicBool::new(false),
             held: AtomicUsize::new(0),
-            live: AtomicBool::new(cfg.rank < super::budget::FIRST_BACKLOG_RANK),
+            live: AtomicBool::new(!cfg.partition && cfg.rank < super::budget::FIRST_BACKLOG_RANK),
             acks,
             work: Notify::new(),
             room: Notify::new(),
@@ -290,6 +300,7 @@ impl Producer {
                 .to_string(),
             last_refused_log: Mutex::new(None),
             rank: AtomicUsize::new(cfg.rank),
+            partitioned: AtomicU32::new(0),
         });
         let mut setup = Setup::new(
             cfg.url.clone(),
@@ -347,6 +358,13 @@ impl Producer {
 
     pub fn is_connected(&self) -> bool {
         self.shared.connected.load(Ordering::Acquire)
+    }
+
+    /// The topic turned out partitioned, into this many partitions (0: it is not, or the broker
+    /// has not answered yet): this producer publishes nothing, [`super::TopicProducer`] opens one
+    /// per partition instead.
+    pub fn partitioned(&self) -> u32 {
+        self.shared.partitioned.load(Ordering::Acquire)
     }
 
     pub fn stats(&self) -> &Arc<ProducerStats> {
@@ -486,6 +504,13 @@ impl Session {
             let mut pace = Pace::Backoff;
             let delay = match result {
                 Err(LinkError::Shutdown) => break,
+                Err(LinkError::Partitioned { topic, partitions }) => {
+                    tracing::info!(%topic, partitions, "the topic is partitioned: one producer per partition");
+                    shared.partitioned.store(partitions, Ordering::Release);
+                    shared.room.notify_one();
+                    // Closed by its TopicProducer soon; asked again only if it is not.
+                    TERMINATED_RETRY
+                }
                 Err(e) => {
                     let terminated = matches!(e, LinkError::Terminated(_));
                     let msg = e.to_string();
