@@ -290,11 +290,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 shutdown_rx.clone(),
             ));
         }
-        let topic = config
-            .pulsar
-            .url
-            .as_ref()
-            .map(|_| config.pulsar.topic_for(&config.rig.id, &id));
+        let topic = config.pulsar.url.as_ref().map(|_| config.topic_of(&id));
         EventMarker::new(
             sink,
             clock.clone(),

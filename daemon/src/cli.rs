@@ -69,7 +69,7 @@ struct TailArgs {
     /// The rig to follow (`rig.id`).
     #[arg(long, value_name = "ID", value_parser = rig_id)]
     rig: String,
-    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}.
+    /// Topic template (`pulsar.topic`), placeholders {rig}, {source} and {modality}.
     #[arg(long, value_name = "TEMPLATE", default_value = crate::wire::DEFAULT_TOPIC)]
     topic: String,
     /// Follow only this source, and expect it in every bucket (repeatable; default: discover the
@@ -107,7 +107,7 @@ struct LiveArgs {
     /// Where to serve the live view: ws://ADDR/foxglove.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8765")]
     bind: std::net::SocketAddr,
-    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}.
+    /// Topic template (`pulsar.topic`), placeholders {rig}, {source} and {modality}.
     #[arg(long, value_name = "TEMPLATE", default_value = crate::wire::DEFAULT_TOPIC)]
     topic: String,
     /// Serve only this source (repeatable; default: every topic of the rig, as they appear).
@@ -227,7 +227,7 @@ struct ReplayArgs {
     /// one the spool recorded.
     #[arg(long, value_name = "ID", value_parser = rig_id)]
     rig: Option<String>,
-    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}. Default: the one the
+    /// Topic template (`pulsar.topic`), placeholders {rig}, {source} and {modality}. Default: the one the
     /// spool recorded, else the default template
     /// (`wire::DEFAULT_TOPIC`).
     #[arg(long, value_name = "TEMPLATE")]

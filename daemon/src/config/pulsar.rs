@@ -139,8 +139,8 @@ impl Default for PulsarConfig {
 
 impl PulsarConfig {
     /// The topic of one source.
-    pub fn topic_for(&self, rig: &str, source: &str) -> String {
-        crate::wire::topic(&self.topic, rig, source)
+    pub fn topic_for(&self, rig: &str, source: &str, modality: rigd_drivers::Modality) -> String {
+        crate::wire::topic(&self.topic, rig, source, modality.as_str())
     }
 }
 
@@ -173,9 +173,9 @@ impl PulsarConfig {
             match after.find('}') {
                 Some(close) => {
                     let name = &after[..close];
-                    if name != "rig" && name != "source" {
+                    if !crate::wire::TOPIC_PLACEHOLDERS.contains(&name) {
                         p.push(format!(
-                            "pulsar.topic: unknown placeholder `{{{name}}}` (known: {{rig}}, {{source}})"
+                            "pulsar.topic: unknown placeholder `{{{name}}}` (known: {{rig}}, {{source}}, {{modality}})"
                         ));
                     }
                     rest = &after[close + 1..];
@@ -186,8 +186,11 @@ impl PulsarConfig {
                 }
             }
         }
-        if !self.topic.contains("{source}") {
-            p.push("pulsar.topic: must contain {source} (one topic per source)".to_string());
+        if !self.topic.contains("{source}") && !self.topic.contains("{modality}") {
+            p.push(
+                "pulsar.topic: must contain {source} (a topic per source) or {modality} (a topic per modality)"
+                    .to_string(),
+            );
         }
         if self.max_in_flight == 0 {
             p.push("pulsar.max-in-flight: must be at least 1".to_string());

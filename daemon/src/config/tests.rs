@@ -308,8 +308,18 @@ fn every_message_names_the_table_index_key_and_line() {
 fn topic_template_expands() {
     let c = PulsarConfig::default();
     assert_eq!(
-        c.topic_for("van-07", "front"),
+        c.topic_for("van-07", "front", rigd_drivers::Modality::Camera),
         "persistent://public/default/van-07-front"
+    );
+    // One topic per modality, shared by rigs; the events source's records are text: serial.
+    let text = "[rig]\nid = \"van-07\"\n[[source]]\nid = \"mic\"\nkind = \"synthetic-audio\"\n\
+                [pulsar]\ntopic = \"persistent://ai/ingest/{modality}\"\n";
+    let c = Config::parse(text, "t").unwrap();
+    assert_eq!(c.topic_of("mic"), "persistent://ai/ingest/audio");
+    assert_eq!(c.topic_of(EVENTS_SOURCE), "persistent://ai/ingest/serial");
+    let no_source = "[rig]\nid = \"a\"\n[pulsar]\ntopic = \"persistent://ai/ingest/{rig}\"\n";
+    assert!(
+        problems(no_source)[0].contains("must contain {source} (a topic per source) or {modality}")
     );
 }
 

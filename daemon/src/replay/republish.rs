@@ -18,6 +18,7 @@ use super::{capture_order, total_bytes, Published, ReplayError, SourcePlan, Summ
 use crate::spool::snapshot::SpoolSnapshot;
 use crate::uplink::{Ack, Outcome, ProducerConfig, TopicProducer};
 use crate::wire;
+use rigd_drivers::Modality;
 
 /// Where and as whom to republish.
 #[derive(Debug, Clone)]
@@ -39,8 +40,8 @@ pub struct Target {
 }
 
 impl Target {
-    pub fn topic_of(&self, source: &str) -> String {
-        crate::wire::topic(&self.topic, &self.rig, source)
+    pub fn topic_of(&self, source: &str, modality: Modality) -> String {
+        crate::wire::topic(&self.topic, &self.rig, source, modality.as_str())
     }
 }
 
@@ -111,6 +112,12 @@ async fn republish(
         .map(|&(i, start)| {
             let p = &plan[i];
             let (tx, acks) = mpsc::unbounded_channel();
+            // For a `{modality}` template: what the source's records are (its first readable one).
+            let modality = p
+                .entries
+                .iter()
+                .find_map(|e| snap.read(&p.source, e).ok())
+                .map_or(Modality::Serial, |f| f.modality());
             let cfg = ProducerConfig {
                 token: target
                     .token
@@ -125,7 +132,7 @@ async fn republish(
                 hashing: target.hashing,
                 ..ProducerConfig::new(
                     &target.url,
-                    target.topic_of(&p.source),
+                    target.topic_of(&p.source, modality),
                     wire::epoch_producer_name(&target.rig, &p.source, start),
                     &target.rig,
                     target.bucket_ms,
@@ -313,7 +320,7 @@ mod tests {
             hashing: Default::default(),
         };
         assert_eq!(
-            t.topic_of("front"),
+            t.topic_of("front", Modality::Camera),
             "persistent://public/default/van-07-front"
         );
     }

@@ -132,7 +132,7 @@ impl ProducerConfig {
             hashing: p.hashing_scheme,
             ..ProducerConfig::new(
                 url,
-                p.topic_for(&config.rig.id, source),
+                config.topic_of(source),
                 crate::wire::producer_name(&config.rig.id, source),
                 &config.rig.id,
                 config.rig.bucket_ms,
