@@ -54,6 +54,7 @@ async fn main() {
             rank: 0,
             stats: None,
             fresh: false,
+            pool: rigd::uplink::Pool::new(None),
             compression: rigd::config::Compression::None,
             encryption,
             batch: if batching {

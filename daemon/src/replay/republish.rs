@@ -104,6 +104,8 @@ async fn republish(
         wanted.extend(e.starts().iter().map(|s| (i, *s)));
         epochs.push(e);
     }
+    // One connection per broker for every sender, as the daemon's producers share one.
+    let pool = crate::uplink::Pool::new(None);
     let mut senders: Vec<EpochSender> = wanted
         .iter()
         .map(|&(i, start)| {
@@ -120,6 +122,7 @@ async fn republish(
                 tls: tls.clone(),
                 compression: crate::config::Compression::None,
                 batch: crate::uplink::BatchPolicy::default(),
+                pool: pool.clone(),
                 ..ProducerConfig::new(
                     &target.url,
                     target.topic_of(&p.source),
