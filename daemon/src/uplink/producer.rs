@@ -408,6 +408,7 @@ impl Session {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10), seed);
         let mut owner_backoff = Backoff::new(Duration::from_millis(100), OWNER_RETRY_MAX, seed ^ 1);
         let mut last_logged_error = String::new();
+        let mut repeats = Repeats::new(Instant::now());
         let mut moving_since: Option<Instant> = None;
         // Attempts since the broker took a connection again after an outage (None: not recovering).
         let mut since_life: Option<u32> = None;
@@ -513,6 +514,9 @@ impl Session {
                 Err(e) => {
                     let terminated = matches!(e, LinkError::Terminated(_));
                     let msg = e.to_string();
+                    // failing since (reset only by a connection): a move that outlasts the
+                    // fast window backs off for good, not for one attempt
+                    let since = *moving_since.get_or_insert_with(Instant::now);
                     if msg != last_logged_error {
                         let in_flight = shared.window().frames();
                         if terminated {
@@ -523,11 +527,13 @@ impl Session {
                                 "uplink down; frames go to the spool until it is back");
                         }
                         last_logged_error = msg.clone();
+                        repeats = Repeats::new(Instant::now());
+                    } else if let Some(attempts) = repeats.again(Instant::now()) {
+                        tracing::warn!(topic = %self.setup.topic, error = %msg, attempts,
+                            down_s = since.elapsed().as_secs(),
+                            "uplink still down, the same error at every attempt since the last line");
                     }
                     stats.set_error(&msg);
-                    // failing since (reset only by a connection): a move that outlasts the
-                    // fast window backs off for good, not for one attempt
-                    let since = *moving_since.get_or_insert_with(Instant::now);
                     pace = Pace::after(&e, since.elapsed());
                     match pace {
                         Pace::Terminated => {
@@ -773,6 +779,38 @@ fn unreachable(kind: std::io::ErrorKind) -> bool {
     )
 }
 
+/// A connection failure that repeats unchanged is logged once, then again this often with the
+/// attempts since (the CI run of 3 Dec 2026 21:52Z had a broker refuse a topic's producer with the
+/// same error for 90 s after one line: the log read as a silent stall).
+const STILL_DOWN_EVERY: Duration = Duration::from_secs(30);
+
+/// The attempts that failed the same way since the last line about it. Pure (time passed in).
+#[derive(Debug)]
+struct Repeats {
+    logged_at: Instant,
+    attempts: u32,
+}
+
+impl Repeats {
+    fn new(now: Instant) -> Self {
+        Repeats {
+            logged_at: now,
+            attempts: 0,
+        }
+    }
+
+    /// One more failure like the last one logged: the attempts to log now, if a line is due.
+    fn again(&mut self, now: Instant) -> Option<u32> {
+        self.attempts += 1;
+        if now.saturating_duration_since(self.logged_at) < STILL_DOWN_EVERY {
+            return None;
+        }
+        let n = self.attempts;
+        *self = Repeats::new(now);
+        Some(n)
+    }
+}
+
 /// Resolves once the daemon shuts down or the handle asked to close.
 async fn stopped(shutdown: &mut watch::Receiver<bool>, shared: &Shared) {
     loop {
@@ -802,6 +840,21 @@ fn abort_after_chunk() -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_that_repeats_is_logged_again_every_30_s_with_its_attempts() {
+        let t0 = Instant::now();
+        let mut r = Repeats::new(t0);
+        assert_eq!(r.again(t0 + Duration::from_secs(1)), None);
+        assert_eq!(r.again(t0 + Duration::from_secs(11)), None);
+        assert_eq!(r.again(t0 + STILL_DOWN_EVERY), Some(3));
+        // counted again from that line
+        assert_eq!(
+            r.again(t0 + STILL_DOWN_EVERY + Duration::from_secs(10)),
+            None
+        );
+        assert_eq!(r.again(t0 + STILL_DOWN_EVERY * 2), Some(2));
+    }
 
     #[test]
     fn a_dead_owner_is_retried_soon_and_a_terminated_topic_rarely() {
