@@ -1,8 +1,10 @@
 //! Fleet simulator: N rigs x M sources of synthetic frames, each source with rigd's own producer
-//! (one connection per producer, as every rig has), against a real broker or cluster.
+//! (a rig's producers sharing one connection per broker, as a rig's do; `--connection-per-producer`
+//! gives each its own, as rigd did before), against a real broker or cluster.
 //!
 //! usage: cargo bench -p rigd --bench fleet -- --url URL --namespace TENANT/NS --rigs N
 //!        [--profile NAME:HZ:BYTES,...] [--rate-scale X] [--secs S] [--drain-secs S]
+//!        [--connection-per-producer]
 //!
 //! Sources start once every producer is connected (`{"event":"ready",...}` on stdout), run for
 //! `--secs`, then wait up to `--drain-secs` for every frame to be acknowledged. A frame the
@@ -39,6 +41,8 @@ struct Args {
     secs: f64,
     drain_secs: f64,
     max_in_flight: usize,
+    /// Each producer on a connection of its own (rigd before it shared one per broker).
+    connection_per_producer: bool,
 }
 
 /// What one source saw, for the summary and the driver.
@@ -78,6 +82,7 @@ fn parse_args() -> Args {
         secs: 60.0,
         drain_secs: 60.0,
         max_in_flight: rigd::config::PulsarConfig::default().max_in_flight,
+        connection_per_producer: false,
     };
     let mut scale = 1.0;
     let mut it = std::env::args().skip(1).filter(|a| a != "--bench");
@@ -99,6 +104,7 @@ fn parse_args() -> Args {
             "--max-in-flight" => {
                 args.max_in_flight = value().parse().unwrap_or_else(|_| usage("--max-in-flight"))
             }
+            "--connection-per-producer" => args.connection_per_producer = true,
             other => usage(&format!("unknown argument {other}")),
         }
     }
@@ -180,6 +186,7 @@ async fn main() {
     for r in 0..args.rigs {
         let rig = format!("rig{r:05}");
         let url = &urls[r % urls.len()];
+        let pool = rigd::uplink::Pool::new(None);
         for kind in &args.kinds {
             let topic = format!("persistent://{}/{rig}-{}", args.namespace, kind.name);
             let (ack_tx, acks) = mpsc::unbounded_channel();
@@ -188,6 +195,11 @@ async fn main() {
                     max_in_flight: args.max_in_flight,
                     // new topics: nothing of an earlier run to look for
                     fresh: true,
+                    pool: if args.connection_per_producer {
+                        rigd::uplink::Pool::new(None)
+                    } else {
+                        pool.clone()
+                    },
                     ..ProducerConfig::new(
                         url,
                         topic.clone(),

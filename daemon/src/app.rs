@@ -73,6 +73,8 @@ struct LaneWiring<'a> {
     shutdown: watch::Receiver<bool>,
     /// `pulsar.max-bandwidth`, shared by every producer.
     budget: Option<Arc<Budget>>,
+    /// One connection per broker, shared by every producer (charged against `budget`).
+    pool: Arc<crate::uplink::Pool>,
 }
 
 /// A lane that runs: its task, its counters and its producer's.
@@ -113,6 +115,7 @@ impl LaneWiring<'_> {
                 budget: self.budget.clone(),
                 rank: crate::uplink::budget::rank(priority, false),
                 stats: Some(uplink_stats.clone()),
+                pool: self.pool.clone(),
                 ..ProducerConfig::from_config(config, url, id)
             },
             priority,
@@ -218,6 +221,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         spool: spool.clone(),
         paused: uplink_paused.clone(),
         shutdown: shutdown_rx.clone(),
+        pool: crate::uplink::Pool::new(budget.clone()),
         budget,
     };
 

@@ -107,6 +107,8 @@ async fn republish(
         wanted.extend(e.starts().iter().map(|s| (i, *s)));
         epochs.push(e);
     }
+    // One connection per broker for every sender, as the daemon's producers share one.
+    let pool = crate::uplink::Pool::new(None);
     let mut senders: Vec<EpochSender> = wanted
         .iter()
         .map(|&(i, start)| {
@@ -130,6 +132,7 @@ async fn republish(
                 compression: crate::config::Compression::None,
                 batch: crate::uplink::BatchPolicy::default(),
                 hashing: target.hashing,
+                pool: pool.clone(),
                 ..ProducerConfig::new(
                     &target.url,
                     target.topic_of(&p.source, modality),

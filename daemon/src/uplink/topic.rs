@@ -366,8 +366,8 @@ pub fn partition_topic(topic: &str, i: usize) -> String {
     format!("{topic}-partition-{i}")
 }
 
-/// Asks the broker for the topic's partition count every [`PARTITIONS_CHECK`] and raises `count`
-/// when it grew. A failed question is logged at debug and asked again at the next turn: the
+/// Asks the broker for the topic's partition count every [`PARTITIONS_CHECK`] (on the rig's
+/// pooled connection) and raises `count` when it grew. A failed question is logged at debug and asked again at the next turn: the
 /// partitions' own producers report the link.
 async fn watch_partitions(
     cfg: ProducerConfig,
@@ -385,6 +385,7 @@ async fn watch_partitions(
             cfg.producer_name.clone(),
             cfg.token.clone(),
             cfg.tls.clone(),
+            cfg.pool.clone(),
         );
         match tokio::time::timeout(PARTITIONS_TIMEOUT, setup.partitions()).await {
             Ok(Ok(n)) => {
