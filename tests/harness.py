@@ -18,6 +18,7 @@ import urllib.request
 import uuid
 import zlib
 from pathlib import Path
+from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "pulsar"))
@@ -217,6 +218,14 @@ class Rigd:
             self.proc.wait()
 
 
+def broker_connections(pid: int, url: str = BROKER_URL) -> int:
+    """Established TCP connections of process `pid` to the broker's port (`ss`, kernel's view)."""
+    port = urlparse(url).port or 6650
+    out = subprocess.run(["ss", "-tnpH", "state", "established", f"( dport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(f"pid={pid}," in line for line in out.splitlines())
+
+
 def check_synthetic_jpeg(payload: bytes) -> None:
     """The synthetic camera's comment tag: CRC-32 (zlib) of every byte after the tag segment."""
     assert payload[:4] == b"\xff\xd8\xff\xfe", "not a tagged synthetic JPEG"
@@ -374,7 +383,6 @@ class ShapedBrokerPort(LoopbackQdisc):
 
     def __init__(self, rate_kbit: int, port: int | None = None, queue_ms: int = 300):
         # The test broker's port (PULSAR_URL), never another broker's on this machine.
-        from urllib.parse import urlparse
         own = urlparse(BROKER_URL).port or 6650
         port = port or own
         if port == own:

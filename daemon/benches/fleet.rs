@@ -1,8 +1,10 @@
 //! Fleet simulator: N rigs x M sources of synthetic frames, each source with rigd's own producer
-//! (one connection per producer, as every rig has), against a real broker or cluster.
+//! (a rig's producers sharing one connection per broker, as a rig's do; `--connection-per-producer`
+//! gives each its own, as rigd did before), against a real broker or cluster.
 //!
 //! usage: cargo bench -p rigd --bench fleet -- --url URL --namespace TENANT/NS --rigs N
 //!        [--profile NAME:HZ:BYTES,...] [--rate-scale X] [--secs S] [--drain-secs S]
+//!        [--connection-per-producer]
 //!
 //! Sources start once every producer is connected (`{"event":"ready",...}` on stdout), run for
 //! `--secs`, then wait up to `--drain-secs` for every frame to be acknowledged. A frame the
@@ -15,7 +17,7 @@
 //! a `{"summary":...}` line. Driven by tests/bench/fleet.py.
 
 use bytes::Bytes;
-use rigd::uplink::{Ack, BatchPolicy, Outcome, Producer, ProducerConfig, ProducerStats};
+use rigd::uplink::{Ack, Outcome, Producer, ProducerConfig, ProducerStats};
 use rigd_drivers::{ClockState, Frame, Media};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
@@ -39,6 +41,8 @@ struct Args {
     secs: f64,
     drain_secs: f64,
     max_in_flight: usize,
+    /// Each producer on a connection of its own (rigd before it shared one per broker).
+    connection_per_producer: bool,
 }
 
 /// What one source saw, for the summary and the driver.
@@ -78,6 +82,7 @@ fn parse_args() -> Args {
         secs: 60.0,
         drain_secs: 60.0,
         max_in_flight: rigd::config::PulsarConfig::default().max_in_flight,
+        connection_per_producer: false,
     };
     let mut scale = 1.0;
     let mut it = std::env::args().skip(1).filter(|a| a != "--bench");
@@ -99,6 +104,7 @@ fn parse_args() -> Args {
             "--max-in-flight" => {
                 args.max_in_flight = value().parse().unwrap_or_else(|_| usage("--max-in-flight"))
             }
+            "--connection-per-producer" => args.connection_per_producer = true,
             other => usage(&format!("unknown argument {other}")),
         }
     }
@@ -158,7 +164,6 @@ async fn main() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    let defaults = rigd::config::PulsarConfig::default();
     let (_stop_tx, stop) = watch::channel(false);
     let (go_tx, go) = watch::channel(false);
     let t0 = Instant::now();
@@ -181,30 +186,27 @@ async fn main() {
     for r in 0..args.rigs {
         let rig = format!("rig{r:05}");
         let url = &urls[r % urls.len()];
+        let pool = rigd::uplink::Pool::new(None);
         for kind in &args.kinds {
             let topic = format!("persistent://{}/{rig}-{}", args.namespace, kind.name);
             let (ack_tx, acks) = mpsc::unbounded_channel();
             let producer = Producer::spawn(
                 ProducerConfig {
-                    url: url.clone(),
-                    topic: topic.clone(),
-                    producer_name: rigd::wire::producer_name(&rig, &kind.name),
-                    rig: rig.clone(),
-                    bucket_ms: 33,
-                    token: rigd::uplink::Token::None,
                     max_in_flight: args.max_in_flight,
-                    max_in_flight_bytes: defaults.max_in_flight_bytes.0 as usize,
-                    max_frame_bytes: defaults.max_frame_bytes.0 as usize,
-                    send_timeout: Duration::from_millis(defaults.send_timeout_ms),
-                    tls: None,
-                    compression: rigd::config::Compression::None,
-                    encryption: None,
-                    batch: BatchPolicy::from(&defaults),
-                    budget: None,
-                    rank: 0,
-                    stats: None,
                     // new topics: nothing of an earlier run to look for
                     fresh: true,
+                    pool: if args.connection_per_producer {
+                        rigd::uplink::Pool::new(None)
+                    } else {
+                        pool.clone()
+                    },
+                    ..ProducerConfig::new(
+                        url,
+                        topic.clone(),
+                        rigd::wire::producer_name(&rig, &kind.name),
+                        &rig,
+                        33,
+                    )
                 },
                 ack_tx,
                 stop.clone(),

@@ -39,22 +39,10 @@ async fn main() {
     let (_stop_tx, stop) = watch::channel(false);
     let producer = Producer::spawn(
         ProducerConfig {
-            url,
-            topic: topic.clone(),
-            producer_name: format!("bench-{}", topic.rsplit('/').next().unwrap_or("x")),
-            rig: "bench".into(),
-            bucket_ms: 33,
-            token: rigd::uplink::Token::None,
             max_in_flight: window,
             max_in_flight_bytes: (64 << 20).max(size * 2),
             max_frame_bytes: 64 << 20,
             send_timeout: Duration::from_secs(60),
-            tls: None,
-            budget: None,
-            rank: 0,
-            stats: None,
-            fresh: false,
-            compression: rigd::config::Compression::None,
             encryption,
             batch: if batching {
                 BatchPolicy::default()
@@ -64,6 +52,13 @@ async fn main() {
                     ..BatchPolicy::default()
                 }
             },
+            ..ProducerConfig::new(
+                &url,
+                topic.clone(),
+                format!("bench-{}", topic.rsplit('/').next().unwrap_or("x")),
+                "bench",
+                33,
+            )
         },
         ack_tx,
         stop,

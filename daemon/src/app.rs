@@ -73,6 +73,8 @@ struct LaneWiring<'a> {
     shutdown: watch::Receiver<bool>,
     /// `pulsar.max-bandwidth`, shared by every producer.
     budget: Option<Arc<Budget>>,
+    /// One connection per broker, shared by every producer (charged against `budget`).
+    pool: Arc<crate::uplink::Pool>,
 }
 
 /// A lane that runs: its task, its counters and its producer's.
@@ -90,6 +92,7 @@ impl LaneWiring<'_> {
         id: &Arc<str>,
         priority: u8,
         drain: crate::config::Drain,
+        on_request: bool,
         frames: mpsc::Receiver<rigd_drivers::Frame>,
     ) -> SpawnedLane {
         let config = self.config;
@@ -101,7 +104,9 @@ impl LaneWiring<'_> {
             None => config.pulsar.max_in_flight_bytes.0 as usize,
         };
         let uplink_stats = Arc::new(ProducerStats::default());
-        let uplink = config.pulsar.url.as_ref().map(|url| pipeline::Uplink {
+        // An on-request source's frames stay in the spool: its lane has no producer.
+        let url = config.pulsar.url.as_ref().filter(|_| !on_request);
+        let uplink = url.map(|url| pipeline::Uplink {
             config: ProducerConfig {
                 token: self.token.clone(),
                 max_in_flight_bytes,
@@ -110,6 +115,7 @@ impl LaneWiring<'_> {
                 budget: self.budget.clone(),
                 rank: crate::uplink::budget::rank(priority, false),
                 stats: Some(uplink_stats.clone()),
+                pool: self.pool.clone(),
                 ..ProducerConfig::from_config(config, url, id)
             },
             priority,
@@ -215,6 +221,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         spool: spool.clone(),
         paused: uplink_paused.clone(),
         shutdown: shutdown_rx.clone(),
+        pool: crate::uplink::Pool::new(budget.clone()),
         budget,
     };
 
@@ -244,7 +251,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let health = Arc::new(SourceHealth::default());
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let sink = FrameSink::new(id.clone(), first_seq, tx, health.clone());
-        let lane = wiring.spawn(&id, sc.priority(), sc.drain(), rx);
+        let on_request = sc.head().upload == crate::config::Upload::OnRequest;
+        let lane = wiring.spawn(&id, sc.priority(), sc.drain(), on_request, rx);
         if let Some(channels) = live_sources.next() {
             encoders.extend(crate::live::connect(
                 &lane.stats.live,
@@ -263,6 +271,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             lane: lane.stats,
             uplink: lane.uplink,
             priority: sc.priority(),
+            on_request,
         });
         lanes.push(lane.task);
         let source = sc.open(config.rig.bucket_ms, clock.clone());
@@ -278,7 +287,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let sink = FrameSink::new(id.clone(), first_seq, tx, Arc::new(SourceHealth::default()));
         // Markers are rare and small: first.
-        let lane = wiring.spawn(&id, 0, crate::config::Drain::InOrder, rx);
+        let lane = wiring.spawn(&id, 0, crate::config::Drain::InOrder, false, rx);
         lanes.push(lane.task);
         // The live view's `/events` (last of crate::live::channels): markers through the tap.
         if let Some(channels) = live_sources.next() {
@@ -290,11 +299,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 shutdown_rx.clone(),
             ));
         }
-        let topic = config
-            .pulsar
-            .url
-            .as_ref()
-            .map(|_| config.pulsar.topic_for(&config.rig.id, &id));
+        let topic = config.pulsar.url.as_ref().map(|_| config.topic_of(&id));
         EventMarker::new(
             sink,
             clock.clone(),
@@ -307,6 +312,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     drop(wiring);
     // Detached: each encoder ends when shutdown is signalled; none holds frames that matter.
     drop(encoders);
+    // On-request sources' retention (crate::recall): detached, it ends at shutdown.
+    let clock_of_retention = clock.clone();
+    drop(crate::recall::spawn_retention(
+        spool.clone(),
+        crate::recall::Retention::of(&config),
+        move || clock_of_retention.now().ns,
+        shutdown_rx.clone(),
+    ));
     let committer = tokio::spawn(crate::spool::commit_loop(
         spool.clone(),
         Duration::from_millis(config.spool.fsync_ms),

@@ -69,7 +69,7 @@ struct TailArgs {
     /// The rig to follow (`rig.id`).
     #[arg(long, value_name = "ID", value_parser = rig_id)]
     rig: String,
-    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}.
+    /// Topic template (`pulsar.topic`), placeholders {rig}, {source} and {modality}.
     #[arg(long, value_name = "TEMPLATE", default_value = crate::wire::DEFAULT_TOPIC)]
     topic: String,
     /// Follow only this source, and expect it in every bucket (repeatable; default: discover the
@@ -107,7 +107,7 @@ struct LiveArgs {
     /// Where to serve the live view: ws://ADDR/foxglove.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8765")]
     bind: std::net::SocketAddr,
-    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}.
+    /// Topic template (`pulsar.topic`), placeholders {rig}, {source} and {modality}.
     #[arg(long, value_name = "TEMPLATE", default_value = crate::wire::DEFAULT_TOPIC)]
     topic: String,
     /// Serve only this source (repeatable; default: every topic of the rig, as they appear).
@@ -227,7 +227,7 @@ struct ReplayArgs {
     /// one the spool recorded.
     #[arg(long, value_name = "ID", value_parser = rig_id)]
     rig: Option<String>,
-    /// Topic template (`pulsar.topic`), placeholders {rig} and {source}. Default: the one the
+    /// Topic template (`pulsar.topic`), placeholders {rig}, {source} and {modality}. Default: the one the
     /// spool recorded, else the default template
     /// (`wire::DEFAULT_TOPIC`).
     #[arg(long, value_name = "TEMPLATE")]
@@ -242,6 +242,9 @@ struct ReplayArgs {
     /// verify and --pulsar still work (the sealed frames are republished as they are).
     #[arg(long, value_name = "FILE")]
     decrypt_key: Option<PathBuf>,
+    /// With --pulsar, on a partitioned topic: how a key picks its partition (`pulsar.hashing-scheme`).
+    #[arg(long, value_name = "SCHEME", value_parser = ["murmur3-32", "java-string"], default_value = "murmur3-32")]
+    hashing_scheme: String,
     /// With --pulsar: give up after this many seconds without progress (no connection, no receipt).
     #[arg(long, value_name = "S", default_value_t = 60)]
     timeout: u64,
@@ -519,6 +522,11 @@ fn replay(args: ReplayArgs) -> ExitCode {
             token,
             tls_ca: args.tls_ca.clone(),
             stall_timeout: std::time::Duration::from_secs(args.timeout.max(1)),
+            hashing: if args.hashing_scheme == "java-string" {
+                crate::config::HashingScheme::JavaString
+            } else {
+                crate::config::HashingScheme::Murmur3_32
+            },
         };
         republish::run(&snap, &plan, &target, &interrupt)
     } else {

@@ -7,7 +7,7 @@
 //! validation), [`clock`] (the PTP-disciplined frame clock), [`spool`] (store-and-forward),
 //! [`uplink`] (Pulsar producer with chunking and dedup-safe sequence ids), [`metrics`],
 //! [`lifecycle`] (signals, heartbeats), [`pipeline`] (per-source lanes between capture, spool and
-//! uplink), [`events`] (technician event markers), [`runtime`] (the running daemon as status and
+//! uplink), [`recall`] (on-request sources' retention), [`events`] (technician event markers), [`runtime`] (the running daemon as status and
 //! control see it), [`notify`] (systemd readiness, status and watchdog; the stall rule),
 //! [`status`], [`control`] (what the web UI shows and what a technician may do), [`app`] (wiring
 //! and shutdown order), [`preflight`] (what the host must offer a config), [`replay`] (the offline tools:
@@ -32,6 +32,7 @@ pub mod notify;
 pub mod payload;
 pub mod pipeline;
 pub mod preflight;
+pub mod recall;
 pub mod relay;
 pub mod replay;
 pub mod runtime;

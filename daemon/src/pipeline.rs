@@ -25,7 +25,7 @@ mod task;
 pub use backlog::{Backlog, Route};
 pub use task::LaneTask;
 
-use crate::uplink::{Ack, Producer, ProducerConfig, ProducerStats};
+use crate::uplink::{Ack, ProducerConfig, ProducerStats, TopicProducer};
 
 /// Lane counters for status and metrics.
 #[derive(Debug, Default)]
@@ -64,12 +64,12 @@ impl Uplink {
         backlog: bool,
         fresh: bool,
         acks: &mpsc::UnboundedSender<Ack>,
-    ) -> Producer {
+    ) -> TopicProducer {
         let mut cfg = self.config.clone();
         cfg.producer_name = crate::wire::epoch_producer_name(&cfg.rig, source, start);
         cfg.rank = crate::uplink::budget::rank(self.priority, backlog);
         cfg.fresh = fresh;
-        Producer::spawn(cfg, acks.clone(), self.shutdown.clone())
+        TopicProducer::spawn(cfg, acks.clone(), self.shutdown.clone())
     }
 }
 

@@ -222,7 +222,10 @@ async fn serve(cfg: &RelayConfig, interrupt: &Interrupt) -> Result<RelaySummary,
                 .properties
                 .iter()
                 .map(|kv| (kv.key.as_str(), kv.value.as_str()));
-            let Some(frame) = frame_of(&cfg.rig, props, payload) else {
+            // On a topic per modality the other sources' frames come too.
+            let Some(frame) = frame_of(&cfg.rig, props, payload).filter(|f| {
+                cfg.sources.is_empty() || cfg.sources.iter().any(|s| **s == *f.source)
+            }) else {
                 continue;
             };
             summary.frames += 1;

@@ -21,6 +21,8 @@ pub struct SourceEntry {
     pub uplink: Option<Arc<ProducerStats>>,
     /// Uplink priority (0 first).
     pub priority: u8,
+    /// `on-request`: held on the rig, not published live.
+    pub on_request: bool,
 }
 
 /// Everything the status API reads.

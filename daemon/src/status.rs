@@ -64,7 +64,8 @@ impl rigd_web::StatusSource for Runtime {
             uplink.refused += refused;
             let records = sp.records.load(Ordering::Relaxed);
             let o = sp.oldest_ns.load(Ordering::Relaxed);
-            if records > 0 && o > 0 && (oldest_ns == 0 || o < oldest_ns) {
+            // What an on-request source holds is its retention, not a backlog.
+            if !e.on_request && records > 0 && o > 0 && (oldest_ns == 0 || o < oldest_ns) {
                 oldest_ns = o;
             }
             let snap = e.lane.latency.snapshot();
@@ -148,6 +149,13 @@ impl rigd_web::StatusSource for Runtime {
                     Vec::new()
                 },
                 live_dropped: self.live.dropped(&e.id),
+                upload: if e.on_request { "on-request" } else { "live" }.to_string(),
+                retention_evicted: sp.evicted.load(Ordering::Relaxed),
+                held_since_age_ms: if records > 0 {
+                    age_ms(now.ns, o as i64)
+                } else {
+                    None
+                },
                 latency: uplink.configured.then(|| snap.to_web()),
                 capture_latency: uplink
                     .configured

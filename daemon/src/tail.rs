@@ -255,14 +255,19 @@ pub fn rig_topics(
     rig: &str,
     sources: &[String],
 ) -> Result<ConsumerBuilder<TokioExecutor>, String> {
-    if sources.is_empty() {
+    // A topic per modality (shared by rigs): the rig's frames are picked by their properties.
+    if sources.is_empty() || template.contains("{modality}") {
         let (re, namespace) = topic_pattern(template, rig)?;
         return Ok(builder
             .with_topic_regex(re)
             .with_lookup_namespace(namespace)
             .with_topic_refresh(Duration::from_secs(5)));
     }
-    Ok(builder.with_topics(sources.iter().map(|s| crate::wire::topic(template, rig, s))))
+    Ok(builder.with_topics(
+        sources
+            .iter()
+            .map(|s| crate::wire::topic(template, rig, s, "")),
+    ))
 }
 
 /// The regular expression of the rig's topics and the namespace to look them up in.
@@ -274,16 +279,22 @@ pub fn topic_pattern(template: &str, rig: &str) -> Result<(regex::Regex, String)
     let (Some(tenant), Some(ns), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
         return Err("expected persistent://tenant/namespace/name".into());
     };
-    if !template.contains("{source}") {
-        return Err("needs a {source} placeholder to find the rig's topics".into());
+    if !template.contains("{source}") && !template.contains("{modality}") {
+        return Err("needs a {source} or {modality} placeholder to find the rig's topics".into());
     }
-    let with_rig = template.replace("{rig}", rig);
-    let pattern = with_rig
-        .split("{source}")
-        .map(regex::escape)
-        .collect::<Vec<_>>()
-        .join("[a-z0-9-]+");
-    let re = regex::Regex::new(&format!("^{pattern}$")).map_err(|e| e.to_string())?;
+    // Each placeholder left becomes what it may stand for; a partitioned topic is listed by
+    // its partitions.
+    const SOURCE: &str = "\u{0}source\u{0}";
+    const MODALITY: &str = "\u{0}modality\u{0}";
+    let marked = template
+        .replace("{rig}", rig)
+        .replace("{source}", SOURCE)
+        .replace("{modality}", MODALITY);
+    let pattern = regex::escape(&marked)
+        .replace(&regex::escape(SOURCE), "[a-z0-9-]+")
+        .replace(&regex::escape(MODALITY), "(camera|audio|serial)");
+    let re = regex::Regex::new(&format!("^{pattern}(-partition-[0-9]+)?$"))
+        .map_err(|e| e.to_string())?;
     Ok((re, format!("{tenant}/{ns}")))
 }
 
@@ -403,7 +414,11 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
         if let Err(e) = consumer.ack(&msg).await {
             tracing::debug!(error = %e, "tail: ack failed");
         }
-        let Some(hit) = hit else { continue };
+        // On a topic per modality the other sources' frames come too.
+        let Some(hit) = hit.filter(|h| cfg.sources.is_empty() || cfg.sources.contains(&h.source))
+        else {
+            continue;
+        };
         summary.frames += 1;
         if emit(asm.add(hit), &mut summary)? {
             break;
@@ -516,6 +531,12 @@ mod tests {
         assert!(re.is_match("persistent://public/rigs/van-07-front"));
         assert!(!re.is_match("persistent://public/rigs/van-070-front"));
         assert!(!re.is_match("persistent://public/rigs/van-07-front-partition-0x/y"));
+        assert!(re.is_match("persistent://public/rigs/van-07-front-partition-3"));
+        let (re, ns) = topic_pattern("persistent://ai/ingest/{modality}", "van-07").unwrap();
+        assert_eq!(ns, "ai/ingest");
+        assert!(re.is_match("persistent://ai/ingest/camera"));
+        assert!(re.is_match("persistent://ai/ingest/serial-partition-0"));
+        assert!(!re.is_match("persistent://ai/ingest/lidar"));
         assert!(topic_pattern("public/{rig}", "x").is_err());
         assert!(topic_pattern("persistent://a/b/{rig}", "x").is_err());
     }

@@ -36,9 +36,16 @@ pub fn epoch_producer_name(rig: &str, source: &str, start: u64) -> String {
 /// The default topic template (`pulsar.topic`, and `--topic` of the offline tools).
 pub const DEFAULT_TOPIC: &str = "persistent://public/default/{rig}-{source}";
 
-/// A source's topic: the template with its placeholders `{rig}` and `{source}` filled in.
-pub fn topic(template: &str, rig: &str, source: &str) -> String {
-    template.replace("{rig}", rig).replace("{source}", source)
+/// The placeholders of a topic template.
+pub const TOPIC_PLACEHOLDERS: [&str; 3] = ["rig", "source", "modality"];
+
+/// A source's topic: the template with its placeholders `{rig}`, `{source}` and `{modality}`
+/// (`camera`, `audio` or `serial`: one topic per modality, which every rig may share) filled in.
+pub fn topic(template: &str, rig: &str, source: &str, modality: &str) -> String {
+    template
+        .replace("{rig}", rig)
+        .replace("{source}", source)
+        .replace("{modality}", modality)
 }
 
 /// What goes into a message's metadata besides the payload.

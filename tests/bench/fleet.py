@@ -153,6 +153,25 @@ def consume_all(url: str, topics: list[str], expected: int, idle_s: float, total
     return seen
 
 
+def rss_mib(pid: int | None) -> float | None:
+    """A process's resident memory now, MiB."""
+    if not pid:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def connections(pid: int) -> int:
+    """Established TCP connections of process `pid` (the kernel's view, `ss`)."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True).stdout
+    return sum(f"pid={pid}," in line for line in out.splitlines())
+
+
 def run_one(args, exe: str, rigs: int) -> dict:
     ns = f"public/fleet-{int(time.time())}-{rigs}"
     admin(args.admin_url, "PUT", f"/admin/v2/namespaces/{ns}", {"bundles": {"numBundles": args.bundles}})
@@ -161,6 +180,8 @@ def run_one(args, exe: str, rigs: int) -> dict:
            "--rate-scale", str(args.rate_scale), "--drain-secs", str(args.drain_secs)]
     if args.profile:
         cmd += ["--profile", args.profile]
+    if args.connection_per_producer:
+        cmd += ["--connection-per-producer"]
     print(f"fleet: {rigs} rigs -> {ns}", file=sys.stderr)
     t_start = time.time()
     broker_cpu0 = cpu_s(args.broker_pid)
@@ -187,8 +208,10 @@ def run_one(args, exe: str, rigs: int) -> dict:
         proc.kill()
         raise SystemExit(f"fleet: {rigs} rigs: not every producer connected (bench exited {proc.wait()})")
     t_ready = ready_line["unix_ms"] / 1000
-    print(f"fleet:   all {ready_line['producers']} producers connected in {ready_line['connect_all_s']:.1f} s",
-          file=sys.stderr)
+    conns = connections(proc.pid)
+    print(f"fleet:   all {ready_line['producers']} producers connected in {ready_line['connect_all_s']:.1f} s "
+          f"on {conns} connections", file=sys.stderr)
+    broker_rss = rss_mib(args.broker_pid)
     actions = [("unload", t) for t in args.unload_at]
     if args.kill_broker_at is not None:
         actions.append(("kill", args.kill_broker_at))
@@ -230,6 +253,7 @@ def run_one(args, exe: str, rigs: int) -> dict:
     bench_cpu = None
     while proc.poll() is None:
         bench_cpu = cpu_s(proc.pid) or bench_cpu
+        broker_rss = max(filter(None, [broker_rss, rss_mib(args.broker_pid)]), default=None)
         time.sleep(0.5)
     run_s = time.time() - t_ready
     bench_wall = time.time() - t_start
@@ -297,7 +321,8 @@ def run_one(args, exe: str, rigs: int) -> dict:
         "rigs": rigs, "namespace": ns, "bundles": args.bundles, "unload_scope": args.unload_scope, "wall_s": round(time.time() - t_start, 1),
         "ready": ready_line, "summary": summary, "events": done_actions, "downs": downs,
         "totals": dict(totals), "rigs_with_loss": rigs_with_loss, "rigs_with_dup": rigs_with_dup,
-        "consume_s": round(consume_s, 1),
+        "consume_s": round(consume_s, 1), "connections": conns,
+        "broker_rss_mib_max": None if broker_rss is None else round(broker_rss),
         "bench_cpu_pct": None if bench_cpu is None else round(100 * bench_cpu / bench_wall, 1),
         "broker_cpu_pct": None if broker_cpu0 is None or broker_cpu1 is None
         else round(100 * (broker_cpu1 - broker_cpu0) / (run_s + ready_line["connect_all_s"]), 1), "per_rig": {k: dict(v) for k, v in per_rig.items()},
@@ -367,6 +392,8 @@ def main():
     ap.add_argument("--consume-idle-s", type=float, default=15)
     ap.add_argument("--quick", action="store_true", help="one short run: 50 rigs x 4 sources, 8 s, one unload at +2 s")
     ap.add_argument("--json", help="write every run's figures here")
+    ap.add_argument("--connection-per-producer", action="store_true",
+                    help="each producer on a connection of its own (rigd before it shared one per broker)")
     ap.add_argument("--keep", action="store_true", help="keep each run's topics loaded (unloaded by default)")
     ap.add_argument("--bench", help="the fleet bench binary (default: built with cargo bench --no-run)")
     args = ap.parse_args()
@@ -382,8 +409,9 @@ def main():
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(runs, indent=1))
     print("| rigs | producers | offered msg/s | offered MB/s | connect all | generated | acked | delivered | lost | duplicated | left "
-          "| capture-to-receipt p50 / p99 / p99.99 ms, steady | same, whole run (max) | events: producers back after (p50 / p90 / p99 / all) | CPU bench / broker |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| capture-to-receipt p50 / p99 / p99.99 ms, steady | same, whole run (max) | events: producers back after (p50 / p90 / p99 / all) | CPU bench / broker "
+          "| connections | broker RSS max |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         s, t = r["summary"], r["totals"]
         ev = "; ".join(event_text(e) for e in r["events"]) or "none"
@@ -392,7 +420,7 @@ def main():
               f"{t.get('lost', 0)} ({r['rigs_with_loss']} rigs) | {t.get('duplicated', 0)} ({r['rigs_with_dup']} rigs) | {s['left']} | "
               f"{s['steady_p50_ms']:.1f} / {s['steady_p99_ms']:.1f} / {s['steady_p9999_ms']:.1f} | "
               f"{s['capture_p50_ms']:.1f} / {s['capture_p99_ms']:.1f} / {s['capture_p9999_ms']:.1f} ({s['capture_max_ms']:.0f}) | {ev} | "
-              f"{r['bench_cpu_pct']} % / {r['broker_cpu_pct']} % |")
+              f"{r['bench_cpu_pct']} % / {r['broker_cpu_pct']} % | {r['connections']} | {r['broker_rss_mib_max']} MiB |")
     bad = sum(r["totals"].get("lost", 0) + r["totals"].get("duplicated", 0) for r in runs)
     sys.exit(1 if bad else 0)
 

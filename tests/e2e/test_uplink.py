@@ -9,7 +9,8 @@ import time
 
 import pulsar
 
-from harness import BROKER_URL, Rigd, admin, check_synthetic_jpeg, consume, namespace_with_dedup, rigd_bin, unique
+from harness import (BROKER_URL, Rigd, admin, broker_connections, check_synthetic_jpeg, consume, namespace_with_dedup,
+                     rigd_bin, unique)
 
 
 def topics(ns, rig, sources):
@@ -120,6 +121,10 @@ def test_kill9_and_restart_with_broker_dedup_loses_and_duplicates_nothing(broker
         backlog = {x["id"]: x["spooled_records"] + x["spool_popped"] for x in d.status()["sources"]}
         d.wait_for(lambda s: s["uplink"]["connected"] and all(x["spool_popped"] >= backlog[x["id"]] for x in s["sources"]),
                    timeout=120, what="the earlier runs' records drained")
+        # Every producer of the rig (three sources and the events, each source's earlier epochs
+        # drained beside its live one) and the probes share one connection to the broker, as the
+        # Java client's pool does (before, one each: 5 and more).
+        assert broker_connections(d.proc.pid) == 1, subprocess.run(["ss", "-tnp"], capture_output=True, text=True).stdout
         time.sleep(2)
         assert d.stop() == 0
     finally:

@@ -47,6 +47,14 @@ for v in ZK_PORT BROKER_PORT HTTP_PORT BOOKIE_PORT BROKERS MAX_MESSAGE_SIZE STAR
 done
 ((BROKERS >= 2 && BROKERS <= 3)) || die "PULSAR_CLUSTER_BROKERS must be 2 or 3"
 NETTY_MAX_FRAME=$((MAX_MESSAGE_SIZE + 10240))
+# A broker reads back up to 100 entries at once to rebuild a topic's dedup state, and asks its read
+# limiter for 100 x (the size of the first entry of its last read + 64) bytes first: a read the
+# limiter cannot ever grant (more than managedLedgerMaxReadsInFlightSizeInMB) fails every time, and
+# the topic never loads ("Time-out elapsed while acquiring enough permits on the memory limiter").
+# So the limit holds 100 of the largest entries (a chunk: up to the Netty frame), and the broker's
+# direct memory that read plus what it had beside the old 128 MB limit.
+READS_IN_FLIGHT_MB=$(((100 * (NETTY_MAX_FRAME + 64) + 1048575) / 1048576 + 16))
+BROKER_DIRECT_MB=$((READS_IN_FLIGHT_MB + 896))
 ZK_URL=$HOST:$ZK_PORT
 
 broker_nodes() { local i; for ((i = 0; i < BROKERS; i++)); do echo "broker-$i"; done; }
@@ -152,11 +160,13 @@ brokerDeduplicationProducerInactivityTimeoutMinutes=360
 # A topic's owner rebuilds its dedup state by reading every entry since the last snapshot (in reads
 # of 100 entries): with 5 MiB chunks the default of a snapshot per 1000 entries ran a broker that
 # took over a chunked topic out of direct memory (OutOfDirectMemoryError, "Bookie handle is not
-# available", the topic never loaded). Snapshot often, and bound the bytes of reads in flight.
+# available", the topic never loaded). Snapshot often, and bound the bytes of reads in flight, no
+# lower than one read of 100 chunks (READS_IN_FLIGHT_MB above: at 128 MB a topic of 5 MiB chunks
+# moved twice before its snapshot could be stored never loaded again).
 brokerDeduplicationEntriesInterval=50
 brokerDeduplicationSnapshotIntervalSeconds=10
 brokerDeduplicationSnapshotFrequencyInSeconds=10
-managedLedgerMaxReadsInFlightSizeInMB=128
+managedLedgerMaxReadsInFlightSizeInMB=$READS_IN_FLIGHT_MB
 allowAutoTopicCreation=true
 allowAutoTopicCreationType=non-partitioned
 brokerDeleteInactiveTopicsEnabled=false
@@ -299,7 +309,7 @@ start_node() { # node (not running)
       done
       mkdir -p "$DATA/$node"
       render_broker "$i" >"$DATA/$node/broker.conf"
-      jvm_opts "$node" 384m 1g
+      jvm_opts "$node" 384m "${BROKER_DIRECT_MB}m"
       launch "$node" org.apache.pulsar.PulsarBrokerStarter --broker-conf "$DATA/$node/broker.conf"
       ;;
     *) die "unknown node '$node' (zk, bookie-0..$((BOOKIES - 1)), broker-0..$((BROKERS - 1)))" ;;

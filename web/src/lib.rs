@@ -167,6 +167,12 @@ pub struct SourceStatus {
     /// Messages of this source that live-view clients (Foxglove) lost because they read slower
     /// than the rig captures (capture, publish and spool are not affected).
     pub live_dropped: u64,
+    /// `live`, or `on-request`: held on the rig within its retention until a recall asks for it.
+    pub upload: String,
+    /// Frames its retention (`retain-age`, `retain-bytes`) evicted since start.
+    pub retention_evicted: u64,
+    /// How old the oldest frame the spool holds of this source is.
+    pub held_since_age_ms: Option<u64>,
     /// Publish latency (submission to broker receipt) since start; `/metrics` only.
     #[serde(skip)]
     pub latency: Option<Histogram>,

@@ -385,6 +385,13 @@ pub fn render(s: &Status) -> String {
         "Messages live-view clients (Foxglove, /foxglove) lost because they read slower than the rig captures.",
         |x| Some(x.live_dropped as f64),
     );
+    e.per_source(
+        s,
+        "rigd_retention_evicted_total",
+        "counter",
+        "Frames of on-request sources their retention (retain-age, retain-bytes) evicted from the spool.",
+        |x| Some(x.retention_evicted as f64),
+    );
     e.family(
         "rigd_live_clients",
         "gauge",

@@ -316,6 +316,16 @@ impl Config {
         Some((rate as u64 * self.rig.bucket_ms as u64).div_ceil(1000) * channels as u64 * 2)
     }
 
+    /// The topic of source `id` (the events source's frames are text records: `serial`).
+    pub fn topic_of(&self, id: &str) -> String {
+        let modality = self
+            .sources
+            .iter()
+            .find(|s| s.id() == id)
+            .map_or(rigd_drivers::Modality::Serial, SourceConfig::modality);
+        self.pulsar.topic_for(&self.rig.id, id, modality)
+    }
+
     pub fn web_bind(&self) -> SocketAddr {
         self.web
             .bind

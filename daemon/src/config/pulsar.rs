@@ -11,6 +11,19 @@ pub enum Compression {
     Zstd,
 }
 
+/// `hashing-scheme`: how a message's key picks its partition on a partitioned topic, as the Java
+/// client's `HashingScheme` (`uplink::route`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum HashingScheme {
+    /// `Murmur3_32Hash`: the same in every client that offers it.
+    #[default]
+    #[serde(rename = "murmur3-32")]
+    Murmur3_32,
+    /// `JavaStringHash`: the Java client's default.
+    #[serde(rename = "java-string")]
+    JavaString,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PulsarConfig {
@@ -62,6 +75,9 @@ pub struct PulsarConfig {
     /// One budget for all that rigd sends to the broker (every source, framing included);
     /// absent: unlimited.
     pub max_bandwidth: Option<Bandwidth>,
+    /// A partitioned topic's key -> partition mapping (the same as Java producers that use it).
+    #[serde(default)]
+    pub hashing_scheme: HashingScheme,
 }
 
 /// Batching defaults (the Java client's): 1000 messages, 128 KiB, 1 ms.
@@ -116,14 +132,15 @@ impl Default for PulsarConfig {
             batch_max_bytes: default_batch_max_bytes(),
             batch_delay_ms: default_batch_delay_ms(),
             max_bandwidth: None,
+            hashing_scheme: HashingScheme::default(),
         }
     }
 }
 
 impl PulsarConfig {
     /// The topic of one source.
-    pub fn topic_for(&self, rig: &str, source: &str) -> String {
-        crate::wire::topic(&self.topic, rig, source)
+    pub fn topic_for(&self, rig: &str, source: &str, modality: rigd_drivers::Modality) -> String {
+        crate::wire::topic(&self.topic, rig, source, modality.as_str())
     }
 }
 
@@ -156,9 +173,9 @@ impl PulsarConfig {
             match after.find('}') {
                 Some(close) => {
                     let name = &after[..close];
-                    if name != "rig" && name != "source" {
+                    if !crate::wire::TOPIC_PLACEHOLDERS.contains(&name) {
                         p.push(format!(
-                            "pulsar.topic: unknown placeholder `{{{name}}}` (known: {{rig}}, {{source}})"
+                            "pulsar.topic: unknown placeholder `{{{name}}}` (known: {{rig}}, {{source}}, {{modality}})"
                         ));
                     }
                     rest = &after[close + 1..];
@@ -169,8 +186,11 @@ impl PulsarConfig {
                 }
             }
         }
-        if !self.topic.contains("{source}") {
-            p.push("pulsar.topic: must contain {source} (one topic per source)".to_string());
+        if !self.topic.contains("{source}") && !self.topic.contains("{modality}") {
+            p.push(
+                "pulsar.topic: must contain {source} (a topic per source) or {modality} (a topic per modality)"
+                    .to_string(),
+            );
         }
         if self.max_in_flight == 0 {
             p.push("pulsar.max-in-flight: must be at least 1".to_string());

@@ -268,6 +268,7 @@ fn every_message_names_the_table_index_key_and_line() {
         (format!("{rig}[clock]\ntransport = \"udp6\"\n"), vec!["t.toml:4: clock.transport:"]),
         (format!("{rig}[spool]\nmode = \"sometimes\"\n"), vec!["t.toml:4: spool.mode:"]),
         (format!("{rig}[pulsar]\ncompression = \"gzip\"\n"), vec!["t.toml:4: pulsar.compression:"]),
+        (format!("{rig}[pulsar]\nhashing-scheme = \"crc32\"\n"), vec!["t.toml:4: pulsar.hashing-scheme: unknown variant `crc32`, expected `murmur3-32` or `java-string`"]),
         (format!("source = 5\n{rig}"), vec!["t.toml:1: source:"]),
         (format!("{rig}source = 5\n"), vec!["t.toml:3: rig.source: unknown field"]),
         (format!("{rig}[sppol]\npath = \"x\"\n"), vec!["t.toml:3: sppol: unknown field"]),
@@ -307,8 +308,18 @@ fn every_message_names_the_table_index_key_and_line() {
 fn topic_template_expands() {
     let c = PulsarConfig::default();
     assert_eq!(
-        c.topic_for("van-07", "front"),
+        c.topic_for("van-07", "front", rigd_drivers::Modality::Camera),
         "persistent://public/default/van-07-front"
+    );
+    // One topic per modality, shared by rigs; the events source's records are text: serial.
+    let text = "[rig]\nid = \"van-07\"\n[[source]]\nid = \"mic\"\nkind = \"synthetic-audio\"\n\
+                [pulsar]\ntopic = \"persistent://ai/ingest/{modality}\"\n";
+    let c = Config::parse(text, "t").unwrap();
+    assert_eq!(c.topic_of("mic"), "persistent://ai/ingest/audio");
+    assert_eq!(c.topic_of(EVENTS_SOURCE), "persistent://ai/ingest/serial");
+    let no_source = "[rig]\nid = \"a\"\n[pulsar]\ntopic = \"persistent://ai/ingest/{rig}\"\n";
+    assert!(
+        problems(no_source)[0].contains("must contain {source} (a topic per source) or {modality}")
     );
 }
 

@@ -1,4 +1,4 @@
-//! Units a config is written in: byte sizes (`20GiB`) and bandwidths (`2Mbit/s`).
+//! Units a config is written in: byte sizes (`20GiB`), bandwidths (`2Mbit/s`) and ages (`2h`).
 
 use super::*;
 
@@ -136,5 +136,61 @@ impl<'de> Deserialize<'de> for ByteSize {
             }
         }
         d.deserialize_any(Size)
+    }
+}
+
+/// A duration written as a string with a unit: "90s", "20m", "2h", "7d" (or an integer of seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Age(pub std::time::Duration);
+
+impl Age {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("`{s}` is not a duration like 2h"))?;
+        let secs: u64 = match unit.trim() {
+            "" | "s" => 1,
+            "m" | "min" => 60,
+            "h" => 3600,
+            "d" => 86_400,
+            other => return Err(format!("unknown duration unit `{other}` (use s, m, h, d)")),
+        };
+        n.checked_mul(secs)
+            .map(|s| Age(std::time::Duration::from_secs(s)))
+            .ok_or_else(|| format!("`{s}` is too long"))
+    }
+}
+
+impl Serialize for Age {
+    /// In seconds, an integer (what the config reads back).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0.as_secs())
+    }
+}
+
+impl<'de> Deserialize<'de> for Age {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Secs;
+        impl serde::de::Visitor<'_> for Secs {
+            type Value = Age;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a whole number of seconds or a duration like \"2h\"")
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Age, E> {
+                u64::try_from(n)
+                    .map(|s| Age(std::time::Duration::from_secs(s)))
+                    .map_err(|_| E::custom(format!("duration must not be negative, got {n}")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Age, E> {
+                Ok(Age(std::time::Duration::from_secs(n)))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Age, E> {
+                Age::parse(s).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(Secs)
     }
 }

@@ -14,7 +14,7 @@ use super::{LaneStats, Uplink};
 use crate::config::{Drain, SpoolMode};
 use crate::payload::Held;
 use crate::spool::{Appended, Spool};
-use crate::uplink::{Ack, Outcome, Producer};
+use crate::uplink::{Ack, Outcome, TopicProducer};
 
 /// Frames read from the spool per drain step.
 const DRAIN_BATCH: usize = 16;
@@ -38,12 +38,12 @@ pub struct LaneTask {
 
 /// The producers of the lane's epochs, by epoch start.
 struct Producers {
-    open: Vec<(u64, Producer)>,
+    open: Vec<(u64, TopicProducer)>,
     acks: mpsc::UnboundedSender<Ack>,
 }
 
 impl Producers {
-    fn get(&self, start: u64) -> Option<&Producer> {
+    fn get(&self, start: u64) -> Option<&TopicProducer> {
         self.open.iter().find(|(s, _)| *s == start).map(|(_, p)| p)
     }
 
@@ -56,7 +56,7 @@ impl Producers {
             .unwrap_or_default()
     }
 
-    fn take(&mut self, start: u64) -> Option<Producer> {
+    fn take(&mut self, start: u64) -> Option<TopicProducer> {
         let i = self.open.iter().position(|(s, _)| *s == start)?;
         Some(self.open.remove(i).1)
     }
@@ -109,6 +109,11 @@ impl LaneTask {
             }
             while let Ok(ack) = acks.try_recv() {
                 self.on_ack(ack, &mut lane);
+            }
+            // A topic found partitioned: one producer per partition from now on.
+            for (_, p) in producers.open.iter_mut() {
+                let left = p.refresh().await;
+                self.spool_all(&left);
             }
             let d = *durable.borrow();
             // A split is persisted, then the drains of the epochs as they are after it.
@@ -345,7 +350,7 @@ impl LaneTask {
     }
 
     /// Hands epoch `start`'s spooled frames from `from` to its producer while it takes them.
-    fn drain(&self, start: u64, mut from: u64, lane: &mut Lane, p: &Producer) {
+    fn drain(&self, start: u64, mut from: u64, lane: &mut Lane, p: &TopicProducer) {
         loop {
             let batch = match disk(|| self.spool.read_from(&self.source, from, DRAIN_BATCH)) {
                 Ok(b) => b,

@@ -16,8 +16,9 @@ use tokio::sync::{mpsc, watch};
 use super::progress::{Interrupt, Progress};
 use super::{capture_order, total_bytes, Published, ReplayError, SourcePlan, Summary, Tally};
 use crate::spool::snapshot::SpoolSnapshot;
-use crate::uplink::{Ack, Outcome, Producer, ProducerConfig};
+use crate::uplink::{Ack, Outcome, ProducerConfig, TopicProducer};
 use crate::wire;
+use rigd_drivers::Modality;
 
 /// Where and as whom to republish.
 #[derive(Debug, Clone)]
@@ -34,16 +35,18 @@ pub struct Target {
     pub tls_ca: Option<std::path::PathBuf>,
     /// Give up when nothing moves (no connection, no receipt) for this long.
     pub stall_timeout: Duration,
+    /// A partitioned topic's key -> partition mapping (`pulsar.hashing-scheme`).
+    pub hashing: crate::config::HashingScheme,
 }
 
 impl Target {
-    pub fn topic_of(&self, source: &str) -> String {
-        crate::wire::topic(&self.topic, &self.rig, source)
+    pub fn topic_of(&self, source: &str, modality: Modality) -> String {
+        crate::wire::topic(&self.topic, &self.rig, source, modality.as_str())
     }
 }
 
 struct EpochSender {
-    producer: Producer,
+    producer: TopicProducer,
     acks: mpsc::UnboundedReceiver<Ack>,
     submitted: u64,
     acked: u64,
@@ -104,11 +107,19 @@ async fn republish(
         wanted.extend(e.starts().iter().map(|s| (i, *s)));
         epochs.push(e);
     }
+    // One connection per broker for every sender, as the daemon's producers share one.
+    let pool = crate::uplink::Pool::new(None);
     let mut senders: Vec<EpochSender> = wanted
         .iter()
         .map(|&(i, start)| {
             let p = &plan[i];
             let (tx, acks) = mpsc::unbounded_channel();
+            // For a `{modality}` template: what the source's records are (its first readable one).
+            let modality = p
+                .entries
+                .iter()
+                .find_map(|e| snap.read(&p.source, e).ok())
+                .map_or(Modality::Serial, |f| f.modality());
             let cfg = ProducerConfig {
                 token: target
                     .token
@@ -120,16 +131,18 @@ async fn republish(
                 tls: tls.clone(),
                 compression: crate::config::Compression::None,
                 batch: crate::uplink::BatchPolicy::default(),
+                hashing: target.hashing,
+                pool: pool.clone(),
                 ..ProducerConfig::new(
                     &target.url,
-                    target.topic_of(&p.source),
+                    target.topic_of(&p.source, modality),
                     wire::epoch_producer_name(&target.rig, &p.source, start),
                     &target.rig,
                     target.bucket_ms,
                 )
             };
             EpochSender {
-                producer: Producer::spawn(cfg, tx, shutdown.clone()),
+                producer: TopicProducer::spawn(cfg, tx, shutdown.clone()),
                 acks,
                 submitted: 0,
                 acked: 0,
@@ -173,6 +186,9 @@ async fn republish(
                 }
                 Err(f) => {
                     frame = f;
+                    // Nothing was handed over yet when a topic turns out partitioned.
+                    let left = senders[sender].producer.refresh().await;
+                    debug_assert!(left.is_empty());
                     let sender = &senders[sender];
                     if !sender.producer.is_connected() {
                         progress.set_message(format!("waiting for {}", target.url));
@@ -304,9 +320,10 @@ mod tests {
             token: None,
             tls_ca: None,
             stall_timeout: Duration::from_secs(1),
+            hashing: Default::default(),
         };
         assert_eq!(
-            t.topic_of("front"),
+            t.topic_of("front", Modality::Camera),
             "persistent://public/default/van-07-front"
         );
     }

@@ -22,6 +22,8 @@ pub(super) enum Gone {
     Dropped,
     /// It cannot be read back (checksum, I/O error, not the record the index names).
     Quarantined,
+    /// Its source's retention let it go (`retain-age`, `retain-bytes` of an on-request source).
+    Evicted,
 }
 
 /// Ranges of dropped seqs kept per source by [`RecentDrops`]; past it the oldest range goes.
@@ -190,6 +192,9 @@ impl Counts {
             }
             Gone::Quarantined => {
                 stats.quarantined.fetch_add(1, Ordering::Relaxed);
+            }
+            Gone::Evicted => {
+                stats.evicted.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

@@ -162,6 +162,8 @@ pub struct SourceSpoolStats {
     pub quarantined: AtomicU64,
     /// Capture time of the oldest stored record (ns), 0 when empty.
     pub oldest_ns: AtomicU64,
+    /// Records evicted by the source's retention (`retain-age`, `retain-bytes`).
+    pub evicted: AtomicU64,
 }
 
 /// What happened to an append.
@@ -683,21 +685,7 @@ impl Spool {
         from: u64,
         max: usize,
     ) -> Result<Vec<Held>, SpoolError> {
-        let (uncommitted, committed) = self.index.entries_from(source, from, max)?;
-        // Each side was cut at `max`: beyond the lower cut, the other side's entries may not be
-        // followed by everything between (a quarantined record makes room for one), so stop there.
-        let mut bound = u64::MAX;
-        for side in [&uncommitted, &committed] {
-            if side.len() >= max {
-                bound = bound.min(side.last().map_or(u64::MAX, |e| e.0));
-            }
-        }
-        let mut wanted: BTreeMap<u64, Location> = BTreeMap::new();
-        for (seq, loc) in uncommitted.into_iter().chain(committed) {
-            if seq <= bound {
-                wanted.entry(seq).or_insert(loc);
-            }
-        }
+        let wanted = self.entries_from(source, from, max)?;
         let mut out = Vec::new();
         let mut bytes = 0usize;
         for (seq, loc) in wanted {
@@ -746,6 +734,70 @@ impl Spool {
             }
         }
         Ok(out)
+    }
+
+    /// Up to `max` index entries of a source with `seq >= from`, in order, committed or not.
+    fn entries_from(
+        &self,
+        source: &Arc<str>,
+        from: u64,
+        max: usize,
+    ) -> Result<BTreeMap<u64, Location>, SpoolError> {
+        let (uncommitted, committed) = self.index.entries_from(source, from, max)?;
+        // Each side was cut at `max`: beyond the lower cut, the other side's entries may not be
+        // followed by everything between (a quarantined record makes room for one), so stop there.
+        let mut bound = u64::MAX;
+        for side in [&uncommitted, &committed] {
+            if side.len() >= max {
+                bound = bound.min(side.last().map_or(u64::MAX, |e| e.0));
+            }
+        }
+        let mut wanted: BTreeMap<u64, Location> = BTreeMap::new();
+        for (seq, loc) in uncommitted.into_iter().chain(committed) {
+            if seq <= bound {
+                wanted.entry(seq).or_insert(loc);
+            }
+        }
+        Ok(wanted)
+    }
+
+    /// A source's retention: evicts its oldest records while they were captured before
+    /// `captured_before` (ns) or the source holds more than `max_bytes`; each is counted
+    /// (`evicted`). Reads only the index. Returns how many went.
+    pub fn evict(
+        &self,
+        source: &Arc<str>,
+        captured_before: Option<i64>,
+        max_bytes: Option<u64>,
+    ) -> Result<u64, SpoolError> {
+        let stats = self.stats(source);
+        let mut n = 0;
+        'batches: loop {
+            let batch = self.entries_from(source, 0, 256)?;
+            if batch.is_empty() {
+                break;
+            }
+            let mut any = false;
+            for (seq, loc) in batch {
+                let old = captured_before.is_some_and(|t| loc.capture_ns < t);
+                let over = max_bytes.is_some_and(|m| stats.bytes.load(Ordering::Relaxed) > m);
+                if !old && !over {
+                    break 'batches;
+                }
+                if self.index.unindex(source, seq)?.is_some() {
+                    self.count_out(source, seq, loc, Gone::Evicted);
+                    n += 1;
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        if n > 0 {
+            self.update_oldest(source)?;
+        }
+        Ok(n)
     }
 
     /// Removes a record after its receipt. Missing records (dropped meanwhile) are fine: a

@@ -1740,3 +1740,50 @@ fn a_segment_emptied_while_a_commit_flushes_is_deleted_only_after_its_removal_is
     spool.commit().unwrap();
     assert_eq!(segment_files(dir.path()).len(), 1, "then it goes");
 }
+
+#[test]
+fn retention_evicts_the_oldest_by_age_then_by_bytes_and_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = Spool::open(&cfg(dir.path())).unwrap();
+    let cam: Arc<str> = "cam".into();
+    for seq in 0..20 {
+        spool.append(&frame("cam", seq, 1000)).unwrap();
+        spool.append(&frame("gps", seq, 10)).unwrap();
+    }
+    // Half committed, half not yet: both sides are evicted in order.
+    spool.commit().unwrap();
+    for seq in 20..30 {
+        spool.append(&frame("cam", seq, 1000)).unwrap();
+    }
+    // Captured before seq 5's time: 0..5.
+    assert_eq!(spool.evict(&cam, Some(1_000_000_000 + 5), None).unwrap(), 5);
+    assert_eq!(seqs(&spool, "cam"), (5..30).collect::<Vec<_>>());
+    // Nothing more is that old.
+    assert_eq!(spool.evict(&cam, Some(1_000_000_000 + 5), None).unwrap(), 0);
+    // Over 10 records' bytes: the oldest go until it fits.
+    let per = spool.stats(&cam).bytes.load(Ordering::Relaxed) / 25;
+    assert_eq!(spool.evict(&cam, None, Some(per * 10)).unwrap(), 15);
+    assert_eq!(seqs(&spool, "cam"), (20..30).collect::<Vec<_>>());
+    let stats = spool.stats(&cam);
+    assert_eq!(stats.evicted.load(Ordering::Relaxed), 20);
+    assert_eq!(
+        stats.dropped.load(Ordering::Relaxed),
+        0,
+        "an eviction is not a drop"
+    );
+    assert_eq!(stats.records.load(Ordering::Relaxed), 10);
+    assert_eq!(stats.oldest_ns.load(Ordering::Relaxed), 1_000_000_020);
+    assert_eq!(
+        seqs(&spool, "gps").len(),
+        20,
+        "the other sources keep theirs"
+    );
+    spool.commit().unwrap();
+    drop(spool);
+    let spool = Spool::open(&cfg(dir.path())).unwrap();
+    assert_eq!(
+        seqs(&spool, "cam"),
+        (20..30).collect::<Vec<_>>(),
+        "evictions are durable"
+    );
+}

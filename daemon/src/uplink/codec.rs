@@ -9,7 +9,10 @@
 
 use bytes::{BufMut, BytesMut};
 use prost::Message as _;
-use pulsar::proto::{BaseCommand, KeyValue, MessageMetadata};
+use pulsar::proto::{
+    base_command::Type, AuthData, BaseCommand, CommandAuthResponse, CommandPing, CommandPong,
+    KeyValue, MessageMetadata,
+};
 
 use crate::wire::Envelope;
 
@@ -81,6 +84,40 @@ pub struct Inbound {
 }
 
 /// The command of the next frame (tests read back what a session wrote).
+/// The protocol version rigd speaks (CONNECT, AUTH_RESPONSE).
+pub const PROTOCOL_VERSION: i32 = 21;
+
+pub fn auth_response(token: Option<String>) -> BaseCommand {
+    BaseCommand {
+        r#type: Type::AuthResponse as i32,
+        auth_response: Some(CommandAuthResponse {
+            client_version: Some(format!("rigd-{}", env!("CARGO_PKG_VERSION"))),
+            response: Some(AuthData {
+                auth_method_name: Some("token".into()),
+                auth_data: token.map(String::into_bytes),
+            }),
+            protocol_version: Some(PROTOCOL_VERSION),
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn pong() -> BaseCommand {
+    BaseCommand {
+        r#type: Type::Pong as i32,
+        pong: Some(CommandPong {}),
+        ..Default::default()
+    }
+}
+
+pub fn ping() -> BaseCommand {
+    BaseCommand {
+        r#type: Type::Ping as i32,
+        ping: Some(CommandPing {}),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 pub fn decode(src: &mut BytesMut) -> Result<Option<BaseCommand>, CodecError> {
     Ok(decode_frame(src)?.map(|f| f.cmd))

@@ -1,22 +1,30 @@
 //! The uplink to Apache Pulsar: a producer per source that speaks the binary protocol itself
 //! (the `pulsar` crate supplies only the protocol types), with native chunking for large frames
-//! and sequence ids that make broker-side deduplication exact across restarts.
+//! and sequence ids that make broker-side deduplication exact across restarts; the rig's
+//! producers share one connection per broker (`pool`).
 
 mod batch;
 pub mod budget;
 mod codec;
 mod connect;
+mod error;
 pub mod identity;
 pub mod plan;
+pub mod pool;
 mod probe;
 mod producer;
+pub mod route;
 mod session;
+mod token;
+mod topic;
 pub mod window;
 
 pub use batch::BatchPolicy;
 pub use budget::Budget;
-pub use connect::Token;
+pub use pool::Pool;
 pub use producer::{Producer, ProducerConfig, ProducerStats, SHUTDOWN_GRACE};
+pub use token::Token;
+pub use topic::{partition_topic, TopicProducer};
 pub use window::{Ack, Outcome};
 
 /// Client TLS settings: the CA certificates of `ca_file` (PEM), or the Mozilla roots when absent;

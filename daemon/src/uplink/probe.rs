@@ -9,25 +9,29 @@
 //! restart may cut the same frame into fewer (`plan::Probe::ChunksOf`; the answer needs no
 //! settling then, the broker's state is what it persisted).
 //!
-//! The probe speaks the protocol itself, on a connection set up like the producer's (the same
-//! lookup, token and TLS identity, client certificate included), and reads only the last entry's
+//! The probe speaks the protocol itself, on the rig's connection to the topic's broker (the
+//! producer's; the same lookup, token and TLS identity), and reads only the last entry's
 //! *metadata*: the sequence ids, the producer name and the chunk fields are there, so an
 //! encrypted batch, a compressed entry or one chunk of a frame is read as easily as a plain
 //! message (a client library's consumer decrypts, decompresses and splits before it shows
 //! metadata, and fails on what it cannot). `SUBSCRIBE` (non-durable, at the latest entry),
 //! `GET_LAST_MESSAGE_ID`, then a second subscription started at that entry and `FLOW` for one
-//! message; the connection is dropped after, which removes both subscriptions.
+//! message; both consumers are closed after, which removes their subscriptions.
 
 use pulsar::proto::{
     base_command::Type, command_subscribe::InitialPosition, command_subscribe::SubType,
-    BaseCommand, CommandFlow, CommandGetLastMessageId, CommandSubscribe, MessageIdData,
-    MessageMetadata,
+    BaseCommand, CommandCloseConsumer, CommandFlow, CommandGetLastMessageId, CommandSubscribe,
+    MessageIdData, MessageMetadata,
 };
 
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::connect::{Link, LinkError, Setup};
+use super::connect::Setup;
+use super::error::LinkError;
 use super::plan::BrokerLast;
+use super::pool::{ChannelEnd, Connection};
 
 /// The highest sequence id of the topic's last entry (a batch's highest) and, for a chunk, the
 /// number of chunks of its frame; None for a topic without messages. Errors name what failed;
@@ -37,13 +41,14 @@ use super::plan::BrokerLast;
 /// `settle`: wait for the broker's last confirmed entry to hold still (see [`Settle`]); not needed
 /// when the broker has named the id already (its deduplication state is what it persisted).
 pub async fn last_entry(setup: &mut Setup, settle: bool) -> Result<Option<BrokerLast>, LinkError> {
-    let mut link = setup.lookup().await?;
+    let conn = setup.lookup().await?;
     let subscription = format!(
         "rigd-probe-{}-{:x}",
         std::process::id(),
         rigd_drivers::realtime_ns() as u64 & 0xffff_ffff
     );
-    subscribe(setup, &mut link, 1, &subscription, None).await?;
+    let first = Consumer::attach(&conn)?;
+    subscribe(setup, &conn, first.end.id, &subscription, None).await?;
     // The broker answers with its last *confirmed* entry: what a killed run's connection had
     // handed it may still be on its way to the bookies for a moment. The answer counts once it
     // holds still (see [`Settle`]).
@@ -51,7 +56,7 @@ pub async fn last_entry(setup: &mut Setup, settle: bool) -> Result<Option<Broker
     let mut settle = Settle::default();
     let last = loop {
         let now = Instant::now();
-        let last = last_message_id(setup, &mut link).await?;
+        let last = last_message_id(setup, &conn, first.end.id).await?;
         if let Some(settled) = settle.observe(last.as_ref().map(|m| (m.ledger_id, m.entry_id)), now)
         {
             break settled.and(last);
@@ -71,25 +76,64 @@ pub async fn last_entry(setup: &mut Setup, settle: bool) -> Result<Option<Broker
         batch_index: None,
         ..last
     };
-    subscribe(setup, &mut link, 2, &format!("{subscription}-r"), Some(at)).await?;
-    link.command(BaseCommand {
+    let mut second = Consumer::attach(&conn)?;
+    subscribe(
+        setup,
+        &conn,
+        second.end.id,
+        &format!("{subscription}-r"),
+        Some(at),
+    )
+    .await?;
+    conn.control(&BaseCommand {
         r#type: Type::Flow as i32,
         flow: Some(CommandFlow {
-            consumer_id: 2,
+            consumer_id: second.end.id,
             message_permits: 1,
         }),
         ..Default::default()
-    })
-    .await?;
-    let frame = link
-        .frame("the last message", |c| {
-            c.message.as_ref().is_some_and(|m| m.consumer_id == 2)
-        })
-        .await?;
+    });
+    let frame = loop {
+        let frame = tokio::time::timeout(setup.setup_timeout, second.end.inbound.recv())
+            .await
+            .map_err(|_| LinkError::Timeout("the last message".into()))?
+            .ok_or_else(|| conn.failure().unwrap_or(LinkError::Closed))?;
+        if frame.cmd.message.is_some() {
+            break frame;
+        }
+    };
     let m = frame
         .metadata
         .ok_or_else(|| LinkError::Broker("a MESSAGE without a payload".into()))?;
     judge(&m, &setup.producer_name).map(Some)
+}
+
+/// A consumer of the probe on the rig's connection, closed on the broker when dropped (a
+/// non-durable subscription goes with its consumer).
+struct Consumer<'a> {
+    conn: &'a Connection,
+    end: ChannelEnd,
+}
+
+impl<'a> Consumer<'a> {
+    fn attach(conn: &'a Connection) -> Result<Self, LinkError> {
+        let end = conn.attach(Arc::new(AtomicUsize::new(0)), Arc::new(|| {}))?;
+        Ok(Consumer { conn, end })
+    }
+}
+
+impl Drop for Consumer<'_> {
+    fn drop(&mut self) {
+        let close = BaseCommand {
+            r#type: Type::CloseConsumer as i32,
+            close_consumer: Some(CommandCloseConsumer {
+                consumer_id: self.end.id,
+                request_id: self.conn.next_id(),
+            }),
+            ..Default::default()
+        };
+        self.conn.detach(self.end.id, Some(close));
+    }
 }
 
 /// What the last entry's metadata says of this producer's frames.
@@ -146,61 +190,62 @@ impl Settle {
 }
 
 async fn last_message_id(
-    setup: &mut Setup,
-    link: &mut Link,
+    setup: &Setup,
+    conn: &Connection,
+    consumer_id: u64,
 ) -> Result<Option<MessageIdData>, LinkError> {
-    let id = setup.request_id();
-    link.command(BaseCommand {
-        r#type: Type::GetLastMessageId as i32,
-        get_last_message_id: Some(CommandGetLastMessageId {
-            consumer_id: 1,
-            request_id: id,
-        }),
-        ..Default::default()
-    })
-    .await?;
-    Ok(link
-        .response("GET_LAST_MESSAGE_ID_RESPONSE", |c| {
-            c.get_last_message_id_response
-                .as_ref()
-                .is_some_and(|r| r.request_id == id)
-        })
+    Ok(setup
+        .request(
+            conn,
+            "GET_LAST_MESSAGE_ID_RESPONSE",
+            |id| BaseCommand {
+                r#type: Type::GetLastMessageId as i32,
+                get_last_message_id: Some(CommandGetLastMessageId {
+                    consumer_id,
+                    request_id: id,
+                }),
+                ..Default::default()
+            },
+            |c| c.get_last_message_id_response.is_some(),
+        )
         .await?
+        .cmd
         .get_last_message_id_response
         .map(|r| r.last_message_id))
 }
 
 async fn subscribe(
-    setup: &mut Setup,
-    link: &mut Link,
+    setup: &Setup,
+    conn: &Connection,
     consumer_id: u64,
     subscription: &str,
     start: Option<MessageIdData>,
 ) -> Result<(), LinkError> {
-    let id = setup.request_id();
-    link.command(BaseCommand {
-        r#type: Type::Subscribe as i32,
-        subscribe: Some(CommandSubscribe {
-            topic: setup.topic.clone(),
-            subscription: subscription.to_string(),
-            sub_type: SubType::Exclusive as i32,
-            consumer_id,
-            request_id: id,
-            consumer_name: Some(subscription.to_string()),
-            durable: Some(false),
-            start_message_id: start,
-            initial_position: Some(InitialPosition::Latest as i32),
-            // Reading must not create a topic that is not there.
-            force_topic_creation: Some(false),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .await?;
-    link.response("SUBSCRIBE's SUCCESS", |c| {
-        c.success.as_ref().is_some_and(|s| s.request_id == id)
-    })
-    .await?;
+    setup
+        .request(
+            conn,
+            "SUBSCRIBE's SUCCESS",
+            |id| BaseCommand {
+                r#type: Type::Subscribe as i32,
+                subscribe: Some(CommandSubscribe {
+                    topic: setup.topic.clone(),
+                    subscription: subscription.to_string(),
+                    sub_type: SubType::Exclusive as i32,
+                    consumer_id,
+                    request_id: id,
+                    consumer_name: Some(subscription.to_string()),
+                    durable: Some(false),
+                    start_message_id: start,
+                    initial_position: Some(InitialPosition::Latest as i32),
+                    // Reading must not create a topic that is not there.
+                    force_topic_creation: Some(false),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            |c| c.success.is_some(),
+        )
+        .await?;
     Ok(())
 }
 

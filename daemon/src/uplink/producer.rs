@@ -9,18 +9,19 @@
 //!   shutdown), writes and receipts (by progress, see the window), shutdown (a bounded grace for
 //!   outstanding receipts, then the frames go back to the caller).
 
-use bytes::Buf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::batch::BatchPolicy;
 use super::budget::Budget;
-use super::connect::{self, Link, LinkError, Setup, Token};
+use super::connect::{Link, Setup};
+use super::error::LinkError;
 use super::plan::BrokerLast;
-use super::session::{keepalive, Deadlines, Keepalive, Turn, Urgent};
+use super::pool::Pool;
+use super::session::{Deadlines, Turn};
+use super::token::Token;
 use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
 use crate::backoff::Backoff;
 use crate::payload::Held;
@@ -29,8 +30,8 @@ use crate::payload::Held;
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Written ahead into the socket per turn (whole frames).
 const WRITE_AHEAD: usize = 1 << 20;
-/// ... under a bandwidth budget: little, so that a keepalive answer queued behind it goes out soon
-/// (it jumps the budget's queue, see `urgent`).
+/// ... under a bandwidth budget: little, so that frames queued on the shared connection stay
+/// close to what the budget sends soon (the connection takes a queued frame whole).
 const BUDGET_WRITE_AHEAD: usize = 64 << 10;
 /// A link with no progress for this long while frames are outstanding is reported stalled
 /// (status: not connected; new frames spool).
@@ -81,11 +82,19 @@ pub struct ProducerConfig {
     /// No frame was ever sent under this producer name (an epoch this process opened): the
     /// topic is not probed at its creation (its last message is another producer's).
     pub fresh: bool,
+    /// `[pulsar] hashing-scheme`: a partitioned topic's key -> partition mapping.
+    pub hashing: super::route::HashingScheme,
+    /// One partition of a partitioned topic: the link state and window size in the shared stats
+    /// are the whole topic's, which [`super::TopicProducer`] reports, not this producer.
+    pub partition: bool,
+    /// The connections this producer shares (one per broker): the rig's, built with its budget
+    /// (`Pool::new(budget)`), so that every producer of the rig writes to one connection.
+    pub pool: Arc<Pool>,
 }
 
 impl ProducerConfig {
     /// A producer for `topic` with the uplink's defaults (those of an empty `[pulsar]` table), no
-    /// token, TLS, encryption or budget: what the offline tools start from.
+    /// token, TLS, encryption or budget, and a pool of its own: what the offline tools start from.
     pub fn new(url: &str, topic: String, producer_name: String, rig: &str, bucket_ms: u32) -> Self {
         let defaults = crate::config::PulsarConfig::default();
         ProducerConfig {
@@ -107,6 +116,9 @@ impl ProducerConfig {
             rank: 0,
             stats: None,
             fresh: false,
+            hashing: defaults.hashing_scheme,
+            partition: false,
+            pool: Pool::new(None),
         }
     }
 
@@ -122,9 +134,10 @@ impl ProducerConfig {
             send_timeout: Duration::from_millis(p.send_timeout_ms),
             compression: p.compression,
             batch: BatchPolicy::from(p),
+            hashing: p.hashing_scheme,
             ..ProducerConfig::new(
                 url,
-                p.topic_for(&config.rig.id, source),
+                config.topic_of(source),
                 crate::wire::producer_name(&config.rig.id, source),
                 &config.rig.id,
                 config.rig.bucket_ms,
@@ -173,8 +186,9 @@ struct Shared {
     closing: AtomicBool,
     source: String,
     last_refused_log: Mutex<Option<Instant>>,
-    /// The budget rank, changed when a live producer becomes a backlog's.
-    rank: AtomicUsize,
+    /// The budget rank, changed when a live producer becomes a backlog's (the connection's writer
+    /// reads it for every frame).
+    rank: Arc<AtomicUsize>,
     /// This producer's own link state (`stats.connected` follows it while `live`).
     connected: AtomicBool,
     /// Frames in this producer's window.
@@ -182,6 +196,8 @@ struct Shared {
     /// The producer of a source's live frames: the one whose connection and window the shared
     /// stats report (a source's producers share one [`ProducerStats`]).
     live: AtomicBool,
+    /// The broker said the topic is partitioned, into this many (0: it is not, or not known yet).
+    partitioned: AtomicU32,
 }
 
 impl Shared {
@@ -277,7 +293,7 @@ impl Producer {
             stats: cfg.stats.clone().unwrap_or_default(),
             connected: AtomicBool::new(false),
             held: AtomicUsize::new(0),
-            live: AtomicBool::new(cfg.rank < super::budget::FIRST_BACKLOG_RANK),
+            live: AtomicBool::new(!cfg.partition && cfg.rank < super::budget::FIRST_BACKLOG_RANK),
             acks,
             work: Notify::new(),
             room: Notify::new(),
@@ -289,7 +305,8 @@ impl Producer {
                 .unwrap_or(&cfg.topic)
                 .to_string(),
             last_refused_log: Mutex::new(None),
-            rank: AtomicUsize::new(cfg.rank),
+            rank: Arc::new(AtomicUsize::new(cfg.rank)),
+            partitioned: AtomicU32::new(0),
         });
         let mut setup = Setup::new(
             cfg.url.clone(),
@@ -297,6 +314,7 @@ impl Producer {
             cfg.producer_name.clone(),
             cfg.token.clone(),
             cfg.tls.clone(),
+            cfg.pool.clone(),
         );
         setup.encrypted = cfg.encryption.is_some();
         let task = tokio::spawn(
@@ -306,8 +324,6 @@ impl Producer {
                 shutdown,
                 created: false,
                 budget: cfg.budget.clone(),
-                credit: 0,
-                urgent: Urgent::default(),
                 fresh: cfg.fresh,
             }
             .run(),
@@ -349,6 +365,13 @@ impl Producer {
         self.shared.connected.load(Ordering::Acquire)
     }
 
+    /// The topic turned out partitioned, into this many partitions (0: it is not, or the broker
+    /// has not answered yet): this producer publishes nothing, [`super::TopicProducer`] opens one
+    /// per partition instead.
+    pub fn partitioned(&self) -> u32 {
+        self.shared.partitioned.load(Ordering::Acquire)
+    }
+
     pub fn stats(&self) -> &Arc<ProducerStats> {
         &self.shared.stats
     }
@@ -388,10 +411,6 @@ struct Session {
     /// against the first creation only).
     created: bool,
     budget: Option<Arc<Budget>>,
-    /// Bytes granted by the budget and not yet written (given back when a connection ends).
-    credit: usize,
-    /// The write-ahead up to a queued keepalive or auth answer ([`Urgent`]).
-    urgent: Urgent,
     fresh: bool,
 }
 
@@ -407,6 +426,7 @@ impl Session {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10), seed);
         let mut owner_backoff = Backoff::new(Duration::from_millis(100), OWNER_RETRY_MAX, seed ^ 1);
         let mut last_logged_error = String::new();
+        let mut repeats = Repeats::new(Instant::now());
         let mut moving_since: Option<Instant> = None;
         // Attempts since the broker took a connection again after an outage (None: not recovering).
         let mut since_life: Option<u32> = None;
@@ -419,8 +439,13 @@ impl Session {
             self.setup.setup_timeout =
                 super::session::setup_timeout(since_life, super::connect::REQUEST_TIMEOUT);
             since_life = since_life.map(|k| k.saturating_add(1));
+            let held: super::pool::Held = {
+                let shared = shared.clone();
+                Arc::new(move || shared.window().held_by_budget(Instant::now()))
+            };
+            let establish = self.setup.establish(shared.rank.clone(), held);
             let established = tokio::select! {
-                r = tokio::time::timeout(SETUP_TIMEOUT, self.setup.establish()) => {
+                r = tokio::time::timeout(SETUP_TIMEOUT, establish) => {
                     r.unwrap_or_else(|_| Err(LinkError::Timeout("connection setup".into())))
                 }
                 _ = stopped(&mut self.shutdown, &shared) => break,
@@ -469,15 +494,33 @@ impl Session {
                     shared.set_connected(true);
                     shared.room.notify_one();
                     let r = self.serve(&mut link).await;
-                    if let Some(b) = &self.budget {
-                        b.refund(std::mem::take(&mut self.credit));
-                    }
-                    self.urgent.clear();
                     shared.window().disconnected();
                     shared.set_connected(false);
                     shared.room.notify_one();
-                    if r.is_err() {
-                        link.reset();
+                    match &r {
+                        // No progress for this producer while the broker keeps talking on the
+                        // connection (the others' receipts): this producer's trouble, not the
+                        // connection's; close it and set it up again.
+                        Err(LinkError::Timeout(_))
+                            if link.conn.last_inbound().elapsed() < LINK_STALL_AFTER =>
+                        {
+                            link.close().await
+                        }
+                        // The connection is dead (no progress, the broker silent) or already
+                        // failed: every producer on it goes, to set up again on a new one.
+                        Err(
+                            e @ (LinkError::Timeout(_)
+                            | LinkError::Io(_)
+                            | LinkError::Closed
+                            | LinkError::Codec(_)),
+                        ) => link.conn.fail(e),
+                        // The broker refused this producer's frames (or its topic) and the
+                        // connection serves the others: close the producer before it is created
+                        // again under the same name (bounded; unanswered ends the connection).
+                        Err(LinkError::Broker(_) | LinkError::Terminated(_)) => link.close().await,
+                        // The broker closed the producer itself (a move), or a stop: the link
+                        // goes (a stop's close is sent without waiting).
+                        _ => {}
                     }
                     r
                 }
@@ -486,9 +529,19 @@ impl Session {
             let mut pace = Pace::Backoff;
             let delay = match result {
                 Err(LinkError::Shutdown) => break,
+                Err(LinkError::Partitioned { topic, partitions }) => {
+                    tracing::info!(%topic, partitions, "the topic is partitioned: one producer per partition");
+                    shared.partitioned.store(partitions, Ordering::Release);
+                    shared.room.notify_one();
+                    // Closed by its TopicProducer soon; asked again only if it is not.
+                    TERMINATED_RETRY
+                }
                 Err(e) => {
                     let terminated = matches!(e, LinkError::Terminated(_));
                     let msg = e.to_string();
+                    // failing since (reset only by a connection): a move that outlasts the
+                    // fast window backs off for good, not for one attempt
+                    let since = *moving_since.get_or_insert_with(Instant::now);
                     if msg != last_logged_error {
                         let in_flight = shared.window().frames();
                         if terminated {
@@ -499,11 +552,13 @@ impl Session {
                                 "uplink down; frames go to the spool until it is back");
                         }
                         last_logged_error = msg.clone();
+                        repeats = Repeats::new(Instant::now());
+                    } else if let Some(attempts) = repeats.again(Instant::now()) {
+                        tracing::warn!(topic = %self.setup.topic, error = %msg, attempts,
+                            down_s = since.elapsed().as_secs(),
+                            "uplink still down, the same error at every attempt since the last line");
                     }
                     stats.set_error(&msg);
-                    // failing since (reset only by a connection): a move that outlasts the
-                    // fast window backs off for good, not for one attempt
-                    let since = *moving_since.get_or_insert_with(Instant::now);
                     pace = Pace::after(&e, since.elapsed());
                     match pace {
                         Pace::Terminated => {
@@ -530,20 +585,22 @@ impl Session {
         shared.set_connected(false);
     }
 
-    /// Writes what the window gives and feeds back what the broker says, until the link fails,
-    /// or after a stop once nothing is outstanding or the grace is over.
+    /// Queues what the window gives on the connection and feeds back what the broker says,
+    /// until the link fails, or after a stop once nothing is outstanding or the grace is over.
     async fn serve(&mut self, link: &mut Link) -> Result<(), LinkError> {
         let shared = self.shared.clone();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut deadlines = Deadlines::default();
-        let mut need_flush = false;
         let mut abort_armed = false;
+        let mut written = 0;
+        let progress = link.channel.progress.clone();
         loop {
             let now = Instant::now();
             if deadlines.stop_if(self.stopping(), now) {
                 shared.window().close();
             }
+            let (_, queued) = link.conn.progress(link.producer_id);
             let (batch_due, health, idle) = {
                 let mut w = shared.window();
                 w.close_batch_if_due(now);
@@ -552,7 +609,7 @@ impl Session {
                     None => WRITE_AHEAD,
                 };
                 let publish_ms = (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64;
-                while link.out.len() < ahead && !abort_armed {
+                while queued + link.out.len() < ahead && !abort_armed {
                     match w.encode_next(&mut link.out, now, publish_ms) {
                         Some(e) if e.chunks > 1 && abort_after_chunk() == Some(e.chunk) => {
                             abort_armed = true;
@@ -564,6 +621,7 @@ impl Session {
                 shared.settle(&mut w);
                 (w.batch_due(), w.health(now), w.idle())
             };
+            link.push()?;
             let moving = health == Health::Moving;
             if shared.set_connected(moving) != moving {
                 shared.room.notify_one();
@@ -585,7 +643,7 @@ impl Session {
                 }
                 Turn::Stopped => return Err(LinkError::Shutdown),
             }
-            if abort_armed && link.out.is_empty() {
+            if abort_armed && link.conn.progress(link.producer_id).1 == 0 {
                 // Test hook: a crash between the chunks of a frame, after the broker stored some.
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 tracing::error!("RIGD_FAILPOINT: aborting between chunks");
@@ -593,31 +651,6 @@ impl Session {
             }
             let wake_at = |t: Option<Instant>| {
                 tokio::time::Instant::from_std(t.unwrap_or(now + Duration::from_secs(3600)))
-            };
-            // One write (or, once everything is written, a flush for TLS) per turn; cancel-safe:
-            // bytes leave `out` only when the socket took them, and budget granted for a write
-            // that did not happen stays in `credit`. Bytes held back by the budget are not a
-            // stalled link (the window is told).
-            let (writer, out) = (&mut link.writer, &link.out);
-            let budget = self.budget.as_deref();
-            let credit = &mut self.credit;
-            let urgent = &mut self.urgent;
-            let rank = urgent.rank(shared.rank.load(Ordering::Relaxed));
-            let held = || shared.window().held_by_budget(Instant::now());
-            let io = async move {
-                if out.is_empty() {
-                    return writer.flush().await.map(|()| None);
-                }
-                let Some(b) = budget else {
-                    return writer.write(out).await.map(Some);
-                };
-                if *credit == 0 {
-                    *credit = b.acquire(rank, out.len(), held).await;
-                }
-                let n = writer.write(&out[..(*credit).min(out.len())]).await?;
-                *credit -= n.min(*credit);
-                urgent.wrote(n);
-                Ok(Some(n))
             };
             tokio::select! {
                 biased;
@@ -627,50 +660,36 @@ impl Session {
                         shared.closing.store(true, Ordering::Release);
                     }
                 }
-                cmd = link.inbound.recv() => {
-                    let cmd = cmd.ok_or(LinkError::Closed)??.cmd;
-                    link.last_inbound = Instant::now();
-                    self.on_command(link, cmd)?;
+                frame = link.channel.inbound.recv() => {
+                    let Some(frame) = frame else {
+                        return Err(link.conn.failure().unwrap_or(LinkError::Closed));
+                    };
+                    self.on_command(frame.cmd)?;
                 }
-                r = io, if !link.out.is_empty() || need_flush => {
-                    match r? {
-                        Some(0) => return Err(LinkError::Closed),
-                        Some(n) => {
-                            link.out.advance(n);
-                            shared.stats.wire_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                            need_flush = true;
-                            shared.window().progressed(Instant::now());
-                        }
-                        None => need_flush = false,
+                // Bytes of this producer went out, or of another while this one's wait (the
+                // connection moves; the writer serves the best rank first).
+                _ = progress.notified() => {
+                    let (now_written, _) = link.conn.progress(link.producer_id);
+                    shared
+                        .stats
+                        .wire_bytes
+                        .fetch_add(now_written.saturating_sub(written), Ordering::Relaxed);
+                    written = written.max(now_written);
+                    shared.window().progressed(Instant::now());
+                    if let Some(e) = link.conn.failure() {
+                        return Err(e);
                     }
                 }
                 _ = shared.work.notified(), if !deadlines.draining() => {}
                 _ = tokio::time::sleep_until(wake_at(batch_due)), if batch_due.is_some() => {}
                 _ = tokio::time::sleep_until(wake_at(deadlines.drain_deadline())), if deadlines.draining() => {}
-                _ = tick.tick() => {
-                    match keepalive(link.last_inbound.elapsed()) {
-                        Keepalive::Quiet => {}
-                        Keepalive::Dead => {
-                            return Err(LinkError::Timeout("any traffic from the broker".into()))
-                        }
-                        Keepalive::Ping => {
-                            super::codec::encode_command(&connect::ping(), &mut link.out);
-                            self.urgent.queued(link.out.len());
-                        }
-                    }
-                }
+                _ = tick.tick() => {}
             }
         }
     }
 
-    fn on_command(
-        &mut self,
-        link: &mut Link,
-        cmd: pulsar::proto::BaseCommand,
-    ) -> Result<(), LinkError> {
-        use pulsar::proto::base_command::Type;
+    fn on_command(&mut self, cmd: pulsar::proto::BaseCommand) -> Result<(), LinkError> {
         let now = Instant::now();
-        let answer_first = answered_urgently(&cmd);
         if let Some(r) = cmd.send_receipt {
             let mut w = self.shared.window();
             w.on_receipt(r.sequence_id, now)
@@ -689,24 +708,9 @@ impl Session {
             return Err(LinkError::Moving(
                 "the broker closed the producer (topic unloaded or moved)".into(),
             ));
-        } else if cmd.auth_challenge.is_some() {
-            link.answer_challenge()?;
-        } else if cmd.r#type == Type::Ping as i32 {
-            super::codec::encode_command(&connect::pong(), &mut link.out);
-        }
-        if answer_first {
-            self.urgent.queued(link.out.len());
         }
         Ok(())
     }
-}
-
-/// Whether the answer to a broker's command jumps the budget's queue ([`Urgent`]): the
-/// broker closes a connection whose keepalive (PING) or credential refresh (AUTH_CHALLENGE, within
-/// `authenticationRefreshCheckSeconds`) is not answered in time, however starved the producer.
-fn answered_urgently(cmd: &pulsar::proto::BaseCommand) -> bool {
-    use pulsar::proto::base_command::Type;
-    cmd.auth_challenge.is_some() || cmd.r#type == Type::Ping as i32
 }
 
 /// Asks the topic what it holds (see [`super::probe`], [`super::plan::Probe`]): the broker keeps
@@ -714,7 +718,7 @@ fn answered_urgently(cmd: &pulsar::proto::BaseCommand) -> bool {
 /// named an id without its frame's chunk count. Bounded; on failure the broker's answer stands
 /// (frames of an earlier run may then arrive twice, never lost).
 async fn probe(setup: &Setup, asked: super::plan::Probe) -> Option<BrokerLast> {
-    // A connection of its own, so that the producer's is not disturbed.
+    // A setup of its own (its host choice), on the rig's connection to the topic's broker.
     let mut own = setup.sibling();
     let settle = asked == super::plan::Probe::LastEntry;
     let r = tokio::time::timeout(PROBE_TIMEOUT, super::probe::last_entry(&mut own, settle))
@@ -800,6 +804,38 @@ fn unreachable(kind: std::io::ErrorKind) -> bool {
     )
 }
 
+/// A connection failure that repeats unchanged is logged once, then again this often with the
+/// attempts since (the CI run of 3 Dec 2026 21:52Z had a broker refuse a topic's producer with the
+/// same error for 90 s after one line: the log read as a silent stall).
+const STILL_DOWN_EVERY: Duration = Duration::from_secs(30);
+
+/// The attempts that failed the same way since the last line about it. Pure (time passed in).
+#[derive(Debug)]
+struct Repeats {
+    logged_at: Instant,
+    attempts: u32,
+}
+
+impl Repeats {
+    fn new(now: Instant) -> Self {
+        Repeats {
+            logged_at: now,
+            attempts: 0,
+        }
+    }
+
+    /// One more failure like the last one logged: the attempts to log now, if a line is due.
+    fn again(&mut self, now: Instant) -> Option<u32> {
+        self.attempts += 1;
+        if now.saturating_duration_since(self.logged_at) < STILL_DOWN_EVERY {
+            return None;
+        }
+        let n = self.attempts;
+        *self = Repeats::new(now);
+        Some(n)
+    }
+}
+
 /// Resolves once the daemon shuts down or the handle asked to close.
 async fn stopped(shutdown: &mut watch::Receiver<bool>, shared: &Shared) {
     loop {
@@ -831,26 +867,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keepalive_and_credential_refresh_answers_jump_the_budget() {
-        // Issue 31.10: an AUTH_CHALLENGE's answer was queued at the producer's rank, so a producer
-        // the budget starved could miss the broker's auth-refresh deadline.
-        use pulsar::proto::{base_command::Type, BaseCommand, CommandAuthChallenge};
-        let ping = BaseCommand {
-            r#type: Type::Ping as i32,
-            ..Default::default()
-        };
-        let challenge = BaseCommand {
-            r#type: Type::AuthChallenge as i32,
-            auth_challenge: Some(CommandAuthChallenge::default()),
-            ..Default::default()
-        };
-        let pong = BaseCommand {
-            r#type: Type::Pong as i32,
-            ..Default::default()
-        };
-        assert!(answered_urgently(&ping));
-        assert!(answered_urgently(&challenge));
-        assert!(!answered_urgently(&pong));
+    fn an_error_that_repeats_is_logged_again_every_30_s_with_its_attempts() {
+        let t0 = Instant::now();
+        let mut r = Repeats::new(t0);
+        assert_eq!(r.again(t0 + Duration::from_secs(1)), None);
+        assert_eq!(r.again(t0 + Duration::from_secs(11)), None);
+        assert_eq!(r.again(t0 + STILL_DOWN_EVERY), Some(3));
+        // counted again from that line
+        assert_eq!(
+            r.again(t0 + STILL_DOWN_EVERY + Duration::from_secs(10)),
+            None
+        );
+        assert_eq!(r.again(t0 + STILL_DOWN_EVERY * 2), Some(2));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The decisions of a producer's connection as values, time passed in: when the broker's silence
 //! asks for a PING or proves the connection dead, when a stop's drain ends, when the link's health
-//! changes what status reports, and which bytes of the write-ahead jump the budget's queue. The
-//! session task (`producer.rs`) performs them inside its `select!`; nothing here sleeps or writes.
+//! changes what status reports. The session task (`producer.rs`) and the connection's keepalive
+//! (`pool.rs`) perform them; nothing here sleeps or writes.
 
 use std::time::{Duration, Instant};
 
@@ -101,39 +101,6 @@ impl Deadlines {
     }
 }
 
-/// The bytes of the write-ahead, up to and including a queued PING, PONG or AUTH_RESPONSE, that
-/// go out at the budget's top rank: a producer the budget starves still answers the broker's
-/// keepalive and credential refresh (the broker closes a connection that does not), at the cost
-/// of a small priority inversion.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Urgent(usize);
-
-impl Urgent {
-    /// An answer was queued; `queued`: the write-ahead's length with it.
-    pub fn queued(&mut self, queued: usize) {
-        self.0 = queued;
-    }
-
-    /// `n` bytes of the write-ahead were written.
-    pub fn wrote(&mut self, n: usize) {
-        self.0 = self.0.saturating_sub(n);
-    }
-
-    /// The budget rank to write at: the top (0) while an answer is queued, else the producer's.
-    pub fn rank(&self, own: usize) -> usize {
-        if self.0 > 0 {
-            0
-        } else {
-            own
-        }
-    }
-
-    /// A connection ended: nothing of it is queued.
-    pub fn clear(&mut self) {
-        self.0 = 0;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,21 +153,5 @@ mod tests {
         );
         // A dead link is dead, stopping or not.
         assert_eq!(d.turn(Health::Dead, true, t0), Turn::Dead);
-    }
-
-    #[test]
-    fn a_keepalive_answer_jumps_the_budget_until_it_is_written() {
-        let mut u = Urgent::default();
-        assert_eq!(u.rank(3), 3);
-        // 100 bytes of frames ahead of the PONG: those go at the top rank too, until written.
-        u.queued(108);
-        assert_eq!(u.rank(3), 0);
-        u.wrote(100);
-        assert_eq!(u.rank(3), 0);
-        u.wrote(8);
-        assert_eq!(u.rank(3), 3);
-        u.queued(50);
-        u.clear();
-        assert_eq!(u.rank(3), 3);
     }
 }
