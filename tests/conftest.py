@@ -31,6 +31,7 @@ MARKERS = {
                     "its own (tests/lanes.py lane `own-broker`), never beside tests on the shared one",
     "vm": "boots a QEMU guest (CPU-bound TCG): the `vm` lane runs one at a time",
     "cluster": "needs the multi-node cluster of tests/pulsar/cluster.sh (the `cluster` lane)",
+    "arm64": "boots the aarch64 guest with the cross-built .deb (the `arm64` lane, only when RIGD_LANES names it)",
 }
 
 

@@ -13,6 +13,8 @@ A lane is one pytest run over a set of tests that share what they hold:
               JVMs never start beside a guest
   matrix      the core uplink, spool and wire-format tests again against the Pulsar 4.0.x line,
               each worker with a broker of that version of its own; after `shared`
+  arm64       the aarch64 vehicle guest (`arm64`) on the cross-built .deb: only when RIGD_LANES
+              names it (CI leaves it out: docs/TESTING.md); after `vm`, never beside another guest
 
 Within a lane the tests start longest first (tests/durations.json; each run writes its own times
 to tests/artifacts/lanes/durations.json to copy there), so a new
@@ -21,7 +23,7 @@ when it ends, then the 15 slowest tests and each lane's wall time.
 
   tests/lanes.py [pytest args]       all lanes (-k etc. go to every lane; a lane with nothing
                                      selected passes)
-  RIGD_LANES=shared,vm               only these lanes
+  RIGD_LANES=shared,vm               only these lanes (`arm64` runs only when named here)
   RIGD_LANE_WORKERS=shared=4         another number of workers for a lane
   RIGD_MATRIX=0                      no matrix lane; RIGD_MATRIX_VERSION picks its version
   RIGD_LANE_TIMEOUT=2400             a lane still running after this many seconds is stopped and fails
@@ -82,7 +84,7 @@ def lanes() -> list[Lane]:
     shared = {"RIGD_SHARED_BROKER": "1"}
     own = lambda base, data: {"RIGD_OWN_BROKER_PORT_BASE": str(base), "RIGD_OWN_BROKER_DATA": str(data)}
     out = [
-        Lane("shared", ["tests/e2e"], "not holds_broker and not vm and not cluster", 3, shared),
+        Lane("shared", ["tests/e2e"], "not holds_broker and not vm and not cluster and not arm64", 3, shared),
         Lane("own-broker", ["tests/e2e"], "holds_broker and not vm and not cluster", 3,
              own(6700, ROOT / "target" / "pulsar-data-own")),
         Lane("vm", ["tests/e2e"], "vm", 1, shared),
@@ -94,6 +96,8 @@ def lanes() -> list[Lane]:
                          **own(6800, ROOT / "target" / f"pulsar-data-{MATRIX_VERSION}")},
                         after="shared"))
     only = os.environ.get("RIGD_LANES")
+    if only and "arm64" in only.split(","):
+        out.append(Lane("arm64", ["tests/e2e"], "arm64", 1, shared, after="vm"))
     if only:
         names = set(only.split(","))
         out = [lane for lane in out if lane.name in names]

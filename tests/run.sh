@@ -9,6 +9,8 @@
 #   tests/run.sh -k publish pytest arguments are passed through (to every lane)
 #   RIGD_MATRIX=0 leaves the Pulsar 4.0.x lane out; RIGD_MATRIX_VERSION picks another version;
 #   RIGD_LANES=shared,vm runs only those lanes.
+#   RIGD_LANES=arm64 (alone or with others): the arm64 group, which CI leaves out: the cross build
+#   of the arm64 .deb and the aarch64 vehicle guest (docs/TESTING.md).
 # Each phase's wall time is printed at the end (and appended to $RIGD_PHASES when set: .ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,10 @@ phase setup tests/setup.sh
 # --all-targets: the tests and benches too, in one cargo run (cargo test and the bench smoke reuse them)
 phase build cargo build --release --locked --workspace --all-targets
 export RIGD_BIN="$ROOT/target/release/rigd"
+if [[ ,${RIGD_LANES:-}, == *,arm64,* ]]; then
+  phase setup-arm64 tests/setup.sh --cross arm64
+  phase build-arm64 cargo build --release --locked -p rigd --target aarch64-unknown-linux-gnu
+fi
 phase unit cargo test --release --locked --workspace
 
 export PULSAR_DATA="${PULSAR_DATA:-$ROOT/target/pulsar-data}"

@@ -17,6 +17,35 @@ APT_PKGS+=(debootstrap qemu-utils e2fsprogs)
 # the camera tests and tests/bench/jpeg.sh compare it with the built-in encoder).
 APT_PKGS+=(libturbojpeg0)
 [ "${1:-}" = "--build-deps" ] && APT_PKGS=("${BUILD_PKGS[@]}")
+# `--cross arm64`: what the arm64 .deb's cross build and the aarch64 vehicle guest need, alone
+# (docs/SYSTEMD.md, "The Debian package"): Debian's cross compiler, the arm64 multiarch ALSA dev
+# package, Rust's aarch64 target, QEMU's aarch64 system emulator and qemu-user with its binfmt
+# handler (chroot into the arm64 guest's tree while it is prepared).
+if [ "${1:-}" = "--cross" ]; then
+  [ "${2:-}" = arm64 ] || { echo "setup: --cross arm64 (the one cross target)" >&2; exit 2; }
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
+  CROSS_PKGS=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross linux-libc-dev-arm64-cross libasound2-dev:arm64
+              qemu-system-arm qemu-user-static debootstrap qemu-utils e2fsprogs socat curl "${BUILD_PKGS[@]}")
+  missing=()
+  for p in "${CROSS_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing Debian packages: ${missing[*]}" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  fi
+  rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu >&2
+  # The binfmt handler (qemu-user-static's /usr/lib/binfmt.d/qemu-aarch64.conf, flag F: the
+  # interpreter is opened now, so it works inside a chroot); systemd-binfmt registers it at boot,
+  # here it is registered when missing (a container, a machine not rebooted since the install).
+  if [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
+    [ -e /proc/sys/fs/binfmt_misc/register ] || $SUDO mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    $SUDO sh -c 'cat /usr/lib/binfmt.d/qemu-aarch64.conf > /proc/sys/fs/binfmt_misc/register'
+  fi
+  exit 0
+fi
 missing=()
 # Node.js runs the browser test's driver (playwright-core, tests/web); any node >= 20 will do.
 [ "${1:-}" = "--build-deps" ] || command -v node >/dev/null || APT_PKGS+=(nodejs npm)

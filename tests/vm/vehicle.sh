@@ -5,10 +5,16 @@
 # What reached the broker is judged on the host with the official Python client (vehicle/judge.py).
 #   tests/vm/vehicle.sh     build/boot/check; one `vehicle: PASS: ...` or `FAIL` line per check,
 #                           exit 0 when every check passed
+#   RIGD_VM_ARCH=arm64 tests/vm/vehicle.sh
+#                           the same checks on an aarch64 guest (QEMU `virt`, TCG) with the
+#                           cross-built arm64 .deb (needs `tests/setup.sh --cross arm64`)
+#   tests/vm/vehicle.sh --base          only the cached base image
+#   tests/vm/vehicle.sh --bench SECS    no checks: the rig profile's CPU inside the guest
+#                           (docs/PERFORMANCE.md, "arm64"); one `vehicle: bench ...` line
 # Env: PULSAR_URL (default pulsar://127.0.0.1:6650; started with tests/pulsar/broker.sh when
 # nothing listens, stopped again at the end), PULSAR_ADMIN_URL (default http://127.0.0.1:8080),
-# RIGD_VM_CACHE (default ~/.cache/rigd-vm: the debootstrapped base, reused by every run).
-# Work files: target/vm. See docs/SYSTEMD.md ("Vehicle in a box").
+# RIGD_VM_CACHE (default ~/.cache/rigd-vm: the debootstrapped base, reused by every run; base-arm64
+# for arm64). Work files: target/vm (target/vm-arm64). See docs/SYSTEMD.md ("Vehicle in a box").
 # Checks are functions run through `check` (SC2317); file names here are ours (SC2012).
 # shellcheck disable=SC2317,SC2012
 set -euo pipefail
@@ -16,42 +22,82 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 VM=$ROOT/tests/vm/vehicle
 CACHE=${RIGD_VM_CACHE:-$HOME/.cache/rigd-vm}
-WORK=$ROOT/target/vm
-mkdir -p "$CACHE" "$WORK"
+ARCH=${RIGD_VM_ARCH:-amd64}
 export PULSAR_URL=${PULSAR_URL:-pulsar://127.0.0.1:6650}
 BROKER_PORT=${PULSAR_URL##*:}
 log() { echo "vehicle: $*" >&2; }
+# What differs between the architectures; the checks below are the same for both.
+#   BASE/WORK   the cached base and this run's files
+#   TTY_SHELL   the guest's tty with the host's root shell; TTY_GPS the UART rigd reads NMEA from
+#   RELEASE     rigd's release binary; CARGO_TARGET the --target of the cross build
+case $ARCH in
+  amd64)
+    BASE=$CACHE/base; WORK=$ROOT/target/vm
+    QEMU_SYSTEM=qemu-system-x86_64; QEMU_MACHINE=(-machine q35 -cpu max)
+    TTY_CONSOLE=ttyS0; TTY_SHELL=ttyS1; TTY_GPS=ttyS2
+    CARGO_TARGET=""; RELEASE=$ROOT/target/release/rigd ;;
+  arm64)
+    # `virt` has one PL011 UART (ttyAMA0, the console); the shell and the GPS get 16550 UARTs on
+    # PCI (`pci-serial`, Linux's 8250_pci: ttyS0 and ttyS1 in slot order), the UART a rig's GPS
+    # would hang off a USB or PCIe serial card as well. cortex-a72 (a Raspberry Pi 4's core), not
+    # `max`: TCG emulates `max`'s pointer authentication at a large cost.
+    BASE=$CACHE/base-arm64; WORK=$ROOT/target/vm-arm64
+    QEMU_SYSTEM=qemu-system-aarch64; QEMU_MACHINE=(-machine virt -cpu cortex-a72)
+    TTY_CONSOLE=ttyAMA0; TTY_SHELL=ttyS0; TTY_GPS=ttyS1
+    CARGO_TARGET=aarch64-unknown-linux-gnu; RELEASE=$ROOT/target/$CARGO_TARGET/release/rigd ;;
+  *) log "RIGD_VM_ARCH=$ARCH: amd64 or arm64"; exit 2 ;;
+esac
+mkdir -p "$CACHE" "$WORK"
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 t_begin=$(now)
 
-for tool in debootstrap qemu-system-x86_64 mkfs.ext4 socat curl python3; do
-  command -v $tool >/dev/null || { log "missing $tool (apt-get install debootstrap qemu-system-x86 qemu-utils e2fsprogs socat curl)"; exit 1; }
+for tool in debootstrap "$QEMU_SYSTEM" mkfs.ext4 socat curl python3; do
+  command -v "$tool" >/dev/null || { log "missing $tool (tests/setup.sh$([ "$ARCH" = amd64 ] || echo " --cross $ARCH"))"; exit 1; }
 done
+# A foreign guest's tree is prepared with chroot through qemu-user's binfmt handler (setup.sh).
+if [ "$ARCH" != amd64 ] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
+  log "no binfmt handler for aarch64 binaries (tests/setup.sh --cross arm64 registers it)"; exit 1
+fi
 
 # 1. Base image (cached): minimal Debian with systemd, a kernel (its vivid.ko and snd-aloop.ko are
 # what the guest loads), alsa-utils for the test tone, curl to read rigd's status inside the guest.
-BASE=$CACHE/base
 GUEST_PKGS=socat,alsa-utils,curl
 if [ ! -f "$BASE/.done" ]; then
   # The mirror the host's apt uses (no host named here).
   MIRROR=$(grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -1 || true)
   [ -n "$MIRROR" ] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
-  log "debootstrap bookworm from the host's mirror into $BASE"
+  log "debootstrap bookworm ($ARCH) from the host's mirror into $BASE"
   rm -rf "$BASE"
-  debootstrap --variant=minbase \
-    --include=systemd,systemd-sysv,udev,dbus,linux-image-amd64,initramfs-tools,init-system-helpers,libasound2,iproute2,procps,kmod,$GUEST_PKGS \
-    bookworm "$BASE" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1
+  # arm64: every program of the foreign tree runs under qemu-user, where an initramfs of
+  # MODULES=most takes ~20 min to build (and debootstrap builds it twice): the kernel comes after,
+  # in one apt run, with an initramfs of only what mounts the root disk (also less for TCG to
+  # unpack at every boot).
+  KERNEL_PKGS=linux-image-"$ARCH",initramfs-tools,
+  [ "$ARCH" = amd64 ] || KERNEL_PKGS=""
+  debootstrap --arch="$ARCH" --variant=minbase \
+    --include=systemd,systemd-sysv,udev,dbus,"${KERNEL_PKGS}"init-system-helpers,libasound2,iproute2,procps,kmod,$GUEST_PKGS \
+    bookworm "$BASE" "$MIRROR" >"$CACHE/debootstrap-$ARCH.log" 2>&1 \
+    || { tail -20 "$CACHE/debootstrap-$ARCH.log" >&2; exit 1; }
+  if [ -z "$KERNEL_PKGS" ]; then
+    mkdir -p "$BASE/etc/initramfs-tools/conf.d" "$BASE/usr/share/initramfs-tools/modules.d"
+    echo MODULES=list > "$BASE/etc/initramfs-tools/conf.d/rigd-vm.conf"
+    printf 'virtio_pci\nvirtio_blk\next4\n' > "$BASE/usr/share/initramfs-tools/modules.d/rigd-vm.conf"
+    cp /etc/resolv.conf "$BASE/etc/resolv.conf"
+    { chroot "$BASE" apt-get update -qq && DEBIAN_FRONTEND=noninteractive chroot "$BASE" \
+        apt-get install -y -qq --no-install-recommends linux-image-"$ARCH" initramfs-tools; } >>"$CACHE/debootstrap-$ARCH.log" 2>&1 \
+      || { tail -20 "$CACHE/debootstrap-$ARCH.log" >&2; exit 1; }
+  fi
   echo vehicle > "$BASE/etc/hostname"
   # Network: DHCP on the virtio NIC (QEMU user networking).
   mkdir -p "$BASE/etc/systemd/network"
   printf '[Match]\nName=en*\n[Network]\nDHCP=yes\n' > "$BASE/etc/systemd/network/50-dhcp.network"
   chroot "$BASE" systemctl enable systemd-networkd >/dev/null 2>&1
-  # A root shell on the second serial port: the host drives checks through it.
-  mkdir -p "$BASE/etc/systemd/system/serial-getty@ttyS1.service.d"
+  # A root shell on a serial port of its own: the host drives checks through it.
+  mkdir -p "$BASE/etc/systemd/system/serial-getty@$TTY_SHELL.service.d"
   printf '[Service]\nExecStart=\nExecStart=-/sbin/agetty --autologin root --noclear %%I 115200 dumb\n' \
-    > "$BASE/etc/systemd/system/serial-getty@ttyS1.service.d/autologin.conf"
-  chroot "$BASE" systemctl enable serial-getty@ttyS1.service >/dev/null 2>&1
+    > "$BASE/etc/systemd/system/serial-getty@$TTY_SHELL.service.d/autologin.conf"
+  chroot "$BASE" systemctl enable "serial-getty@$TTY_SHELL.service" >/dev/null 2>&1
   printf '/dev/vda / ext4 defaults 0 1\n' > "$BASE/etc/fstab"
   chroot "$BASE" apt-get clean
   touch "$BASE/.done"
@@ -70,23 +116,26 @@ if [ ${#missing_pkgs[@]} -gt 0 ]; then
     || { tail -20 "$CACHE/packages.log" >&2; exit 1; }
   chroot "$BASE" apt-get clean
 fi
+# `--base`: only the cached base (CI's setup, or a first run timed apart from the checks).
+if [ "${1:-}" = --base ]; then log "base ready in $BASE ($(secs "$t_begin" "$(now)") s)"; exit 0; fi
 
-# 2. The package: built here when missing or older than the release binary.
-# Into target/vm/deb, and cargo-deb under a lock: test_systemd.py packages at the same time (its
-# staging dir is target/debian for both).
-DEB=$(ls -t "$WORK"/deb/rigd_*.deb 2>/dev/null | head -1 || true)
-if [ ! -x "$ROOT/target/release/rigd" ]; then
-  log "building rigd (release)"
-  cargo build --release --locked -p rigd >&2
+# 2. The package: built here when missing or older than the release binary (for arm64: the cross
+# build, .cargo/config.toml). Into $WORK/deb, and cargo-deb under a lock: test_systemd.py packages
+# at the same time (its staging dir is target/debian for both).
+DEB=$(ls -t "$WORK"/deb/rigd_*_"$ARCH".deb 2>/dev/null | head -1 || true)
+if [ ! -x "$RELEASE" ]; then
+  log "building rigd (release${CARGO_TARGET:+, $CARGO_TARGET})"
+  cargo build --release --locked -p rigd ${CARGO_TARGET:+--target "$CARGO_TARGET"} >&2
 fi
-if [ -z "$DEB" ] || [ "$ROOT/target/release/rigd" -nt "$DEB" ]; then
+if [ -z "$DEB" ] || [ "$RELEASE" -nt "$DEB" ]; then
   if ! command -v cargo-deb >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo-deb" ]; then
     log "installing cargo-deb"; cargo install cargo-deb --locked --version 3.8.0 >&2
   fi
   log "building the package"
   mkdir -p "$WORK/deb"
-  (cd daemon && flock "$ROOT/target/.cargo-deb.lock" cargo deb -p rigd --no-build --fast --strip -o "$WORK/deb" >&2)
-  DEB=$(ls -t "$WORK"/deb/rigd_*.deb | head -1)
+  (cd daemon && flock "$ROOT/target/.cargo-deb.lock" cargo deb -p rigd --no-build --fast --strip \
+    ${CARGO_TARGET:+--target "$CARGO_TARGET"} -o "$WORK/deb" >&2)
+  DEB=$(ls -t "$WORK"/deb/rigd_*_"$ARCH".deb | head -1)
 fi
 
 # 3. This run's guest: the base, the package, the rig's config and devices; an ext4 image made
@@ -115,7 +164,7 @@ rm -rf "$GUEST"; cp -a "$BASE" "$GUEST"
 cp "$DEB" "$GUEST/tmp/rigd.deb"
 chroot "$GUEST" dpkg -i /tmp/rigd.deb >"$WORK/dpkg.log" 2>&1 || { cat "$WORK/dpkg.log" >&2; exit 1; }
 rm -f "$GUEST/tmp/rigd.deb"
-sed -e "s|@TOPIC_NS@|$NS|; s|@BROKER_PORT@|$BROKER_PORT|" "$VM/rigd.toml" > "$GUEST/etc/rigd/rigd.toml"
+sed -e "s|@TOPIC_NS@|$NS|; s|@BROKER_PORT@|$BROKER_PORT|; s|@TTY_GPS@|$TTY_GPS|" "$VM/rigd.toml" > "$GUEST/etc/rigd/rigd.toml"
 sed -e "s|@BROKER_PORT@|$BROKER_PORT|g" "$VM/broker-relay.service" > "$GUEST/etc/systemd/system/broker-relay.service"
 cp "$VM/rigd-audio-feed.service" "$GUEST/etc/systemd/system/"
 cp "$VM/modules-load.conf" "$GUEST/etc/modules-load.d/rigd-vm.conf"
@@ -125,6 +174,19 @@ chroot "$GUEST" systemctl enable broker-relay.service rigd-audio-feed.service >/
 chroot "$GUEST" systemctl disable getty@tty1.service e2scrub_reap.service apt-daily.timer \
   apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
 chroot "$GUEST" rigd check --config /etc/rigd/rigd.toml >&2
+if [ "${1:-}" = --bench ]; then
+  # tests/bench/rig_profile.py's own config (1080p MJPEG 30 fps, 48 kHz stereo, 100 Hz serial,
+  # publishing live), through the guest's relay to the host's broker. A rig id of this run's own:
+  # a killed guest's producers hold their names on the broker until their connection times out.
+  python3 - "$BROKER_PORT" "vm-bench-$ARCH-${NS##*-}" > "$GUEST/root/rig-profile.toml" <<'EOF'
+import sys
+sys.path.insert(0, "tests/bench")
+import rig_profile
+print(rig_profile.CONFIG.format(rig=sys.argv[2], format="mjpeg", url=f"pulsar://127.0.0.1:{sys.argv[1]}")
+      .replace("{WEB_PORT}", "8089"))
+EOF
+  chroot "$GUEST" rigd check --config /root/rig-profile.toml >&2
+fi
 KERNEL=$(ls "$GUEST"/boot/vmlinuz-* | head -1); INITRD=$(ls "$GUEST"/boot/initrd.img-* | head -1)
 cp "$KERNEL" "$WORK/vmlinuz"; cp "$INITRD" "$WORK/initrd"
 rm -f "$WORK/disk.img"
@@ -132,11 +194,20 @@ mkfs.ext4 -q -F -L root -d "$GUEST" "$WORK/disk.img" 3G
 rm -rf "$GUEST"
 log "image ready in $(secs "$t_begin" "$(now)") s"
 
-# 4. Boot under TCG. Web UI forwarded to a host port; console log to a file; the root shell on
-# ttyS1 and the GPS UART (ttyS2) on unix sockets.
+# 4. Boot under TCG. Web UI forwarded to a host port; console log to a file; the root shell's and
+# the GPS's UARTs on unix sockets.
 WEB_PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 SHELL_SOCK=$WORK/shell.sock
 GPS_SOCK=$WORK/gps.sock
+
+# (@BOOT@: the boot's number, in the console log's name)
+case $ARCH in
+  amd64) SERIALS=(-serial "file:$WORK/console-@BOOT@.log" -serial "unix:$SHELL_SOCK,server=on,wait=off"
+                  -chardev "socket,id=gps,path=$GPS_SOCK,server=on,wait=off" -serial chardev:gps) ;;
+  arm64) SERIALS=(-serial "file:$WORK/console-@BOOT@.log"
+                  -chardev "socket,id=shell,path=$SHELL_SOCK,server=on,wait=off" -device "pci-serial,chardev=shell"
+                  -chardev "socket,id=gps,path=$GPS_SOCK,server=on,wait=off" -device "pci-serial,chardev=gps") ;;
+esac
 
 guest() { # runs a command in the guest's root shell, prints its output
   python3 "$VM/shell.py" "$SHELL_SOCK" "$1" "${2:-60}"
@@ -150,13 +221,12 @@ spool_records() { status | jq_py 'd["spool"]["records"]'; }
 boot() { # boots the disk image as it is; returns when rigd's web UI answers
   rm -f "$SHELL_SOCK" "$GPS_SOCK" "$WORK/qemu.pid"
   t_boot=$(now)
-  timeout 900 qemu-system-x86_64 -accel tcg -machine q35 -cpu max -smp 2 -m 1536 -nographic \
+  timeout 900 "$QEMU_SYSTEM" -accel tcg "${QEMU_MACHINE[@]}" -smp 2 -m 1536 -nographic \
     -kernel "$WORK/vmlinuz" -initrd "$WORK/initrd" \
-    -append "root=/dev/vda rw console=ttyS0 net.ifnames=1 systemd.show_status=1" \
+    -append "root=/dev/vda rw console=$TTY_CONSOLE net.ifnames=1 systemd.show_status=1" \
     -drive file="$WORK/disk.img",format=raw,if=virtio \
     -netdev user,id=n0,hostfwd=tcp:127.0.0.1:"$WEB_PORT"-:8088 -device virtio-net-pci,netdev=n0 \
-    -serial file:"$WORK/console-$1.log" -serial unix:"$SHELL_SOCK",server=on,wait=off \
-    -chardev socket,id=gps,path="$GPS_SOCK",server=on,wait=off -serial chardev:gps \
+    "${SERIALS[@]//@BOOT@/$1}" \
     -monitor none -display none -pidfile "$WORK/qemu.pid" >"$WORK/qemu-$1.log" 2>&1 &
   QEMU=$!   # `timeout`, which passes SIGTERM on to QEMU; the power cut needs QEMU's own pid
   for _ in $(seq 1 100); do [ -s "$WORK/qemu.pid" ] || ! kill -0 "$QEMU" 2>/dev/null && break; sleep 0.1; done
@@ -187,6 +257,43 @@ python3 "$VM/nmea_feed.py" "$GPS_SOCK" 5 &
 FEED=$!
 log "booting (TCG)"
 boot 1
+
+# `--bench SECS`: the rig profile run by this guest's binary (the service and the test tone
+# stopped), as root from /root; after 15 s of warm-up, its CPU time over SECS s of the guest's
+# clock, in % of one guest core, and QEMU's CPU on the host over the same window. Run on both
+# architectures in one session, the ratio of the two guests' figures is the arm64 binary's cost
+# against the amd64 one with TCG's cost mostly cancelled (docs/PERFORMANCE.md).
+if [ "${1:-}" = --bench ]; then
+  secs_bench=${2:-30}
+  guest 'systemctl stop rigd rigd-audio-feed; cd /root && { nohup rigd run --config /root/rig-profile.toml >/root/bench.log 2>&1 & echo $! > /root/bench.pid; }' 60 >/dev/null
+  sleep 15
+  # The guest's uptime, rigd's CPU ticks and its status, read in one go.
+  sample() { guest "getconf CLK_TCK; cut -d' ' -f1 /proc/uptime; awk '{print \$14 + \$15}' /proc/\$(cat /root/bench.pid)/stat; curl -s http://127.0.0.1:8089/api/status" 60; }
+  q0=$(awk '{print $14 + $15}' "/proc/$QEMU_PID/stat"); s0=$(sample)
+  sleep "$secs_bench"
+  q1=$(awk '{print $14 + $15}' "/proc/$QEMU_PID/stat"); s1=$(sample)
+  # Whether the guest kept up matters as much as the CPU: a saturated guest's sources fall behind,
+  # so the figure to compare is also guest CPU per captured frame.
+  log "bench $ARCH: $(python3 - "$s0" "$s1" "$q0" "$q1" "$(getconf CLK_TCK)" "$secs_bench" <<'EOF'
+import json, sys
+def parse(text):
+    tck, up, cpu, doc = text.strip().split("\n", 3)
+    return int(tck), float(up), float(cpu), json.loads(doc)
+tck, u0, c0, d0 = parse(sys.argv[1])
+_, u1, c1, d1 = parse(sys.argv[2])
+q = (float(sys.argv[4]) - float(sys.argv[3])) / int(sys.argv[5]) / float(sys.argv[6])
+wall, cpu = u1 - u0, (c1 - c0) / tck
+rates = {a["id"]: (b["frames"] - a["frames"]) / wall for a, b in zip(d0["sources"], d1["sources"])}
+frames = sum(rates.values()) * wall
+print(f"rig profile {100 * cpu / wall:.1f} % of one guest core over {wall:.1f} s of the guest's clock, "
+      f"{1000 * cpu / max(frames, 1):.2f} ms of guest CPU per frame; frames/s "
+      + ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
+      + f"; published {d1['uplink']['published'] - d0['uplink']['published']}, uplink connected {d1['uplink']['connected']}; "
+      f"QEMU {100 * q:.0f} % of a host core")
+EOF
+)"
+  exit 0
+fi
 
 CHECK="service active"
 active=$(guest 'systemctl is-active rigd' 30 || true); log "systemctl is-active: $active"
@@ -270,14 +377,14 @@ config_faults() {
     guest "$SPOOL_BACK; umount /mnt/spool 2>/dev/null; rm -f $SPOOL_DROPIN; systemctl daemon-reload; cp /root/rigd.toml.good /etc/rigd/rigd.toml; chown -R rigd:rigd /var/lib/rigd; systemctl reset-failed rigd; systemctl restart rigd" 240 >/dev/null || true
   fi
   wait_for 120 drained || rc=1
-  return $rc
+  return "$rc"
 }
 config_fault_steps() {
   local n1 state journal t0
   # An explicit restart sets NRestarts to 0; a config error must leave it there.
   guest "sed -i 's/^\\[spool\\]\$/[spool]\\nmax-byts = 5/' /etc/rigd/rigd.toml; grep -c max-byts /etc/rigd/rigd.toml; systemctl restart rigd || true" 120 >/dev/null
   sleep 8
-  state=$(guest 'systemctl show -p ActiveState --value rigd' 30 | tr -dc a-z)
+  state=$(guest 'systemctl show -p ActiveState --value rigd' 30 | tr -dc "[:lower:]")
   n1=$(guest 'systemctl show -p NRestarts --value rigd' 30 | tr -dc 0-9)
   journal=$(guest 'journalctl -u rigd -n 30 --no-pager | grep -m1 max-byts' 30 || true)
   log "  bad key: $state, NRestarts $n1 8 s after the restart; journal: ${journal:0:200}"
