@@ -128,6 +128,21 @@ fn sizes_parse() {
 }
 
 #[test]
+fn ages_parse() {
+    let secs = |s: &str| Age::parse(s).map(|a| a.0.as_secs());
+    assert_eq!(secs("90s"), Ok(90));
+    assert_eq!(secs("20 m"), Ok(1200));
+    assert_eq!(secs("2h"), Ok(7200));
+    assert_eq!(secs("7d"), Ok(604_800));
+    assert_eq!(secs("45"), Ok(45));
+    assert!(secs("2 weeks")
+        .unwrap_err()
+        .contains("unknown duration unit `weeks`"));
+    assert!(secs("h").unwrap_err().contains("is not a duration like 2h"));
+    assert!(secs("99999999999999999999d").is_err());
+}
+
+#[test]
 fn serial_and_alsa_sources_have_defaults() {
     let c = Config::parse(
         "[rig]\nid = \"a\"\n[[source]]\nid = \"gps\"\nkind = \"serial\"\ndevice = \"/dev/ttyUSB0\"\n\

@@ -62,13 +62,8 @@ pub struct ByteSize(pub u64);
 
 impl ByteSize {
     pub fn parse(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-        let (num, unit) = s.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("`{s}` is not a size like 512MiB"))?;
-        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        let (n, unit) = number_and_unit(s, "a size like 512MiB")?;
+        let mult: u64 = match unit.to_ascii_lowercase().as_str() {
             "" | "b" => 1,
             "k" | "kb" => 1_000,
             "kib" => 1 << 10,
@@ -86,11 +81,9 @@ impl ByteSize {
         };
         n.checked_mul(mult)
             .map(ByteSize)
-            .ok_or_else(|| format!("`{s}` is too large"))
+            .ok_or_else(|| format!("`{}` is too large", s.trim()))
     }
-}
 
-impl ByteSize {
     /// `2.1 GiB`, `512 B`: for people (not parsed back).
     pub fn human(self) -> String {
         const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -115,27 +108,20 @@ impl Serialize for ByteSize {
     }
 }
 
+impl Written for ByteSize {
+    const EXPECTING: &'static str = "a whole number of bytes or a size like \"512MiB\"";
+    const WHAT: &'static str = "size";
+    fn from_number(n: u64) -> Self {
+        ByteSize(n)
+    }
+    fn parse(s: &str) -> Result<Self, String> {
+        ByteSize::parse(s)
+    }
+}
+
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Size;
-        impl serde::de::Visitor<'_> for Size {
-            type Value = ByteSize;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a whole number of bytes or a size like \"512MiB\"")
-            }
-            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<ByteSize, E> {
-                u64::try_from(n)
-                    .map(ByteSize)
-                    .map_err(|_| E::custom(format!("size must not be negative, got {n}")))
-            }
-            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<ByteSize, E> {
-                Ok(ByteSize(n))
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ByteSize, E> {
-                ByteSize::parse(s).map_err(E::custom)
-            }
-        }
-        d.deserialize_any(Size)
+        d.deserialize_any(WrittenVisitor(std::marker::PhantomData))
     }
 }
 
@@ -145,13 +131,8 @@ pub struct Age(pub std::time::Duration);
 
 impl Age {
     pub fn parse(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-        let (num, unit) = s.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("`{s}` is not a duration like 2h"))?;
-        let secs: u64 = match unit.trim() {
+        let (n, unit) = number_and_unit(s, "a duration like 2h")?;
+        let secs: u64 = match unit {
             "" | "s" => 1,
             "m" | "min" => 60,
             "h" => 3600,
@@ -160,7 +141,7 @@ impl Age {
         };
         n.checked_mul(secs)
             .map(|s| Age(std::time::Duration::from_secs(s)))
-            .ok_or_else(|| format!("`{s}` is too long"))
+            .ok_or_else(|| format!("`{}` is too long", s.trim()))
     }
 }
 
@@ -171,26 +152,57 @@ impl Serialize for Age {
     }
 }
 
+impl Written for Age {
+    const EXPECTING: &'static str = "a whole number of seconds or a duration like \"2h\"";
+    const WHAT: &'static str = "duration";
+    fn from_number(n: u64) -> Self {
+        Age(std::time::Duration::from_secs(n))
+    }
+    fn parse(s: &str) -> Result<Self, String> {
+        Age::parse(s)
+    }
+}
+
 impl<'de> Deserialize<'de> for Age {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Secs;
-        impl serde::de::Visitor<'_> for Secs {
-            type Value = Age;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a whole number of seconds or a duration like \"2h\"")
-            }
-            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Age, E> {
-                u64::try_from(n)
-                    .map(|s| Age(std::time::Duration::from_secs(s)))
-                    .map_err(|_| E::custom(format!("duration must not be negative, got {n}")))
-            }
-            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Age, E> {
-                Ok(Age(std::time::Duration::from_secs(n)))
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Age, E> {
-                Age::parse(s).map_err(E::custom)
-            }
-        }
-        d.deserialize_any(Secs)
+        d.deserialize_any(WrittenVisitor(std::marker::PhantomData))
+    }
+}
+
+/// The leading whole number of `s` and the unit after it (trimmed); `example` says what was
+/// expected when there is no number.
+fn number_and_unit<'a>(s: &'a str, example: &str) -> Result<(u64, &'a str), String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n = num.parse().map_err(|_| format!("`{s}` is not {example}"))?;
+    Ok((n, unit.trim()))
+}
+
+/// A quantity a config writes as a whole number (in its base unit) or as a string with a unit.
+trait Written: Sized {
+    const EXPECTING: &'static str;
+    const WHAT: &'static str;
+    fn from_number(n: u64) -> Self;
+    fn parse(s: &str) -> Result<Self, String>;
+}
+
+struct WrittenVisitor<T>(std::marker::PhantomData<T>);
+
+impl<T: Written> serde::de::Visitor<'_> for WrittenVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(T::EXPECTING)
+    }
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<T, E> {
+        u64::try_from(n)
+            .map(T::from_number)
+            .map_err(|_| E::custom(format!("{} must not be negative, got {n}", T::WHAT)))
+    }
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<T, E> {
+        Ok(T::from_number(n))
+    }
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<T, E> {
+        T::parse(s).map_err(E::custom)
     }
 }

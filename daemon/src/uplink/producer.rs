@@ -122,6 +122,20 @@ impl ProducerConfig {
         }
     }
 
+    /// How this producer connects: its service, topic, name, credentials and the rig's pool.
+    pub(super) fn setup(&self) -> Setup {
+        let mut setup = Setup::new(
+            self.url.clone(),
+            self.topic.clone(),
+            self.producer_name.clone(),
+            self.token.clone(),
+            self.tls.clone(),
+            self.pool.clone(),
+        );
+        setup.encrypted = self.encryption.is_some();
+        setup
+    }
+
     /// Source `source`'s producer as `config` says (its topic, name and every `[pulsar]` knob);
     /// what the running daemon adds (token, TLS, encryption, budget, rank, shared stats) is set
     /// by the caller.
@@ -308,15 +322,7 @@ impl Producer {
             rank: Arc::new(AtomicUsize::new(cfg.rank)),
             partitioned: AtomicU32::new(0),
         });
-        let mut setup = Setup::new(
-            cfg.url.clone(),
-            cfg.topic.clone(),
-            cfg.producer_name.clone(),
-            cfg.token.clone(),
-            cfg.tls.clone(),
-            cfg.pool.clone(),
-        );
-        setup.encrypted = cfg.encryption.is_some();
+        let setup = cfg.setup();
         let task = tokio::spawn(
             Session {
                 shared: shared.clone(),

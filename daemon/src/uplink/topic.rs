@@ -23,7 +23,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
-use super::connect::Setup;
 use super::producer::{Producer, ProducerConfig, ProducerStats};
 use super::window::Ack;
 use crate::payload::Held;
@@ -379,14 +378,7 @@ async fn watch_partitions(
             _ = tokio::time::sleep(PARTITIONS_CHECK) => {}
             r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { return },
         }
-        let mut setup = Setup::new(
-            cfg.url.clone(),
-            cfg.topic.clone(),
-            cfg.producer_name.clone(),
-            cfg.token.clone(),
-            cfg.tls.clone(),
-            cfg.pool.clone(),
-        );
+        let mut setup = cfg.setup();
         match tokio::time::timeout(PARTITIONS_TIMEOUT, setup.partitions()).await {
             Ok(Ok(n)) => {
                 let was = count.fetch_max(n, Ordering::AcqRel);
