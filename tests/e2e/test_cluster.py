@@ -260,31 +260,44 @@ def test_kill9_of_the_owning_broker_moves_the_topics_and_rigd_follows(cluster, t
     record("broker_kill9", killed=owner, new_owner=new_owner, resumed_s=resumed, producer_gaps=gaps, received=got)
 
 
+def ensembles(cluster, topic: str) -> list[tuple[int, list[tuple[int, str]]]]:
+    """Each ledger of `topic` with its ensembles: (ledger id, [(first entry, bookies), ...])."""
+    st = cluster.admin("GET", f"/admin/v2/{topic.replace('persistent://', 'persistent/')}/internalStats?metadata=true")
+    out = []
+    for ledger in st["ledgers"]:
+        m = re.search(r"ensembles=\{(.*?)\}, customMetadata", ledger.get("metadata", ""))
+        segments = re.findall(r"(\d+)=\[([^\]]*)\]", m.group(1)) if m else []
+        out.append((ledger["ledgerId"], [(int(first), bookies) for first, bookies in segments]))
+    return out
+
+
 def test_kill9_of_a_bookie_forces_an_ensemble_change_and_loses_nothing(cluster, tmp_path):
     ns, rig, d = start_rig(cluster, tmp_path, "bookie")
     try:
         time.sleep(2)
+        # The bookie to kill: one in the ensemble the camera's topic writes to now (with 3 bookies
+        # and ensembles of 2, a fixed one may be in no topic's ensemble, and nothing would change).
+        bookies = {cluster.vars[f"PULSAR_CLUSTER_BOOKIE_{i}_ID"]: f"bookie-{i}" for i in range(3)}
+        writing = [segments[-1][1] for _, segments in ensembles(cluster, topics(ns, rig)["cam"]) if segments]
+        dead = next((b for b in bookies if writing and b in writing[-1]), cluster.vars["PULSAR_CLUSTER_BOOKIE_0_ID"])
+        victim = bookies[dead]
         before = published(d)
-        t0 = cluster.kill9("bookie-0")
+        t0 = cluster.kill9(victim)
         resumed = wait_flowing(d, before, t0, timeout=60)
-        time.sleep(8)  # writes go on with ensembles that replaced bookie-0
-        dead = cluster.vars["PULSAR_CLUSTER_BOOKIE_0_ID"]
-        changes = []  # ledgers whose ensemble had bookie-0 and then replaced it
+        time.sleep(8)  # writes go on with ensembles that replaced the killed bookie
+        changes = []  # ledgers whose ensemble had the killed bookie and then replaced it
         for topic in topics(ns, rig).values():
-            st = cluster.admin("GET", f"/admin/v2/{topic.replace('persistent://', 'persistent/')}/internalStats?metadata=true")
-            for ledger in st["ledgers"]:
-                m = re.search(r"ensembles=\{(.*?)\}, customMetadata", ledger.get("metadata", ""))
-                segments = re.findall(r"(\d+)=\[([^\]]*)\]", m.group(1)) if m else []
+            for ledger, segments in ensembles(cluster, topic):
                 if len(segments) > 1 and dead in segments[0][1] and dead not in segments[-1][1]:
-                    changes.append((topic.rsplit("-", 1)[1], ledger["ledgerId"], int(segments[-1][0])))
-        cluster.start("bookie-0")
+                    changes.append((topic.rsplit("-", 1)[1], ledger, segments[-1][0]))
+        cluster.start(victim)
         time.sleep(2)
         got = stop_and_verify(cluster, d, ns, rig)
     finally:
         d.close()
         cluster.start()
     assert changes, "no ledger replaced the killed bookie in its ensemble (no ensemble change happened)"
-    record("bookie_kill9", resumed_s=resumed, ensemble_changes=changes, received=got)
+    record("bookie_kill9", killed=victim, resumed_s=resumed, ensemble_changes=changes, received=got)
 
 
 def test_rolling_restart_of_every_broker_while_rigd_streams(cluster, tmp_path):
