@@ -186,9 +186,13 @@ async fn republish(
                 }
                 Err(f) => {
                     frame = f;
-                    // Nothing was handed over yet when a topic turns out partitioned.
+                    // A topic found partitioned: its producer took no frame before (it never
+                    // connected), so none comes back.
                     let left = senders[sender].producer.refresh().await;
-                    debug_assert!(left.is_empty());
+                    debug_assert!(
+                        left.is_empty(),
+                        "a producer that never connected held frames"
+                    );
                     let sender = &senders[sender];
                     if !sender.producer.is_connected() {
                         progress.set_message(format!("waiting for {}", target.url));

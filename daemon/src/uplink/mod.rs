@@ -24,7 +24,7 @@ pub use budget::Budget;
 pub use pool::Pool;
 pub use producer::{Producer, ProducerConfig, ProducerStats, SHUTDOWN_GRACE};
 pub use token::Token;
-pub use topic::{partition_topic, TopicProducer};
+pub use topic::TopicProducer;
 pub use window::{Ack, Outcome};
 
 /// Client TLS settings: the CA certificates of `ca_file` (PEM), or the Mozilla roots when absent;

@@ -211,14 +211,6 @@ impl TopicProducer {
         }
     }
 
-    /// The partition count (0: not partitioned, or not known yet).
-    pub fn partitions(&self) -> usize {
-        match &self.parts {
-            Parts::Whole(_) => 0,
-            Parts::Partitioned { parts, .. } => parts.len(),
-        }
-    }
-
     pub fn stats(&self) -> &Arc<ProducerStats> {
         self.cfg.stats.as_ref().expect("set at spawn")
     }
