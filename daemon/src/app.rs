@@ -85,6 +85,73 @@ struct SpawnedLane {
 }
 
 impl LaneWiring<'_> {
+    /// Starts recall's tasks when there is a broker and an on-request source.
+    fn recall(
+        &self,
+        clock: Arc<dyn FrameClock>,
+    ) -> anyhow::Result<Option<Arc<crate::recall::Recall>>> {
+        let config = self.config;
+        let sources: Vec<(String, bool)> = config
+            .sources
+            .iter()
+            .map(|s| {
+                let upload = s.head().upload;
+                (
+                    s.id().to_string(),
+                    upload == crate::config::Upload::OnRequest,
+                )
+            })
+            .collect();
+        let Some(url) = config.pulsar.url.clone() else {
+            return Ok(None);
+        };
+        if !sources.iter().any(|s| s.1) {
+            return Ok(None);
+        }
+        let producer = {
+            let (config, url) = (config.clone(), url.clone());
+            let (token, tls, encryption) = (
+                self.token.clone(),
+                self.tls.clone(),
+                self.encryption.clone(),
+            );
+            let (budget, pool) = (self.budget.clone(), self.pool.clone());
+            Box::new(move |source: &str| ProducerConfig {
+                token: token.clone(),
+                tls: tls.clone(),
+                encryption: encryption.clone(),
+                budget: budget.clone(),
+                pool: pool.clone(),
+                ..ProducerConfig::from_config(&config, &url, source)
+            })
+        };
+        let (recall, answers) = crate::recall::Recall::new(
+            config.rig.id.clone(),
+            sources,
+            self.spool.clone(),
+            producer,
+            Box::new(move || clock.now().ns),
+        )
+        .context("opening recall's records in the spool")?;
+        let link = crate::recall::requests::Link {
+            url,
+            token_file: config.pulsar.token_file.clone(),
+            tls_ca: config.pulsar.tls_ca_file.clone(),
+            control_topic: config.pulsar.control_topic(&config.rig.id),
+        };
+        drop(tokio::spawn(crate::recall::requests::run(
+            recall.clone(),
+            link,
+            answers,
+            self.shutdown.clone(),
+        )));
+        drop(tokio::spawn(crate::recall::upload::run(
+            recall.clone(),
+            self.shutdown.clone(),
+        )));
+        Ok(Some(recall))
+    }
+
     /// Starts the lane of source `id` (and its producer, with a broker) reading `frames`, with
     /// uplink priority `priority`.
     fn spawn(
@@ -309,15 +376,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             lane.stats,
         )
     };
+    // Recall (crate::recall): with a broker and an on-request source, the control topic's
+    // reader and the uploader; both detached, they end at shutdown (a request not finished
+    // stays pending in the spool for the next start).
+    let recall = wiring.recall(clock.clone())?;
     drop(wiring);
     // Detached: each encoder ends when shutdown is signalled; none holds frames that matter.
     drop(encoders);
     // On-request sources' retention (crate::recall): detached, it ends at shutdown.
     let clock_of_retention = clock.clone();
+    let pins = recall.clone();
     drop(crate::recall::spawn_retention(
         spool.clone(),
         crate::recall::Retention::of(&config),
         move || clock_of_retention.now().ns,
+        move |source| pins.as_ref().and_then(|r| r.pinned(source)),
         shutdown_rx.clone(),
     ));
     let committer = tokio::spawn(crate::spool::commit_loop(

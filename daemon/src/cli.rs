@@ -51,6 +51,9 @@ enum Command {
     Tail(TailArgs),
     /// Serve a rig's live view (Foxglove WebSocket, /foxglove) from its Pulsar topics.
     Live(LiveArgs),
+    /// Ask a rig to upload a time range of its on-request sources (or say what it holds), and
+    /// follow the request: exit 0 done, 1 partial, rejected or no answer.
+    Recall(RecallArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     Completions {
         /// The shell to complete for.
@@ -126,6 +129,60 @@ struct LiveArgs {
     /// decrypted with it. Without it they are skipped and counted.
     #[arg(long, value_name = "FILE")]
     decrypt_key: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["from", "coverage", "cancel"])))]
+struct RecallArgs {
+    /// The Pulsar cluster (pulsar://host:port).
+    #[arg(long, value_name = "URL")]
+    pulsar: String,
+    /// The rig to ask (`rig.id`).
+    #[arg(long, value_name = "ID", value_parser = rig_id)]
+    rig: String,
+    /// Upload this source (repeatable; default: every on-request source of the rig).
+    #[arg(long = "source", value_name = "S")]
+    sources: Vec<String>,
+    /// Frames captured at or after T (RFC 3339, or unix nanoseconds)...
+    #[arg(long, value_name = "T", value_parser = crate::civil::parse, requires = "to")]
+    from: Option<i64>,
+    /// ...and before T.
+    #[arg(long, value_name = "T", value_parser = crate::civil::parse, requires = "from")]
+    to: Option<i64>,
+    /// Send again frames an earlier request already sent.
+    #[arg(long)]
+    force: bool,
+    /// Ask what the rig holds, per source, instead.
+    #[arg(long)]
+    coverage: bool,
+    /// Cancel the request with this id instead.
+    #[arg(long, value_name = "ID")]
+    cancel: Option<String>,
+    /// The request's id (default: a new UUID).
+    #[arg(long, value_name = "ID")]
+    id: Option<String>,
+    /// Follow the upload to its end (default: until the rig accepts it).
+    #[arg(long)]
+    wait: bool,
+    /// One JSON object per answer on stdout.
+    #[arg(long)]
+    json: bool,
+    /// The rig's control topic (`pulsar.control-topic`, with {rig}).
+    #[arg(
+        long,
+        value_name = "TOPIC",
+        default_value = "persistent://public/default/{rig}-control"
+    )]
+    control_topic: String,
+    /// Give up after this many seconds without the awaited answer.
+    #[arg(long, value_name = "S", default_value_t = 600)]
+    timeout: u64,
+    /// File holding the Pulsar token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// CA certificates (PEM) for a pulsar+ssl:// URL (default: the Mozilla roots).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
 }
 
 fn rig_id(s: &str) -> Result<String, String> {
@@ -336,6 +393,7 @@ pub fn main() -> ExitCode {
         Command::Replay(args) => replay(args),
         Command::Tail(args) => tail(args),
         Command::Live(args) => live(args),
+        Command::Recall(args) => recall(args),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(
@@ -585,6 +643,72 @@ fn tail(args: TailArgs) -> ExitCode {
         Err(e) => {
             say(format_args!("rigd: {e}"));
             ExitCode::from(if e.is_usage() { 2 } else { 1 })
+        }
+    }
+}
+
+fn recall(args: RecallArgs) -> ExitCode {
+    use crate::recall::client::{self, Ask, RecallConfig};
+    use crate::recall::protocol::State;
+    let token = match read_token(args.token_file.as_ref()) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    let ask = match (args.from.zip(args.to), args.coverage, args.cancel) {
+        (Some((from, to)), false, None) => {
+            if from >= to {
+                say(format_args!("rigd: --from must be before --to"));
+                return ExitCode::from(2);
+            }
+            Ask::Upload {
+                sources: args.sources,
+                from,
+                to,
+                force: args.force,
+            }
+        }
+        (None, true, None) => Ask::Coverage,
+        (None, false, Some(id)) => Ask::Cancel { id },
+        _ => {
+            say(format_args!(
+                "rigd: give one of --from/--to, --coverage or --cancel"
+            ));
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(Err(why)) = args.id.as_deref().map(crate::recall::protocol::valid_id) {
+        say(format_args!("rigd: --id: {why}"));
+        return ExitCode::from(2);
+    }
+    init_quiet_logging();
+    let interrupt = crate::replay::progress::Interrupt::install();
+    let cfg = RecallConfig {
+        url: args.pulsar,
+        control_topic: args.control_topic.replace("{rig}", &args.rig),
+        token,
+        tls_ca: args.tls_ca,
+        ask,
+        id: args.id,
+        wait: args.wait,
+        json: args.json,
+        timeout: std::time::Duration::from_secs(args.timeout),
+    };
+    match client::run(&cfg, &interrupt) {
+        Ok(a) => {
+            if !cfg.json {
+                say(format_args!("rigd recall: {}", client::describe(&a)));
+            }
+            match a.state {
+                State::Done | State::Coverage | State::Accepted | State::Progress => {
+                    ExitCode::SUCCESS
+                }
+                State::Cancelled if matches!(cfg.ask, Ask::Cancel { .. }) => ExitCode::SUCCESS,
+                _ => ExitCode::from(1),
+            }
+        }
+        Err(e) => {
+            say(format_args!("rigd: {e}"));
+            ExitCode::from(1)
         }
     }
 }

@@ -23,6 +23,12 @@ pub fn producer_name(rig: &str, source: &str) -> String {
     format!("rigd-{rig}-{source}")
 }
 
+/// The producer name a recall request `id` sends a source's frames under (`crate::recall`): its
+/// own, so the broker's deduplication of each name stays exact.
+pub fn recall_producer_name(rig: &str, source: &str, id: &str) -> String {
+    format!("rigd-{rig}-{source}-recall-{id}")
+}
+
 /// The producer name of a source's epoch starting at capture sequence `start` (see
 /// `spool::epochs`): the stable name for the first epoch, `rigd-{rig}-{source}-e{start}` after a
 /// live-first split. Names need only be unique within the source's topic.

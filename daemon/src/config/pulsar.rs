@@ -78,6 +78,9 @@ pub struct PulsarConfig {
     /// A partitioned topic's key -> partition mapping (the same as Java producers that use it).
     #[serde(default)]
     pub hashing_scheme: HashingScheme,
+    /// Where recall requests are read (docs/RECALL.md), with `{rig}`; answers go to
+    /// `{control-topic}-status`. Default: the topic template's tenant and namespace, `{rig}-control`.
+    pub control_topic: Option<String>,
 }
 
 /// Batching defaults (the Java client's): 1000 messages, 128 KiB, 1 ms.
@@ -133,11 +136,31 @@ impl Default for PulsarConfig {
             batch_delay_ms: default_batch_delay_ms(),
             max_bandwidth: None,
             hashing_scheme: HashingScheme::default(),
+            control_topic: None,
         }
     }
 }
 
 impl PulsarConfig {
+    /// The control topic of rig `rig` (recall requests); its answers go to `{this}-status`.
+    pub fn control_topic(&self, rig: &str) -> String {
+        let template = match &self.control_topic {
+            Some(t) => t.clone(),
+            None => {
+                // `persistent://tenant/namespace/...`: the same tenant and namespace.
+                let scheme = self.topic.find("://").map_or(0, |i| i + 3);
+                let parts: Vec<&str> = self.topic[scheme..].splitn(3, '/').collect();
+                match parts.as_slice() {
+                    [tenant, ns, _] if !tenant.contains('{') && !ns.contains('{') => {
+                        format!("{}{tenant}/{ns}/{{rig}}-control", &self.topic[..scheme])
+                    }
+                    _ => "persistent://public/default/{rig}-control".to_string(),
+                }
+            }
+        };
+        template.replace("{rig}", rig)
+    }
+
     /// The topic of one source.
     pub fn topic_for(&self, rig: &str, source: &str, modality: rigd_drivers::Modality) -> String {
         crate::wire::topic(&self.topic, rig, source, modality.as_str())
@@ -191,6 +214,16 @@ impl PulsarConfig {
                 "pulsar.topic: must contain {source} (a topic per source) or {modality} (a topic per modality)"
                     .to_string(),
             );
+        }
+        if let Some(t) = &self.control_topic {
+            if !t.contains("{rig}") {
+                p.push(
+                    "pulsar.control-topic: must contain {rig} (each rig reads its own requests)"
+                        .to_string(),
+                );
+            } else if t.replace("{rig}", "").contains(['{', '}']) {
+                p.push("pulsar.control-topic: the only placeholder is {rig}".to_string());
+            }
         }
         if self.max_in_flight == 0 {
             p.push("pulsar.max-in-flight: must be at least 1".to_string());

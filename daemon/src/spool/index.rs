@@ -921,6 +921,20 @@ impl Index {
         Ok(())
     }
 
+    /// A value of `meta` (recall's notes, [`super::held`]).
+    pub(super) fn meta_get(&self, key: &str) -> Result<Option<sled::IVec>, SpoolError> {
+        self.meta.get(key).map_err(self.ix())
+    }
+
+    pub(super) fn meta_insert(&self, key: &str, value: &[u8]) -> Result<(), SpoolError> {
+        self.meta.insert(key, value).map(drop).map_err(self.ix())
+    }
+
+    /// A tree of the index's database by name (not a source's: those are `i:{source}`).
+    pub(super) fn open_tree(&self, name: &str) -> Result<sled::Tree, SpoolError> {
+        self.db.open_tree(name).map_err(self.ix())
+    }
+
     /// `meta`, for tests that look at what a crash would find.
     #[cfg(test)]
     pub(super) fn meta(&self) -> &sled::Tree {

@@ -75,6 +75,7 @@ mod disk;
 mod drops;
 pub mod epochs;
 pub mod floor;
+mod held;
 pub mod identity;
 mod index;
 mod ledger;
@@ -104,6 +105,7 @@ use disk::{libc_errno, transient, Os};
 use drops::Loss;
 use epochs::Epochs;
 use floor::Floor;
+pub use held::Entry;
 use index::Index;
 use pages::Location;
 use quarantine::Quarantine;
@@ -637,14 +639,20 @@ impl Spool {
             return Ok(None);
         };
         let mut n = 0;
+        let mut lost: std::collections::HashMap<Arc<str>, i64> = Default::default();
         for (source, seq) in victims {
             // A receipt may have removed it meanwhile: then it is not a drop.
             if let Some(loc) = self.index.unindex(&source, seq)? {
                 // The segment is deleted below, not released record by record.
                 self.counts
                     .count_out(&source, seq, loc.len as u64, Gone::Dropped);
+                let t = lost.entry(source.clone()).or_insert(i64::MIN);
+                *t = (*t).max(loc.capture_ns);
                 n += 1;
             }
+        }
+        for (source, t) in lost {
+            self.note_lost(&source, t)?;
         }
         // The segment goes now, to make room: its removals are made durable first.
         self.index.apply_removals_now()?;
@@ -762,16 +770,19 @@ impl Spool {
     }
 
     /// A source's retention: evicts its oldest records while they were captured before
-    /// `captured_before` (ns) or the source holds more than `max_bytes`; each is counted
+    /// `captured_before` (ns) or the source holds more than `max_bytes`, but none from one
+    /// captured at or after `keep_from` on (a recall still wants it); each is counted
     /// (`evicted`). Reads only the index. Returns how many went.
     pub fn evict(
         &self,
         source: &Arc<str>,
         captured_before: Option<i64>,
         max_bytes: Option<u64>,
+        keep_from: Option<i64>,
     ) -> Result<u64, SpoolError> {
         let stats = self.stats(source);
         let mut n = 0;
+        let mut lost = i64::MIN;
         'batches: loop {
             let batch = self.entries_from(source, 0, 256)?;
             if batch.is_empty() {
@@ -781,11 +792,13 @@ impl Spool {
             for (seq, loc) in batch {
                 let old = captured_before.is_some_and(|t| loc.capture_ns < t);
                 let over = max_bytes.is_some_and(|m| stats.bytes.load(Ordering::Relaxed) > m);
-                if !old && !over {
+                let wanted = keep_from.is_some_and(|t| loc.capture_ns >= t);
+                if (!old && !over) || wanted {
                     break 'batches;
                 }
                 if self.index.unindex(source, seq)?.is_some() {
                     self.count_out(source, seq, loc, Gone::Evicted);
+                    lost = lost.max(loc.capture_ns);
                     n += 1;
                     any = true;
                 }
@@ -795,6 +808,7 @@ impl Spool {
             }
         }
         if n > 0 {
+            self.note_lost(source, lost)?;
             self.update_oldest(source)?;
         }
         Ok(n)

@@ -1756,14 +1756,39 @@ fn retention_evicts_the_oldest_by_age_then_by_bytes_and_counts_them() {
         spool.append(&frame("cam", seq, 1000)).unwrap();
     }
     // Captured before seq 5's time: 0..5.
-    assert_eq!(spool.evict(&cam, Some(1_000_000_000 + 5), None).unwrap(), 5);
+    assert_eq!(spool.lost_through("cam").unwrap(), None);
+    assert_eq!(
+        spool
+            .evict(&cam, Some(1_000_000_000 + 5), None, None)
+            .unwrap(),
+        5
+    );
     assert_eq!(seqs(&spool, "cam"), (5..30).collect::<Vec<_>>());
+    assert_eq!(
+        spool.lost_through("cam").unwrap(),
+        Some(1_000_000_004),
+        "what recall cannot send"
+    );
     // Nothing more is that old.
-    assert_eq!(spool.evict(&cam, Some(1_000_000_000 + 5), None).unwrap(), 0);
-    // Over 10 records' bytes: the oldest go until it fits.
+    assert_eq!(
+        spool
+            .evict(&cam, Some(1_000_000_000 + 5), None, None)
+            .unwrap(),
+        0
+    );
+    // Over 10 records' bytes: the oldest go until it fits, but a recall's range is kept.
     let per = spool.stats(&cam).bytes.load(Ordering::Relaxed) / 25;
-    assert_eq!(spool.evict(&cam, None, Some(per * 10)).unwrap(), 15);
+    assert_eq!(
+        spool
+            .evict(&cam, None, Some(per * 10), Some(1_000_000_010))
+            .unwrap(),
+        5
+    );
+    assert_eq!(seqs(&spool, "cam"), (10..30).collect::<Vec<_>>());
+    assert_eq!(spool.evict(&cam, None, Some(per * 10), None).unwrap(), 10);
     assert_eq!(seqs(&spool, "cam"), (20..30).collect::<Vec<_>>());
+    assert_eq!(spool.lost_through("cam").unwrap(), Some(1_000_000_019));
+    assert_eq!(spool.lost_through("gps").unwrap(), None);
     let stats = spool.stats(&cam);
     assert_eq!(stats.evicted.load(Ordering::Relaxed), 20);
     assert_eq!(
@@ -1785,5 +1810,10 @@ fn retention_evicts_the_oldest_by_age_then_by_bytes_and_counts_them() {
         seqs(&spool, "cam"),
         (20..30).collect::<Vec<_>>(),
         "evictions are durable"
+    );
+    assert_eq!(
+        spool.lost_through("cam").unwrap(),
+        Some(1_000_000_019),
+        "and what they lost"
     );
 }

@@ -10,8 +10,9 @@
 //!   below zero (a debt, at most [`MAX_GRANT`]): writes stay whole-ish while the average holds, and
 //!   a grant is refunded for bytes the socket did not take, so what is charged is what was written.
 //! - A writer waits while the bucket is empty, or while a writer of a better rank waits: within the
-//!   budget a better rank always goes first (rank = priority for live frames, 10 +
-//!   priority for a backlog, so every live frame goes before any backlog).
+//!   budget a better rank always goes first (rank = priority for live frames, 10 for recall
+//!   uploads, 11 + priority for a backlog: every live frame goes before any recall, and a recall
+//!   before any backlog).
 //! - Nothing here knows frames: ranks and byte counts only.
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,11 +21,14 @@ use std::time::{Duration, Instant};
 /// The most one grant gives (and so the deepest debt): at 1.8 Mbit/s, 73 ms of the link, the
 /// longest a better rank waits behind a write already granted.
 pub const MAX_GRANT: usize = 16 << 10;
-/// Ranks: priorities 0..=9, each live and backlog.
-pub const RANKS: usize = 20;
+/// Ranks: priorities 0..=9 live, one for recall uploads, priorities 0..=9 of backlogs.
+pub const RANKS: usize = 21;
 
-/// Ranks below this are live traffic; a backlog's rank is this plus its priority.
-pub const FIRST_BACKLOG_RANK: usize = RANKS / 2;
+/// Ranks below this are live traffic ([`rank`] of a live source).
+pub const RECALL_RANK: usize = 10;
+
+/// A backlog's rank is this plus its priority: after every live frame and every recall.
+pub const FIRST_BACKLOG_RANK: usize = RECALL_RANK + 1;
 
 /// Under a budget, one SEND (a chunk, a batch, a sealed piece) and the write-ahead hold at most
 /// this many seconds of the rate: a SEND takes a few seconds however large the frame, and a
@@ -41,7 +45,7 @@ pub fn bytes_ahead(bytes_per_second: u64) -> usize {
 /// 0 first. (Before, rank was `priority * 2 + backlog`: a camera's live frames waited behind the
 /// audio backlog after an outage, p99 16 s under a budget.)
 pub fn rank(priority: u8, backlog: bool) -> usize {
-    let p = (priority as usize).min(FIRST_BACKLOG_RANK - 1);
+    let p = (priority as usize).min(RECALL_RANK - 1);
     if backlog {
         FIRST_BACKLOG_RANK + p
     } else {

@@ -75,7 +75,7 @@ pub struct ProducerConfig {
     /// `pulsar.max-bandwidth`, shared by every producer: each socket write waits for it.
     pub budget: Option<Arc<Budget>>,
     /// This producer's rank in the budget ([`super::budget::rank`]); a rank below
-    /// `FIRST_BACKLOG_RANK` is a source's live producer (see [`Producer::to_backlog`]).
+    /// `RECALL_RANK` is a source's live producer (see [`Producer::to_backlog`]).
     pub rank: usize,
     /// Shared by a source's producers (one per epoch); None: its own.
     pub stats: Option<Arc<ProducerStats>>,
@@ -90,6 +90,8 @@ pub struct ProducerConfig {
     /// The connections this producer shares (one per broker): the rig's, built with its budget
     /// (`Pool::new(budget)`), so that every producer of the rig writes to one connection.
     pub pool: Arc<Pool>,
+    /// Added to every message's properties (a recall's `recall=<id>`).
+    pub properties: Vec<(String, String)>,
 }
 
 impl ProducerConfig {
@@ -119,6 +121,7 @@ impl ProducerConfig {
             hashing: defaults.hashing_scheme,
             partition: false,
             pool: Pool::new(None),
+            properties: Vec::new(),
         }
     }
 
@@ -299,6 +302,7 @@ impl Producer {
                     .budget
                     .as_ref()
                     .map(|b| super::budget::bytes_ahead(b.rate())),
+                properties: cfg.properties.clone(),
             },
             now,
         );
@@ -307,7 +311,7 @@ impl Producer {
             stats: cfg.stats.clone().unwrap_or_default(),
             connected: AtomicBool::new(false),
             held: AtomicUsize::new(0),
-            live: AtomicBool::new(!cfg.partition && cfg.rank < super::budget::FIRST_BACKLOG_RANK),
+            live: AtomicBool::new(!cfg.partition && cfg.rank < super::budget::RECALL_RANK),
             acks,
             work: Notify::new(),
             room: Notify::new(),

@@ -75,7 +75,7 @@ impl TopicProducer {
         // The partitions share the source's stats (published, errors) with the whole.
         cfg.stats.get_or_insert_with(Default::default);
         let whole = Producer::spawn(cfg.clone(), acks.clone(), shutdown.clone());
-        let live = cfg.rank < super::budget::FIRST_BACKLOG_RANK;
+        let live = cfg.rank < super::budget::RECALL_RANK;
         TopicProducer {
             rank: AtomicUsize::new(cfg.rank),
             cfg,

@@ -60,6 +60,8 @@ pub struct WindowConfig {
     /// one SEND never outlasts the broker's keepalive (None: the broker's limit alone). Pieces
     /// sealed in the spool keep their size.
     pub max_chunk_bytes: Option<usize>,
+    /// Added to every message's properties (a recall's `recall=<id>`).
+    pub properties: Vec<(String, String)>,
 }
 
 /// What became of a submitted frame.
@@ -359,7 +361,7 @@ impl Window {
         self.touch_if_idle(now);
         self.frames += 1;
         self.bytes += frame.payload.len();
-        let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
+        let envelope = self.envelope(&frame);
         let len = frame.payload.len();
         if len > self.cfg.max_frame_bytes {
             let why = format!(
@@ -493,9 +495,17 @@ impl Window {
             .max(1024)
     }
 
+    /// What a frame's message says besides its payload: the envelope and this producer's own
+    /// properties.
+    fn envelope(&self, frame: &Held) -> Envelope {
+        let mut e = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, frame);
+        e.properties.extend(self.cfg.properties.iter().cloned());
+        e
+    }
+
     /// A frame of a batch as a message of its own (its batch no longer fits the broker).
     fn single(&self, frame: Held, submitted: Instant, max_message_size: usize) -> Message {
-        let envelope = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, &frame);
+        let envelope = self.envelope(&frame);
         let (compression, wire) = crate::payload::compress(self.cfg.compression, &frame.payload);
         let chunks = crate::payload::cut(wire.len(), self.chunk_limit(max_message_size, &envelope));
         Message {

@@ -21,6 +21,7 @@ fn cfg() -> WindowConfig {
         progress_timeout: Duration::from_secs(30),
         stall_after: Duration::from_secs(5),
         run: 1,
+        properties: Vec::new(),
         max_chunk_bytes: None,
     }
 }

@@ -1,12 +1,9 @@
-//! Recall (docs/RECALL.md): sources whose frames stay on the rig (`upload = "on-request"`) within
-//! a retention of their own, for a range to be uploaded when someone asks for it.
-//!
-//! Built so far: the retention. An on-request source's lane has no producer, so its frames stay
+//! The retention of on-request sources. Such a source's lane has no producer, so its frames stay
 //! in the spool; [`spawn_retention`] evicts the oldest of them once a second, those captured
 //! longer ago than `retain-age` (on the rig's clock, as their capture times) and those beyond
-//! `retain-bytes`, each counted (`rigd_retention_evicted_total{source}`) and logged. The spool's
-//! own limits (`max-bytes`, `when-full`) still apply on top. The control topic, the requests and
-//! the upload of a range are not built yet.
+//! `retain-bytes`, each counted (`rigd_retention_evicted_total{source}`) and logged, but never a
+//! frame a pending recall request still wants (captured at or after its `from`). The spool's own
+//! limits (`max-bytes`, `when-full`) still apply on top.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +56,7 @@ pub fn spawn_retention(
     spool: Arc<Spool>,
     retentions: Vec<Retention>,
     now_ns: impl Fn() -> i64 + Send + 'static,
+    pinned: impl Fn(&str) -> Option<i64> + Send + 'static,
     mut shutdown: watch::Receiver<bool>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     if retentions.is_empty() {
@@ -76,8 +74,9 @@ pub fn spawn_retention(
             let now = now_ns();
             for (r, (at, since)) in retentions.iter().zip(logged.iter_mut()) {
                 let (spool, r2) = (spool.clone(), r.clone());
+                let keep_from = pinned(&r.source);
                 let evicted = tokio::task::spawn_blocking(move || {
-                    spool.evict(&r2.source, r2.captured_before(now), r2.max_bytes)
+                    spool.evict(&r2.source, r2.captured_before(now), r2.max_bytes, keep_from)
                 })
                 .await;
                 match evicted {

@@ -1,0 +1,289 @@
+//! `rigd recall`: the operator's side of the control protocol. Subscribes to the rig's status
+//! topic first (non-durable, from its end), then sends one request to the control topic and
+//! follows the answers with its id: a progress bar, or one JSON line per answer.
+
+use futures::StreamExt;
+use pulsar::consumer::{ConsumerOptions, InitialPosition};
+use pulsar::message::proto::command_subscribe::SubType;
+use pulsar::{Consumer, Pulsar, TokioExecutor};
+use std::time::{Duration, Instant};
+
+use super::protocol::{Answer, State};
+use crate::replay::progress::{Interrupt, Progress};
+
+/// What to ask.
+#[derive(Debug, Clone)]
+pub enum Ask {
+    Upload {
+        sources: Vec<String>,
+        from: i64,
+        to: i64,
+        force: bool,
+    },
+    Coverage,
+    Cancel {
+        id: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct RecallConfig {
+    pub url: String,
+    pub control_topic: String,
+    pub token: Option<String>,
+    pub tls_ca: Option<std::path::PathBuf>,
+    pub ask: Ask,
+    /// The request's id (default: a fresh random one).
+    pub id: Option<String>,
+    /// Follow an upload to its end (otherwise: until it is accepted or rejected).
+    pub wait: bool,
+    pub json: bool,
+    /// Give up after this long without the awaited answer.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecallError {
+    #[error("{url}: {why}")]
+    Pulsar { url: String, why: String },
+    #[error("no answer from the rig in {0} s (is it running and connected? the request waits on the control topic for it)")]
+    Timeout(u64),
+    #[error("interrupted; the request stays with the rig (cancel it with --cancel {0})")]
+    Interrupted(String),
+}
+
+/// Sends the request and follows it; returns the last answer seen.
+pub fn run(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, RecallError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| RecallError::Pulsar {
+            url: cfg.url.clone(),
+            why: format!("cannot start the async runtime: {e}"),
+        })?;
+    rt.block_on(recall(cfg, interrupt))
+}
+
+/// A request id: 128 random bits as a UUID (version 4 layout).
+pub fn new_id() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if random.is_err() {
+        // No /dev/urandom: the time and the pid (unique enough for one operator's requests).
+        b[..8].copy_from_slice(&rigd_drivers::realtime_ns().to_le_bytes());
+        b[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// The request's JSON.
+pub fn request(id: &str, ask: &Ask) -> serde_json::Value {
+    match ask {
+        Ask::Upload {
+            sources,
+            from,
+            to,
+            force,
+        } => serde_json::json!({
+            "op": "upload", "id": id, "sources": sources, "from": from, "to": to, "force": force,
+        }),
+        Ask::Coverage => serde_json::json!({"op": "coverage", "id": id}),
+        Ask::Cancel { id } => serde_json::json!({"op": "cancel", "id": id}),
+    }
+}
+
+async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, RecallError> {
+    let perr = |why: String| RecallError::Pulsar {
+        url: cfg.url.clone(),
+        why,
+    };
+    let id = match &cfg.ask {
+        Ask::Cancel { id } => id.clone(),
+        _ => cfg.id.clone().unwrap_or_else(new_id),
+    };
+    let status_topic = format!("{}-status", cfg.control_topic);
+    let builder = crate::tail::client(&cfg.url, cfg.token.clone(), cfg.tls_ca.as_deref())
+        .map_err(|e| perr(format!("--tls-ca {e}")))?;
+    let deadline = tokio::time::sleep(cfg.timeout);
+    tokio::pin!(deadline);
+    let pulsar: Pulsar<TokioExecutor> = tokio::select! {
+        r = builder.build() => r.map_err(|e| perr(format!("cannot connect: {e}")))?,
+        _ = &mut deadline => return Err(RecallError::Timeout(cfg.timeout.as_secs())),
+    };
+    // Subscribed before the request goes out, so no answer is missed.
+    let mut answers: Consumer<Vec<u8>, TokioExecutor> = pulsar
+        .consumer()
+        .with_topic(&status_topic)
+        .with_subscription(format!(
+            "rigd-recall-{}-{:x}",
+            std::process::id(),
+            rigd_drivers::realtime_ns() as u64 & 0xffff_ffff
+        ))
+        .with_subscription_type(SubType::Exclusive)
+        .with_options(
+            ConsumerOptions::default()
+                .durable(false)
+                .with_initial_position(InitialPosition::Latest),
+        )
+        .build()
+        .await
+        .map_err(|e| perr(format!("cannot subscribe to {status_topic}: {e}")))?;
+    let mut producer = pulsar
+        .producer()
+        .with_topic(&cfg.control_topic)
+        .build()
+        .await
+        .map_err(|e| perr(format!("cannot publish to {}: {e}", cfg.control_topic)))?;
+    let body = serde_json::to_vec(&request(&id, &cfg.ask)).expect("a request serializes");
+    producer
+        .send_non_blocking(body)
+        .await
+        .map_err(|e| perr(format!("sending the request: {e}")))?
+        .await
+        .map_err(|e| perr(format!("sending the request: {e}")))?;
+    if !cfg.json {
+        eprintln!("rigd recall: request {id} sent to {}", cfg.control_topic);
+    }
+    let mut bar: Option<Progress> = None;
+    let mut last: Option<Answer> = None;
+    let started = Instant::now();
+    loop {
+        let m = tokio::select! {
+            m = answers.next() => m,
+            _ = &mut deadline => return Err(RecallError::Timeout(started.elapsed().as_secs())),
+            _ = interrupt.wait() => return Err(RecallError::Interrupted(id)),
+        };
+        let msg = match m {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => return Err(perr(format!("reading answers: {e}"))),
+            None => return Err(perr("the answer stream ended".to_string())),
+        };
+        let _ = answers.ack(&msg).await;
+        let Ok(a) = serde_json::from_slice::<Answer>(&msg.payload.data) else {
+            continue;
+        };
+        if a.id != id {
+            continue;
+        }
+        if cfg.json {
+            println!(
+                "{}",
+                serde_json::to_string(&a).expect("an answer serializes")
+            );
+        } else if let (Some(total), Some(sent)) = (a.total, a.sent) {
+            let b = bar.get_or_insert_with(|| Progress::new(total.bytes, "recall"));
+            b.set_message(format!(
+                "{} of {} frames sent{}",
+                sent.frames,
+                total.frames,
+                a.already_sent
+                    .filter(|&n| n > 0)
+                    .map(|n| format!(", {n} sent before"))
+                    .unwrap_or_default()
+            ));
+            b.inc(sent.bytes.saturating_sub(b_bytes(&last)));
+        }
+        let settled = a.state.is_final() || (!cfg.wait && a.state == State::Accepted);
+        last = Some(a);
+        if settled {
+            break;
+        }
+    }
+    if let Some(b) = bar {
+        b.finish();
+    }
+    let _ = answers.close().await;
+    Ok(last.expect("the loop ends on an answer"))
+}
+
+fn b_bytes(last: &Option<Answer>) -> u64 {
+    last.as_ref().and_then(|a| a.sent).map_or(0, |s| s.bytes)
+}
+
+/// The answer for a person: one line, and one per source for coverage or what is missing.
+pub fn describe(a: &Answer) -> String {
+    let mut out = format!("{}: {}", a.id, format!("{:?}", a.state).to_lowercase());
+    if let (Some(sent), Some(total)) = (a.sent, a.total) {
+        out.push_str(&format!(
+            ", {} frames ({} bytes) sent of {} in the range",
+            sent.frames, sent.bytes, total.frames
+        ));
+    }
+    if let Some(n) = a.already_sent.filter(|&n| n > 0) {
+        out.push_str(&format!(", {n} already sent by earlier requests"));
+    }
+    if let Some(r) = &a.reason {
+        out.push_str(&format!(": {r}"));
+    }
+    for m in &a.missing {
+        for s in &m.evicted {
+            out.push_str(&format!(
+                "\n  {}: no longer held from {} to {}",
+                m.source,
+                crate::civil::format(s.from),
+                crate::civil::format(s.to)
+            ));
+        }
+        if m.unreadable > 0 {
+            out.push_str(&format!(
+                "\n  {}: {} frames unreadable or refused",
+                m.source, m.unreadable
+            ));
+        }
+    }
+    for h in &a.sources {
+        out.push_str(&format!(
+            "\n  {}: {} frames, {} bytes",
+            h.source, h.frames, h.bytes
+        ));
+        for s in &h.held {
+            out.push_str(&format!(
+                "\n    {} .. {}",
+                crate::civil::format(s.from),
+                crate::civil::format(s.to)
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_uuids_the_rig_accepts() {
+        let id = new_id();
+        assert_eq!(id.len(), 36);
+        assert_eq!(&id[14..15], "4");
+        assert!(super::super::protocol::valid_id(&id).is_ok());
+        assert_ne!(id, new_id());
+    }
+
+    #[test]
+    fn requests_are_what_the_rig_parses() {
+        let sources = vec![("front".to_string(), true)];
+        let ask = Ask::Upload {
+            sources: vec!["front".into()],
+            from: 10,
+            to: 20,
+            force: false,
+        };
+        let body = serde_json::to_vec(&request("r-1", &ask)).unwrap();
+        let parsed = super::super::protocol::parse(&body, sources.as_slice(), 0).unwrap();
+        assert!(
+            matches!(parsed, super::super::protocol::Request::Upload(u) if u.from == 10 && u.to == 20)
+        );
+    }
+}

@@ -1,0 +1,377 @@
+//! The uploader: runs the accepted requests one at a time, oldest first, each source of a request
+//! in turn, its frames in seq order.
+//!
+//! Exactly once: a frame an earlier request sent (the `sent` record, [`super::store`]) is not sent
+//! again unless the request says `force`. Each request sends under producer names of its own,
+//! `rigd-{rig}-{source}-recall-{id}`, derived from its id and so persisted with it before any
+//! frame goes out, with the frames' own sequence ids (increasing in seq order): after a kill -9
+//! the request resumes under the same names, and the broker drops what it already holds
+//! (deduplication), so what was sent after the last checkpoint arrives once.
+//!
+//! A range that ends in the future (a marker's "after") stays open: frames captured into it are
+//! sent as they are spooled, until the rig clock is [`SETTLE`] past its end. A request waits for
+//! the link as long as it takes (the spool holds its frames, retention keeps them); it stops on
+//! cancel or shutdown only, and a shutdown leaves it pending for the next start.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+use super::protocol::{Answer, Counts, Missing, Span, State};
+use super::seqs::SeqSet;
+use super::store::Pending;
+use super::Recall;
+use crate::payload::Held;
+use crate::spool::{Entry, SpoolError};
+use crate::uplink::{Ack, Outcome, TopicProducer};
+
+/// A range is closed this long (rig clock) after its end: frames captured before the end are in
+/// the spool by then.
+pub const SETTLE: Duration = Duration::from_secs(2);
+/// Progress is made durable and answered this often.
+const CHECKPOINT: Duration = Duration::from_secs(1);
+/// Index entries read per step.
+const SCAN: usize = 4096;
+
+/// How one request ended.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    Finished,
+    Cancelled,
+    Shutdown,
+}
+
+/// Runs the requests until shutdown.
+pub async fn run(recall: Arc<Recall>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let next = {
+            let mut turn = recall.turn();
+            match recall.store.pending() {
+                Ok(p) => {
+                    let next = p.into_iter().next();
+                    turn.active = next.as_ref().map(|p| p.upload.id.clone());
+                    turn.cancel = false;
+                    next
+                }
+                Err(e) => {
+                    recall.stats.error(format!("reading pending requests: {e}"));
+                    tracing::error!(error = %e, "recall: cannot read the pending requests; retrying in 10 s");
+                    None
+                }
+            }
+        };
+        let Some(p) = next else {
+            tokio::select! {
+                _ = recall.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+                _ = shutdown.changed() => {}
+            }
+            continue;
+        };
+        let id = p.upload.id.clone();
+        tracing::info!(request = %id, sources = ?p.upload.sources, from = p.upload.from, to = p.upload.to, "recall: uploading");
+        match Request::new(&recall, p).run(&mut shutdown).await {
+            Ok(End::Shutdown) => return,
+            Ok(_) => {}
+            Err(e) => {
+                // The request stays pending: retried after a pause (a full or failing disk).
+                recall.stats.error(format!("request {id}: {e}"));
+                tracing::error!(request = %id, error = %e, "recall: the spool failed under a request; retrying in 10 s");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+                    _ = shutdown.changed() => {}
+                }
+            }
+        }
+        recall.turn().active = None;
+    }
+}
+
+/// One request being uploaded.
+struct Request<'a> {
+    recall: &'a Arc<Recall>,
+    p: Pending,
+    /// Per source of the request: what any request has sent of it.
+    sent: Vec<SeqSet>,
+    total: Counts,
+    already: u64,
+    unreadable: Vec<u64>,
+    checkpointed: Instant,
+}
+
+/// One source's producer for the request, and what it holds.
+struct Sender {
+    producer: TopicProducer,
+    acks: mpsc::UnboundedReceiver<Ack>,
+    /// Submitted, no receipt yet.
+    outstanding: HashMap<u64, u64>,
+}
+
+impl<'a> Request<'a> {
+    fn new(recall: &'a Arc<Recall>, p: Pending) -> Self {
+        let n = p.upload.sources.len();
+        Request {
+            recall,
+            p,
+            sent: Vec::with_capacity(n),
+            total: Counts::default(),
+            already: 0,
+            unreadable: vec![0; n],
+            checkpointed: Instant::now(),
+        }
+    }
+
+    async fn run(mut self, shutdown: &mut watch::Receiver<bool>) -> Result<End, SpoolError> {
+        for s in &self.p.upload.sources {
+            self.sent.push(self.recall.store.sent(s)?);
+        }
+        for i in 0..self.p.upload.sources.len() {
+            match self.source(i, shutdown).await? {
+                End::Finished => {}
+                other => {
+                    self.checkpoint()?;
+                    if other == End::Cancelled {
+                        let mut a = self.answer(State::Cancelled);
+                        a.missing.clear();
+                        self.finish(a).await?;
+                    }
+                    return Ok(other);
+                }
+            }
+        }
+        let mut a = self.answer(State::Done);
+        if !a.missing.is_empty() {
+            a.state = State::Partial;
+        }
+        self.finish(a).await?;
+        Ok(End::Finished)
+    }
+
+    /// Uploads source `i` of the request.
+    async fn source(
+        &mut self,
+        i: usize,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<End, SpoolError> {
+        let recall = self.recall.clone();
+        let source: Arc<str> = self.p.upload.sources[i].as_str().into();
+        let (from, to, force) = (self.p.upload.from, self.p.upload.to, self.p.upload.force);
+        let mut cfg = (recall.producer)(&source);
+        cfg.producer_name =
+            crate::wire::recall_producer_name(&recall.rig, &source, &self.p.upload.id);
+        cfg.properties = vec![("recall".to_string(), self.p.upload.id.clone())];
+        cfg.rank = crate::uplink::budget::RECALL_RANK;
+        cfg.stats = None;
+        let (tx, acks) = mpsc::unbounded_channel();
+        let mut tx_out = Sender {
+            producer: TopicProducer::spawn(cfg, tx, shutdown.clone()),
+            acks,
+            outstanding: HashMap::new(),
+        };
+        let mut queue: VecDeque<Entry> = VecDeque::new();
+        let mut resend: VecDeque<Held> = VecDeque::new();
+        let mut cursor = 0u64;
+        let mut scanned_all = false;
+        let end = loop {
+            self.receipts(i, &mut tx_out.acks, &mut tx_out.outstanding);
+            if *shutdown.borrow() {
+                break End::Shutdown;
+            }
+            if recall.turn().cancel {
+                break End::Cancelled;
+            }
+            if self.checkpointed.elapsed() >= CHECKPOINT {
+                self.checkpoint()?;
+                recall.say_progress(self.answer(State::Progress));
+            }
+            resend.extend(tx_out.producer.refresh().await);
+            // The next frame: one handed back, or the next entry of the range, read.
+            let frame = match resend.pop_front() {
+                Some(f) => Some(f),
+                None => match queue.pop_front() {
+                    Some(e) => {
+                        let (spool, s) = (recall.spool.clone(), source.clone());
+                        let read = tokio::task::spawn_blocking(move || spool.read_one(&s, e.seq))
+                            .await
+                            .expect("spool read task");
+                        match read? {
+                            Some(f) => Some(f),
+                            None => {
+                                // Evicted by the spool's own limits or quarantined since the scan.
+                                self.unreadable[i] += 1;
+                                continue;
+                            }
+                        }
+                    }
+                    None => None,
+                },
+            };
+            if let Some(mut frame) = frame {
+                let (seq, len) = (frame.seq, frame.payload.len() as u64);
+                loop {
+                    match tx_out.producer.try_submit(frame) {
+                        Ok(()) => {
+                            tx_out.outstanding.insert(seq, len);
+                            break;
+                        }
+                        Err(f) => {
+                            frame = f;
+                            self.receipts(i, &mut tx_out.acks, &mut tx_out.outstanding);
+                            if *shutdown.borrow() || recall.turn().cancel {
+                                resend.push_front(frame);
+                                break;
+                            }
+                            tokio::select! {
+                                _ = tx_out.producer.room() => {}
+                                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                                _ = shutdown.changed() => {}
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+            // Nothing to send: read more of the index, or wait for receipts, the range's end.
+            let closed = (recall.now_ns)() >= to.saturating_add(SETTLE.as_nanos() as i64);
+            if !scanned_all || !closed {
+                let (spool, s) = (recall.spool.clone(), source.clone());
+                let batch = tokio::task::spawn_blocking(move || spool.entries(&s, cursor, SCAN))
+                    .await
+                    .expect("spool index task")?;
+                let full = batch.len() >= SCAN;
+                if let Some(last) = batch.last() {
+                    cursor = last.seq + 1;
+                }
+                for e in batch {
+                    if e.capture_ns < from || e.capture_ns >= to {
+                        continue;
+                    }
+                    self.total.frames += 1;
+                    self.total.bytes += e.len as u64;
+                    if !force && self.sent[i].contains(e.seq) {
+                        self.already += 1;
+                    } else {
+                        queue.push_back(e);
+                    }
+                }
+                if full {
+                    continue;
+                }
+                // The index read to its end after the range closed: nothing more can come.
+                scanned_all = closed;
+                if !queue.is_empty() {
+                    continue;
+                }
+            }
+            if scanned_all && tx_out.outstanding.is_empty() {
+                break End::Finished;
+            }
+            tokio::select! {
+                a = tx_out.acks.recv() => if let Some(a) = a { self.receipt(i, &mut tx_out.outstanding, a) },
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = shutdown.changed() => {}
+            }
+        };
+        let Sender {
+            producer,
+            mut acks,
+            mut outstanding,
+        } = tx_out;
+        // What is left without a receipt stays in the spool (sent again on resume, deduplicated).
+        drop(producer.close().await);
+        // Receipts that came while closing count.
+        self.receipts(i, &mut acks, &mut outstanding);
+        Ok(end)
+    }
+
+    fn receipts(
+        &mut self,
+        i: usize,
+        acks: &mut mpsc::UnboundedReceiver<Ack>,
+        outstanding: &mut HashMap<u64, u64>,
+    ) {
+        while let Ok(a) = acks.try_recv() {
+            self.receipt(i, outstanding, a);
+        }
+    }
+
+    fn receipt(&mut self, i: usize, outstanding: &mut HashMap<u64, u64>, a: Ack) {
+        let len = outstanding.remove(&a.seq).unwrap_or(a.bytes as u64);
+        match a.outcome {
+            Outcome::Persisted | Outcome::AlreadyPersisted => {
+                if !self.sent[i].contains(a.seq) {
+                    self.sent[i].insert(a.seq);
+                }
+                self.p.sent.frames += 1;
+                self.p.sent.bytes += len;
+                let stats = &self.recall.stats;
+                stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+                stats.bytes_sent.fetch_add(len, Ordering::Relaxed);
+            }
+            Outcome::Refused(why) => {
+                tracing::warn!(request = %self.p.upload.id, seq = a.seq, why = %why, "recall: the broker refused a frame");
+                self.unreadable[i] += 1;
+            }
+        }
+    }
+
+    fn sets(&self) -> Vec<(&str, &SeqSet)> {
+        self.p
+            .upload
+            .sources
+            .iter()
+            .map(String::as_str)
+            .zip(self.sent.iter())
+            .collect()
+    }
+
+    fn checkpoint(&mut self) -> Result<(), SpoolError> {
+        self.checkpointed = Instant::now();
+        self.recall.store.checkpoint(&self.p, &self.sets())
+    }
+
+    /// The answer as things stand: counts, and what of the range is no longer held.
+    fn answer(&self, state: State) -> Answer {
+        let u = &self.p.upload;
+        let mut a = self.recall.answer(state, &u.id);
+        a.sent = Some(self.p.sent);
+        a.total = Some(self.total);
+        a.already_sent = Some(self.already);
+        for (i, source) in u.sources.iter().enumerate() {
+            let lost = self.recall.spool.lost_through(source).ok().flatten();
+            let evicted: Vec<Span> = lost
+                .filter(|&t| t >= u.from)
+                .map(|t| Span {
+                    from: u.from,
+                    to: u.to.min(t.saturating_add(1)),
+                })
+                .into_iter()
+                .collect();
+            let unreadable = self.unreadable.get(i).copied().unwrap_or(0);
+            if !evicted.is_empty() || unreadable > 0 {
+                a.missing.push(Missing {
+                    source: source.clone(),
+                    evicted,
+                    unreadable,
+                });
+            }
+        }
+        a
+    }
+
+    async fn finish(&mut self, a: Answer) -> Result<(), SpoolError> {
+        self.recall
+            .store
+            .finish(Some(self.p.arrival), &a, &self.sets())?;
+        self.recall.stats.pending.fetch_sub(1, Ordering::Relaxed);
+        tracing::info!(request = %a.id, state = ?a.state, frames = self.p.sent.frames, bytes = self.p.sent.bytes,
+            already_sent = self.already, "recall: request finished");
+        self.recall.say(a).await;
+        Ok(())
+    }
+}
