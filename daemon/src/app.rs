@@ -411,6 +411,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         observed: Mutex::default(),
         live,
         client_cert: client_cert(&config).map(|c| crate::uplink::identity::ClientCert::read(c.0)),
+        recall,
     });
     // The alerts on the live view's `/events`, while a client subscribes (crate::live).
     if let Some(channel) = events_channel {

@@ -81,6 +81,8 @@ impl EventMarker {
             bucket,
             note: note.to_string(),
             topic: self.topic.clone(),
+            // Asked for by the caller, once the marker is made (crate::control).
+            upload_request: None,
         })
     }
 

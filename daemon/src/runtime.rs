@@ -44,4 +44,7 @@ pub struct Runtime {
     pub live: Arc<rigd_web::live::LiveHub>,
     /// `[pulsar] tls-cert-file`, read at start, for the status's `uplink.credentials`.
     pub client_cert: Option<crate::uplink::identity::ClientCert>,
+    /// Recall's shared state, for its status and a marker's upload; absent without a broker or
+    /// without an on-request source (then nothing can be recalled).
+    pub recall: Option<Arc<crate::recall::Recall>>,
 }

@@ -248,6 +248,7 @@ impl rigd_web::StatusSource for Runtime {
                 clients: self.live.clients() as u64,
                 max_clients: self.live.max_clients() as u64,
             },
+            recall: self.recall.as_deref().map(|r| self.recall_status(r)),
         }
     }
 
@@ -262,6 +263,34 @@ impl rigd_web::StatusSource for Runtime {
 }
 
 impl Runtime {
+    fn recall_status(&self, r: &crate::recall::Recall) -> rigd_web::RecallStatus {
+        let s = &r.stats;
+        let by_reason: std::collections::BTreeMap<String, u64> = s
+            .rejected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(kind, n)| (kind.to_string(), *n))
+            .collect();
+        rigd_web::RecallStatus {
+            control_topic: self.config.pulsar.control_topic(&self.config.rig.id),
+            connected: s.connected.load(Ordering::Relaxed),
+            pending: s.pending.load(Ordering::Relaxed),
+            uploads: s.uploads.load(Ordering::Relaxed),
+            cancels: s.cancels.load(Ordering::Relaxed),
+            coverages: s.coverages.load(Ordering::Relaxed),
+            rejected: by_reason.values().sum(),
+            rejected_by_reason: by_reason,
+            frames_sent: s.frames_sent.load(Ordering::Relaxed),
+            bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
+            last_error: s
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+
     fn clock_status(&self) -> rigd_web::ClockStatus {
         let raw = rigd_drivers::realtime_ns();
         let at_raw = self.clock.map_realtime(raw);

@@ -31,6 +31,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +61,9 @@ pub struct Status {
     pub spool: SpoolStatus,
     pub events: EventsStatus,
     pub live: LiveStatus,
+    /// Recall (docs/RECALL.md); absent when it is not running (no broker, or no source with
+    /// `upload = "on-request"`).
+    pub recall: Option<RecallStatus>,
 }
 
 /// The live view for Foxglove (`/foxglove`).
@@ -254,6 +258,31 @@ pub struct SpoolStatus {
     pub drain_eta_s: Option<f64>,
 }
 
+/// Recall: uploads of on-request sources' frames that someone asked for, on the control topic
+/// or with a technician's marker.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct RecallStatus {
+    /// Where requests are read; answers go to `{control_topic}-status`.
+    pub control_topic: String,
+    /// The rig reads the control topic now.
+    pub connected: bool,
+    /// Upload requests accepted and not finished.
+    pub pending: u64,
+    /// Requests received since start, by op (a marker's upload counts as an upload).
+    pub uploads: u64,
+    pub cancels: u64,
+    pub coverages: u64,
+    /// Requests rejected since start, every reason.
+    pub rejected: u64,
+    /// Of `rejected`, by reason kind (`malformed`, `bad-range`, ...).
+    pub rejected_by_reason: BTreeMap<String, u64>,
+    /// Frames (and their payload bytes) uploaded with a broker receipt since start.
+    pub frames_sent: u64,
+    pub bytes_sent: u64,
+    /// The last failure of the control topic's link or of an upload (it is retried).
+    pub last_error: Option<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct EventsStatus {
     /// Event markers made since start (`POST /api/events`).
@@ -295,8 +324,15 @@ pub trait StatusSource: Send + Sync + 'static {
 pub trait Control: Send + Sync + 'static {
     /// Pauses or resumes publishing; while paused, frames go to the spool as in an outage.
     fn set_uplink_paused(&self, paused: bool);
-    /// Emits an event marker frame stamped now.
-    fn mark_event(&self, note: &str) -> Result<EventMarked, ControlError>;
+    /// Emits an event marker frame stamped now and, with `upload`, asks recall for the window
+    /// around it (the answer's `upload_request`). With `upload`, [`ControlError::Conflict`] when
+    /// recall is not running, checked before anything is marked; a marker made whose upload
+    /// could not be queued is [`ControlError::Unavailable`], saying both.
+    fn mark_event(
+        &self,
+        note: &str,
+        upload: Option<UploadWindow>,
+    ) -> Result<EventMarked, ControlError>;
     /// Drops every spooled frame of `source`; returns how many.
     fn clear_spool(&self, source: &str) -> Result<u64, ControlError>;
 }
@@ -309,12 +345,68 @@ pub struct EventMarked {
     pub bucket: i64,
     pub note: String,
     pub topic: Option<String>,
+    /// The id of the recall request for the window around the marker (`marker-{seq}`), when
+    /// one was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upload_request: Option<String>,
+}
+
+/// Longest window a marker may ask to upload, `before_s + after_s`, in seconds.
+pub const MAX_UPLOAD_WINDOW_S: f64 = 3600.0;
+
+/// `"upload"` of `POST /api/events`: the window around the marker to upload, in seconds before
+/// and after its capture time.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadWindow {
+    pub before_s: f64,
+    pub after_s: f64,
+}
+
+impl UploadWindow {
+    /// Why the window cannot be asked for, if it cannot. Judged before the marker is made, so
+    /// that a bad window marks nothing.
+    pub fn check(&self) -> Result<(), String> {
+        let Self { before_s, after_s } = *self;
+        if !before_s.is_finite() || !after_s.is_finite() || before_s < 0.0 || after_s < 0.0 {
+            return Err(format!(
+                "upload.before_s and upload.after_s must be numbers of seconds, 0 or more (got {before_s} and {after_s})"
+            ));
+        }
+        if before_s + after_s > MAX_UPLOAD_WINDOW_S {
+            return Err(format!(
+                "upload window of {} s is over {MAX_UPLOAD_WINDOW_S} s",
+                before_s + after_s
+            ));
+        }
+        // In whole nanoseconds, as the range is asked for: 1e-12 s before and after is empty.
+        if ns(before_s) + ns(after_s) <= 0 {
+            return Err("upload window is empty: before_s + after_s must be more than 0".into());
+        }
+        Ok(())
+    }
+
+    /// `[from, to)` in ns on the rig clock around a marker captured at `mark_ns`.
+    pub fn range(&self, mark_ns: i64) -> (i64, i64) {
+        (
+            mark_ns.saturating_sub(ns(self.before_s)),
+            mark_ns.saturating_add(ns(self.after_s)),
+        )
+    }
+}
+
+/// Seconds to whole nanoseconds (saturating; a checked window is far below the limits).
+fn ns(s: f64) -> i64 {
+    (s * 1e9).round() as i64
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ControlError {
     #[error("no source `{0}`")]
     UnknownSource(String),
+    /// What was asked cannot be done in the rig's state (recall not running): 409.
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
@@ -506,6 +598,7 @@ impl From<ControlError> for AppError {
     fn from(e: ControlError) -> Self {
         let code = match e {
             ControlError::UnknownSource(_) => StatusCode::NOT_FOUND,
+            ControlError::Conflict(_) => StatusCode::CONFLICT,
             ControlError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ControlError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -790,9 +883,12 @@ async fn resume(State(state): State<AppState>) -> Result<Json<serde_json::Value>
 struct EventRequest {
     #[serde(default)]
     note: String,
+    #[serde(default)]
+    upload: Option<UploadWindow>,
 }
 
-/// `POST /api/events` with `{"note": "..."}` (or an empty body).
+/// `POST /api/events` with `{"note": "...", "upload": {"before_s": 30, "after_s": 10}}` (both
+/// optional, or an empty body).
 async fn mark_event(
     State(state): State<AppState>,
     body: Bytes,
@@ -801,7 +897,9 @@ async fn mark_event(
         EventRequest::default()
     } else {
         serde_json::from_slice(&body).map_err(|e| {
-            AppError::bad_request(format!("bad JSON (want {{\"note\": \"...\"}}): {e}"))
+            AppError::bad_request(format!(
+                "bad JSON (want {{\"note\": \"...\", \"upload\": {{\"before_s\": 30, \"after_s\": 10}}}}, both optional): {e}"
+            ))
         })?
     };
     if req.note.chars().count() > MAX_NOTE_CHARS {
@@ -809,10 +907,14 @@ async fn mark_event(
             "note is longer than {MAX_NOTE_CHARS} characters"
         )));
     }
+    if let Some(w) = &req.upload {
+        w.check().map_err(AppError::bad_request)?;
+    }
     let control = state.control.clone();
-    let note = req.note.clone();
-    let marked = blocking(move || control.mark_event(&note)).await?;
-    tracing::info!(seq = marked.seq, bucket = marked.bucket, note = %marked.note, "technician marked an event");
+    let (note, upload) = (req.note.clone(), req.upload);
+    let marked = blocking(move || control.mark_event(&note, upload)).await?;
+    tracing::info!(seq = marked.seq, bucket = marked.bucket, note = %marked.note,
+        upload_request = marked.upload_request.as_deref().unwrap_or(""), "technician marked an event");
     Ok((StatusCode::CREATED, Json(marked)))
 }
 

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::{Histogram, Status};
+use crate::{Histogram, RecallStatus, Status};
 
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -32,6 +32,14 @@ impl Exposition {
             self.out.push('}');
         }
         let _ = writeln!(self.out, " {}", number(value));
+    }
+
+    /// A family of one sample without labels, when there is a value.
+    fn single(&mut self, name: &str, kind: &str, help: &str, value: Option<f64>) {
+        self.family(name, kind, help);
+        if let Some(v) = value {
+            self.sample(name, &[], v);
+        }
     }
 
     /// A family with one sample per source.
@@ -404,5 +412,123 @@ pub fn render(s: &Status) -> String {
         "Event markers made by technicians.",
     );
     e.sample("rigd_events_marked_total", &[], s.events.marked as f64);
+    recall(&mut e, s.recall.as_ref());
     e.out
+}
+
+/// Recall's families; their samples only while recall runs (a broker and an on-request source).
+fn recall(e: &mut Exposition, r: Option<&RecallStatus>) {
+    e.family(
+        "rigd_recall_requests_total",
+        "counter",
+        "Recall requests received, by op (a technician's marker asking for an upload counts as an upload).",
+    );
+    if let Some(r) = r {
+        for (op, n) in [
+            ("upload", r.uploads),
+            ("cancel", r.cancels),
+            ("coverage", r.coverages),
+        ] {
+            e.sample("rigd_recall_requests_total", &[("op", op)], n as f64);
+        }
+    }
+    e.family(
+        "rigd_recall_rejected_total",
+        "counter",
+        "Recall requests rejected, by reason (one series per reason seen since start).",
+    );
+    for (reason, n) in r.iter().flat_map(|r| &r.rejected_by_reason) {
+        e.sample(
+            "rigd_recall_rejected_total",
+            &[("reason", reason)],
+            *n as f64,
+        );
+    }
+    e.single(
+        "rigd_recall_frames_total",
+        "counter",
+        "Frames recall uploaded with a broker receipt.",
+        r.map(|r| r.frames_sent as f64),
+    );
+    e.single(
+        "rigd_recall_bytes_total",
+        "counter",
+        "Payload bytes of the frames recall uploaded with a broker receipt.",
+        r.map(|r| r.bytes_sent as f64),
+    );
+    e.single(
+        "rigd_recall_pending",
+        "gauge",
+        "Recall upload requests accepted and not finished.",
+        r.map(|r| r.pending as f64),
+    );
+    e.single(
+        "rigd_recall_connected",
+        "gauge",
+        "1 while the rig reads its recall control topic.",
+        r.map(|r| flag(r.connected)),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(s: &Status) -> Vec<String> {
+        render(s)
+            .lines()
+            .filter(|l| l.starts_with("rigd_recall_"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn recall_has_a_series_per_op_and_per_rejection_reason() {
+        let mut s = Status {
+            recall: Some(RecallStatus {
+                connected: true,
+                pending: 2,
+                uploads: 5,
+                cancels: 1,
+                coverages: 3,
+                rejected: 4,
+                rejected_by_reason: [("bad-range".to_string(), 3), ("malformed".to_string(), 1)]
+                    .into_iter()
+                    .collect(),
+                frames_sent: 900,
+                bytes_sent: 123_456,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            lines(&s),
+            [
+                r#"rigd_recall_requests_total{op="upload"} 5"#,
+                r#"rigd_recall_requests_total{op="cancel"} 1"#,
+                r#"rigd_recall_requests_total{op="coverage"} 3"#,
+                r#"rigd_recall_rejected_total{reason="bad-range"} 3"#,
+                r#"rigd_recall_rejected_total{reason="malformed"} 1"#,
+                "rigd_recall_frames_total 900",
+                "rigd_recall_bytes_total 123456",
+                "rigd_recall_pending 2",
+                "rigd_recall_connected 1",
+            ]
+        );
+        let text = render(&s);
+        for family in [
+            "rigd_recall_requests_total counter",
+            "rigd_recall_rejected_total counter",
+            "rigd_recall_frames_total counter",
+            "rigd_recall_bytes_total counter",
+            "rigd_recall_pending gauge",
+            "rigd_recall_connected gauge",
+        ] {
+            assert!(text.contains(&format!("# TYPE {family}\n")), "{family}");
+        }
+        // Not running: the families are described, with no samples.
+        s.recall = None;
+        assert_eq!(lines(&s), Vec::<String>::new());
+        assert!(render(&s).contains("# TYPE rigd_recall_connected gauge\n"));
+    }
 }

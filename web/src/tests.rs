@@ -11,7 +11,11 @@ use tower::ServiceExt;
 struct FakeRig {
     paused: Mutex<Option<bool>>,
     notes: Mutex<Vec<String>>,
+    /// The upload windows markers asked for.
+    uploads: Mutex<Vec<UploadWindow>>,
     cleared: Mutex<Vec<String>>,
+    /// Recall is not running (no broker or no on-request source).
+    without_recall: bool,
 }
 
 impl StatusSource for FakeRig {
@@ -45,6 +49,12 @@ impl StatusSource for FakeRig {
                 paused: self.paused.lock().unwrap().unwrap_or(false),
                 ..Default::default()
             },
+            recall: (!self.without_recall).then(|| RecallStatus {
+                control_topic: "persistent://public/default/van-07-control".into(),
+                rejected: 2,
+                rejected_by_reason: [("malformed".to_string(), 2)].into_iter().collect(),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
@@ -61,12 +71,21 @@ impl Control for FakeRig {
     fn set_uplink_paused(&self, paused: bool) {
         *self.paused.lock().unwrap() = Some(paused);
     }
-    fn mark_event(&self, note: &str) -> Result<EventMarked, ControlError> {
+    fn mark_event(
+        &self,
+        note: &str,
+        upload: Option<UploadWindow>,
+    ) -> Result<EventMarked, ControlError> {
+        if upload.is_some() && self.without_recall {
+            return Err(ControlError::Conflict("recall is not running".into()));
+        }
         self.notes.lock().unwrap().push(note.to_string());
+        self.uploads.lock().unwrap().extend(upload);
         Ok(EventMarked {
             seq: 7,
             bucket: 123,
             note: note.to_string(),
+            upload_request: upload.map(|_| "marker-7".to_string()),
             ..Default::default()
         })
     }
@@ -130,6 +149,12 @@ async fn status_has_the_fields_scripts_rely_on() {
         "/spool/quarantined",
         "/spool/drain_eta_s",
         "/events/marked",
+        "/recall/control_topic",
+        "/recall/connected",
+        "/recall/pending",
+        "/recall/rejected",
+        "/recall/frames_sent",
+        "/recall/last_error",
         "/alerts",
         "/control_enabled",
     ] {
@@ -211,6 +236,8 @@ async fn metrics_are_prometheus_text_with_rigd_names() {
         "rigd_clock_offset_seconds -0.00000012",
         "rigd_clock_state{state=\"locked\"} 1",
         "rigd_uplink_connected 0",
+        "rigd_recall_rejected_total{reason=\"malformed\"} 2",
+        "rigd_recall_connected 0",
     ] {
         assert!(
             text.lines().any(|l| l == want),
@@ -433,6 +460,124 @@ async fn control_actions_reach_the_daemon() {
     .await;
     assert_eq!(code, StatusCode::OK);
     assert_eq!(json(&body)["dropped"], 12);
+}
+
+#[test]
+fn an_upload_window_is_finite_not_negative_not_empty_and_at_most_an_hour() {
+    let w = |before_s, after_s| UploadWindow { before_s, after_s };
+    for ok in [
+        w(30.0, 10.0),
+        w(0.0, 0.5),
+        w(5.0, 0.0),
+        w(3599.0, 1.0),
+        w(1e-9, 0.0),
+    ] {
+        assert_eq!(ok.check(), Ok(()), "{ok:?}");
+    }
+    for (bad, says) in [
+        (w(-1.0, 10.0), "0 or more"),
+        (w(1.0, -0.0001), "0 or more"),
+        (w(f64::NAN, 1.0), "0 or more"),
+        (w(1.0, f64::INFINITY), "0 or more"),
+        (w(0.0, 0.0), "empty"),
+        (w(1e-12, 1e-12), "empty"),
+        (w(3000.0, 600.5), "over 3600 s"),
+        (w(1e300, 1.0), "over 3600 s"),
+    ] {
+        let e = bad.check().unwrap_err();
+        assert!(e.contains(says), "{bad:?}: {e}");
+    }
+    let mark = 1_700_000_000_123_456_789;
+    assert_eq!(
+        w(30.0, 10.0).range(mark),
+        (mark - 30_000_000_000, mark + 10_000_000_000)
+    );
+    assert_eq!(w(0.25, 0.0).range(mark), (mark - 250_000_000, mark));
+    assert_eq!(w(1.0, 1.0).range(i64::MAX - 5).1, i64::MAX, "saturates");
+}
+
+#[tokio::test]
+async fn a_marker_asks_for_an_upload_window_once_it_is_judged_sound() {
+    let auth = Some("Bearer s3cret-token");
+    let (app, rig) = app_with(Some(TOKEN));
+    let (code, _, body) = send(
+        app.clone(),
+        control(
+            &Method::POST,
+            "/api/events",
+            r#"{"note":"hard brake","upload":{"before_s":30,"after_s":10}}"#,
+            auth,
+        ),
+    )
+    .await;
+    assert_eq!(
+        code,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert_eq!(json(&body)["upload_request"], "marker-7");
+    assert_eq!(
+        *rig.uploads.lock().unwrap(),
+        vec![UploadWindow {
+            before_s: 30.0,
+            after_s: 10.0
+        }]
+    );
+    // Without a window the answer has no request id.
+    let (_, _, body) = send(
+        app.clone(),
+        control(&Method::POST, "/api/events", r#"{"note":"x"}"#, auth),
+    )
+    .await;
+    assert!(json(&body).get("upload_request").is_none());
+    for (bad, says) in [
+        (r#"{"upload":{"before_s":-1,"after_s":10}}"#, "0 or more"),
+        (r#"{"upload":{"before_s":0,"after_s":0}}"#, "empty"),
+        (r#"{"upload":{"before_s":3600,"after_s":1}}"#, "over 3600"),
+        (r#"{"upload":{"before_s":1e400,"after_s":1}}"#, "bad JSON"),
+        (r#"{"upload":{"before_s":"30","after_s":1}}"#, "bad JSON"),
+        (r#"{"upload":{"before_s":30}}"#, "bad JSON"),
+        (
+            r#"{"upload":{"before_s":1,"after_s":1,"around":2}}"#,
+            "bad JSON",
+        ),
+    ] {
+        let (code, _, body) = send(
+            app.clone(),
+            control(&Method::POST, "/api/events", bad, auth),
+        )
+        .await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{bad}");
+        let e = json(&body)["error"].as_str().unwrap().to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+    assert_eq!(
+        rig.notes.lock().unwrap().len(),
+        2,
+        "a bad window marks nothing"
+    );
+    assert_eq!(rig.uploads.lock().unwrap().len(), 1);
+
+    // Recall not running: 409, and the daemon marks nothing.
+    let rig = Arc::new(FakeRig {
+        without_recall: true,
+        ..Default::default()
+    });
+    let app = router(AppState::new(rig.clone(), rig.clone()).with_token(Some(TOKEN.into())));
+    let (code, _, body) = send(
+        app,
+        control(
+            &Method::POST,
+            "/api/events",
+            r#"{"upload":{"before_s":5,"after_s":5}}"#,
+            auth,
+        ),
+    )
+    .await;
+    assert_eq!(code, StatusCode::CONFLICT);
+    assert!(json(&body)["error"].as_str().unwrap().contains("recall"));
+    assert!(rig.notes.lock().unwrap().is_empty());
 }
 
 #[tokio::test]
