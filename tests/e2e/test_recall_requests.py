@@ -9,6 +9,7 @@ import re
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from harness import (BROKER_URL, LoopbackQdisc, Rigd, assert_once_each, consume,
 S = 1_000_000_000
 
 
-def config(ns: str, rig: str, *, fps=20, frame_bytes=20000, retain='retain-age = "10m"', pulsar_extra="") -> str:
+def config(ns: str, rig: str, *, fps=20, frame_bytes=20000, retain='retain-age = "10m"', pulsar_extra="",
+           web_extra="") -> str:
     return f"""
 [rig]
 id = "{rig}"
@@ -51,6 +53,7 @@ path = "spool"
 
 [web]
 bind = "127.0.0.1:{{WEB_PORT}}"
+{web_extra}
 """
 
 
@@ -376,3 +379,38 @@ def test_bad_requests_are_rejected_with_the_reason_and_the_rig_goes_on(broker, t
         d.close()
         op.close()
     assert_once_each(received_seqs(f"persistent://{ns}/{rig}-gps"), "gps")
+
+
+def test_a_marker_uploads_exactly_the_window_around_it(broker, tmp_path):
+    """A technician's marker with 5 s before and 5 s after (POST /api/events): the window
+    [mark - 5 s, mark + 5 s) of the on-request camera arrives, exactly the spool's frames of it,
+    the part after the marker as it is captured."""
+    ns = namespace_with_dedup(unique("recall"))
+    rig = unique("rm")
+    (tmp_path / "web.token").write_text("tok-recall\n")
+    d = Rigd(tmp_path, config(ns, rig, web_extra=f'token-file = "{tmp_path / "web.token"}"'))
+    op = Operator(ns, rig)
+    try:
+        d.start()
+        d.wait_for(lambda s: s["uplink"]["connected"] and s.get("recall", {}).get("connected"),
+                   timeout=60, what="uplink and recall connected")
+        time.sleep(7)
+        req = urllib.request.Request(d.url("/api/events"), method="POST", data=json.dumps(
+            {"note": "hard brake", "upload": {"before_s": 5, "after_s": 5}}).encode(),
+            headers={"Authorization": "Bearer tok-recall", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 201
+            marked = json.loads(r.read())
+        rid, mark = marked["upload_request"], marked["capture_ns"]
+        assert op.wait(rid, ("accepted",), timeout=30)
+        done = op.wait(rid, timeout=60)
+        assert done["state"] == "done" and done["sent"]["frames"] > 150, done
+        assert d.stop() == 0
+    finally:
+        d.close()
+        op.close()
+    held = spool_frames(tmp_path, mark - 5 * S, mark + 5 * S, tmp_path / "out")
+    got = [m for m in recalled(ns, rig) if m["properties"].get("recall") == rid]
+    seqs = [int(m["properties"]["seq"]) for m in got]
+    assert len(seqs) == len(set(seqs)) and set(seqs) == set(held), sorted(set(seqs) ^ set(held))[:10]
+    assert len(held) >= 190, "10 s at 20 fps"

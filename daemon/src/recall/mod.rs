@@ -146,10 +146,15 @@ impl Recall {
                 protocol::MAX_PENDING
             ));
         }
+        let id = upload.id.clone();
         self.store.add(upload).map_err(|e| e.to_string())?;
         self.stats.uploads.fetch_add(1, Ordering::Relaxed);
         self.stats.pending.fetch_add(1, Ordering::Relaxed);
         self.wake.notify_one();
+        // As for a request from the control topic (skipped only if the answer queue is full).
+        let _ = self
+            .answers
+            .try_send(self.answer(protocol::State::Accepted, &id));
         Ok(())
     }
 

@@ -92,6 +92,26 @@ pub async fn run(recall: Arc<Recall>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
+/// Entries read from the spool at once: a run of consecutive seqs, up to this many bytes (a
+/// few 1080p JPEGs or one large frame) or [`RUN`] entries.
+const RUN_BYTES: u64 = 8 << 20;
+const RUN: usize = 64;
+
+/// Takes the queue's next run of consecutive seqs (at least one entry).
+fn next_run(queue: &mut VecDeque<Entry>) -> Vec<Entry> {
+    let mut run: Vec<Entry> = Vec::new();
+    let mut bytes = 0;
+    while let Some(e) = queue.front() {
+        let follows = run.last().is_none_or(|l| e.seq == l.seq + 1);
+        if !run.is_empty() && (!follows || run.len() >= RUN || bytes + e.len as u64 > RUN_BYTES) {
+            break;
+        }
+        bytes += e.len as u64;
+        run.push(queue.pop_front().expect("front"));
+    }
+    run
+}
+
 /// One request being uploaded.
 struct Request<'a> {
     recall: &'a Arc<Recall>,
@@ -167,6 +187,10 @@ impl<'a> Request<'a> {
         cfg.properties = vec![("recall".to_string(), self.p.upload.id.clone())];
         cfg.rank = crate::uplink::budget::RECALL_RANK;
         cfg.stats = None;
+        // Nothing sent under this name yet (no checkpoint counted a receipt): the topic's last
+        // message is not this producer's, so it is not probed (a second or so per source). After
+        // a restart the broker's deduplication state names the last sequence id it holds.
+        cfg.fresh = self.p.sent.frames == 0;
         let (tx, acks) = mpsc::unbounded_channel();
         let mut tx_out = Sender {
             producer: TopicProducer::spawn(cfg, tx, shutdown.clone()),
@@ -174,8 +198,10 @@ impl<'a> Request<'a> {
             outstanding: HashMap::new(),
         };
         let mut queue: VecDeque<Entry> = VecDeque::new();
-        let mut resend: VecDeque<Held> = VecDeque::new();
+        let mut ready: VecDeque<Held> = VecDeque::new();
         let mut cursor = 0u64;
+        // Queued entries' sizes in the spool (what `total` counts), until they are submitted.
+        let mut lens: HashMap<u64, u32> = HashMap::new();
         let mut scanned_all = false;
         let end = loop {
             self.receipts(i, &mut tx_out.acks, &mut tx_out.outstanding);
@@ -189,33 +215,37 @@ impl<'a> Request<'a> {
                 self.checkpoint()?;
                 recall.say_progress(self.answer(State::Progress));
             }
-            resend.extend(tx_out.producer.refresh().await);
-            // The next frame: one handed back, or the next entry of the range, read.
-            let frame = match resend.pop_front() {
-                Some(f) => Some(f),
-                None => match queue.pop_front() {
-                    Some(e) => {
-                        let (spool, s) = (recall.spool.clone(), source.clone());
-                        let read = tokio::task::spawn_blocking(move || spool.read_one(&s, e.seq))
-                            .await
-                            .expect("spool read task");
-                        match read? {
-                            Some(f) => Some(f),
-                            None => {
-                                // Evicted by the spool's own limits or quarantined since the scan.
-                                self.unreadable[i] += 1;
-                                continue;
-                            }
-                        }
+            // Frames a replaced producer gave back (a topic found partitioned) go first.
+            for f in tx_out.producer.refresh().await.into_iter().rev() {
+                ready.push_front(f);
+            }
+            // The next frame: one handed back, or the next entries of the range, read a run at
+            // a time.
+            if ready.is_empty() && !queue.is_empty() {
+                let run = next_run(&mut queue);
+                let (spool, s) = (recall.spool.clone(), source.clone());
+                let (first, n) = (run[0].seq, run.len());
+                let read = tokio::task::spawn_blocking(move || spool.read_from(&s, first, n))
+                    .await
+                    .expect("spool read task")?;
+                let mut read = read.into_iter().peekable();
+                for e in run {
+                    while read.next_if(|f| f.seq < e.seq).is_some() {}
+                    match read.next_if(|f| f.seq == e.seq) {
+                        Some(f) => ready.push_back(f),
+                        // Evicted by the spool's own limits or quarantined since the scan.
+                        None => self.unreadable[i] += 1,
                     }
-                    None => None,
-                },
-            };
+                }
+            }
+            let frame = ready.pop_front();
             if let Some(mut frame) = frame {
                 let (seq, len) = (frame.seq, frame.payload.len() as u64);
                 loop {
                     match tx_out.producer.try_submit(frame) {
                         Ok(()) => {
+                            // Counted as the spool holds it, as `total` is.
+                            let len = lens.remove(&seq).map_or(len, u64::from);
                             tx_out.outstanding.insert(seq, len);
                             break;
                         }
@@ -223,7 +253,7 @@ impl<'a> Request<'a> {
                             frame = f;
                             self.receipts(i, &mut tx_out.acks, &mut tx_out.outstanding);
                             if *shutdown.borrow() || recall.turn().cancel {
-                                resend.push_front(frame);
+                                ready.push_front(frame);
                                 break;
                             }
                             tokio::select! {
@@ -256,6 +286,7 @@ impl<'a> Request<'a> {
                     if !force && self.sent[i].contains(e.seq) {
                         self.already += 1;
                     } else {
+                        lens.insert(e.seq, e.len);
                         queue.push_back(e);
                     }
                 }

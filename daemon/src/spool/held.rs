@@ -1,12 +1,11 @@
 //! What recall (`crate::recall`) asks of the spool: the frames a source holds in a range of
-//! capture time, read from the index alone; one frame by seq; the capture time up to which frames
+//! capture time, read from the index alone; the capture time up to which frames
 //! were lost (evicted by retention or dropped by a full spool), so that a request for them is
 //! answered `partial`, never silently short; and a sled tree of its own for its records.
 
 use std::sync::Arc;
 
 use super::{Spool, SpoolError};
-use crate::payload::Held;
 
 /// One frame the index lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,16 +37,6 @@ impl Spool {
                 len: loc.len,
             })
             .collect())
-    }
-
-    /// The frame `seq` of `source`, if the spool still holds it and it reads back whole (one
-    /// that does not is quarantined and counted, as by [`Spool::read_from`]).
-    pub fn read_one(&self, source: &Arc<str>, seq: u64) -> Result<Option<Held>, SpoolError> {
-        Ok(self
-            .read_from(source, seq, 1)?
-            .into_iter()
-            .next()
-            .filter(|f| f.seq == seq))
     }
 
     /// Frames of `source` captured at or before this (ns) may have been lost (evicted or

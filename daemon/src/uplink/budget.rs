@@ -323,7 +323,7 @@ mod tests {
         a.done_waiting(1);
         assert_eq!(granted(a.ask(3, 100, t0)), 100);
         assert_eq!(rank(0, false), 0);
-        assert_eq!(rank(2, true), 12);
+        assert_eq!(rank(2, true), 13);
         assert_eq!(rank(9, true), RANKS - 1);
         // Every live rank before every backlog rank.
         assert!(rank(9, false) < rank(0, true));
