@@ -205,6 +205,17 @@ else
 fi
 echo
 
+section recall
+echo "## Recall: a range uploaded on request against replay --pulsar of the same range (issue 27)"
+echo
+# the smoke: 30 s of the camera's frames (captured in 3 s)
+if [ $QUICK = 1 ]; then
+  python3 tests/bench/recall.py --minutes 0.5 --speedup 10 --url "$URL"
+else
+  python3 tests/bench/recall.py --minutes 10 --speedup 10 --url "$URL"
+fi
+echo
+
 section jpeg
 echo "## YUYV and NV12 to JPEG, every encoder side by side (ms per frame, one core)"
 echo
