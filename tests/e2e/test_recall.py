@@ -86,7 +86,8 @@ def test_an_on_request_source_is_held_within_its_retention_and_never_published(b
 
 
 def test_retention_keys_are_checked(tmp_path):
-    """`rigd check`: a retention on a live source, a unit it does not know."""
+    """`rigd check`: a retention on a live source, a unit it does not know, a control topic that is
+    not the rig's own."""
     import subprocess
     from harness import rigd_bin
     for bad, says in [('retain-age = "2h"', "source[0].retain-age: only for upload = \"on-request\""),
@@ -97,3 +98,11 @@ def test_retention_keys_are_checked(tmp_path):
         r = subprocess.run([rigd_bin(), "check", "--config", str(p)], capture_output=True, text=True)
         assert r.returncode == 2, (bad, r.stdout, r.stderr)
         assert says in r.stdout + r.stderr, (bad, r.stdout, r.stderr)
+    # The control topic: each rig its own ({rig}), no other placeholder.
+    for topic, says in [("persistent://a/b/control", "must contain {rig}"),
+                        ("persistent://a/b/{rig}-{source}", "the only placeholder is {rig}")]:
+        p = tmp_path / "r.toml"
+        p.write_text(f'[rig]\nid = "a"\n[[source]]\nid = "c"\nkind = "synthetic-camera"\n'
+                     f'[pulsar]\ncontrol-topic = "{topic}"\n')
+        r = subprocess.run([rigd_bin(), "check", "--config", str(p)], capture_output=True, text=True)
+        assert r.returncode == 2 and f"pulsar.control-topic: {says}" in r.stdout + r.stderr, (topic, r.stdout, r.stderr)

@@ -461,3 +461,28 @@ fn every_unknown_key_and_type_error_is_reported_in_one_run() {
     assert!(p[0].starts_with("t.toml:6: source[0].fsp"), "{p:?}");
     assert!(p[1].starts_with("t.toml:7: source[0].width"), "{p:?}");
 }
+
+#[test]
+fn the_control_topic_defaults_to_the_topics_tenant_and_namespace() {
+    let mut p = PulsarConfig::default();
+    assert_eq!(
+        p.control_topic("van-07"),
+        "persistent://public/default/van-07-control"
+    );
+    p.topic = "persistent://ai/ingest/{modality}".into();
+    assert_eq!(
+        p.control_topic("van-07"),
+        "persistent://ai/ingest/van-07-control"
+    );
+    // A template whose namespace is a placeholder has no namespace to share.
+    p.topic = "persistent://ai/{rig}/{source}".into();
+    assert_eq!(
+        p.control_topic("van-07"),
+        "persistent://public/default/van-07-control"
+    );
+    p.control_topic = Some("persistent://ops/rigs/{rig}-requests".into());
+    assert_eq!(
+        p.control_topic("van-07"),
+        "persistent://ops/rigs/van-07-requests"
+    );
+}
