@@ -3,6 +3,7 @@
 official Python client (and `rigd recall` in one test); what arrived is judged by the official
 client against the spool itself, read after the rig stopped with `rigd replay --out`."""
 
+import contextlib
 import json
 import os
 import re
@@ -129,18 +130,29 @@ def spool_frames(workdir: Path, frm: int, to: int, out: Path) -> dict[int, bytes
     return frames
 
 
+@contextlib.contextmanager
+def running(tmp_path: Path, prefix: str, **cfg):
+    """A rig (`config(**cfg)`) in a namespace of its own with deduplication, started and its uplink
+    connected, and its operator; the rig is killed if the test did not stop it."""
+    ns = namespace_with_dedup(unique("recall"))
+    rig = unique(prefix)
+    d = Rigd(tmp_path, config(ns, rig, **cfg))
+    op = Operator(ns, rig)
+    try:
+        d.start()
+        d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
+        yield ns, rig, d, op
+    finally:
+        d.close()
+        op.close()
+
+
 def first_held(op: Operator) -> int:
     return op.coverage()["cam"]["held"][0]["from"]
 
 
 def test_an_exact_range_is_uploaded_once_and_repeats_and_overlaps_add_nothing(broker, tmp_path):
-    ns = namespace_with_dedup(unique("recall"))
-    rig = unique("rq")
-    d = Rigd(tmp_path, config(ns, rig))
-    op = Operator(ns, rig)
-    try:
-        d.start()
-        d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
+    with running(tmp_path, "rq") as (ns, rig, d, op):
         time.sleep(14)
         t0 = first_held(op)
         # Nothing of the on-request camera was published live.
@@ -173,9 +185,6 @@ def test_an_exact_range_is_uploaded_once_and_repeats_and_overlaps_add_nothing(br
         assert 0 < over["sent"]["frames"] < over["total"]["frames"], over
         # Gps went on live throughout.
         assert d.stop() == 0
-    finally:
-        d.close()
-        op.close()
     got = recalled(ns, rig)
     by_id: dict[str, list[dict]] = {}
     for m in got:
@@ -195,13 +204,7 @@ def test_an_exact_range_is_uploaded_once_and_repeats_and_overlaps_add_nothing(br
 
 
 def test_a_range_no_longer_held_is_answered_partial(broker, tmp_path):
-    ns = namespace_with_dedup(unique("recall"))
-    rig = unique("rp")
-    d = Rigd(tmp_path, config(ns, rig, retain='retain-age = "5s"'))
-    op = Operator(ns, rig)
-    try:
-        d.start()
-        d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
+    with running(tmp_path, "rp", retain='retain-age = "5s"') as (ns, rig, d, op):
         start_ns = time.time_ns()
         time.sleep(10)
         held_from = first_held(op)
@@ -218,9 +221,6 @@ def test_a_range_no_longer_held_is_answered_partial(broker, tmp_path):
         m = re.search(r'rigd_retention_evicted_total\{[^}]*source="cam"[^}]*\} (\d+)', metrics)
         assert m and int(m.group(1)) > 0
         assert d.stop() == 0
-    finally:
-        d.close()
-        op.close()
     got = recalled(ns, rig)
     assert got and all(held_from <= int(m["properties"]["capture-ns"]) < held_from + 2 * S for m in got)
 
@@ -228,14 +228,8 @@ def test_a_range_no_longer_held_is_answered_partial(broker, tmp_path):
 def test_kill9_mid_upload_then_restart_leaves_the_range_once(broker, tmp_path):
     """Under a 2 MiB/s budget a 24 MB range takes ~12 s: kill -9 once it is under way, restart,
     and the topic holds each frame of the range once (the sent record and broker dedup)."""
-    ns = namespace_with_dedup(unique("recall"))
-    rig = unique("rk")
-    d = Rigd(tmp_path, config(ns, rig, fps=20, frame_bytes=200_000,
-                                    pulsar_extra='max-bandwidth = "16mbit"'))
-    op = Operator(ns, rig)
-    try:
-        d.start()
-        d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
+    with running(tmp_path, "rk", fps=20, frame_bytes=200_000,
+                 pulsar_extra='max-bandwidth = "16mbit"') as (ns, rig, d, op):
         time.sleep(9)
         t0 = first_held(op)
         frm, to = t0 + 1 * S, t0 + 7 * S
@@ -254,9 +248,6 @@ def test_kill9_mid_upload_then_restart_leaves_the_range_once(broker, tmp_path):
         done = op.wait(rid, timeout=90)
         assert done["state"] == "done", done
         assert d.stop() == 0
-    finally:
-        d.close()
-        op.close()
     held = spool_frames(tmp_path, frm, to, tmp_path / "out")
     seqs = [int(m["properties"]["seq"]) for m in recalled(ns, rig)]
     dups = len(seqs) - len(set(seqs))
@@ -302,13 +293,7 @@ class RigCut(LoopbackQdisc):
 
 
 def test_a_request_sent_during_a_cut_completes_after_the_link_returns(broker, tmp_path):
-    ns = namespace_with_dedup(unique("recall"))
-    rig = unique("rc")
-    d = Rigd(tmp_path, config(ns, rig))
-    op = Operator(ns, rig)
-    try:
-        d.start()
-        d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
+    with running(tmp_path, "rc") as (ns, rig, d, op):
         time.sleep(6)
         t0 = first_held(op)
         with RigCut(d.proc.pid):
@@ -320,9 +305,6 @@ def test_a_request_sent_during_a_cut_completes_after_the_link_returns(broker, tm
         done = op.wait(rid, timeout=90)
         assert done["state"] == "done" and done["sent"]["frames"] > 0, done
         assert d.stop() == 0
-    finally:
-        d.close()
-        op.close()
     held = spool_frames(tmp_path, t0 + 1 * S, t0 + 4 * S, tmp_path / "out")
     seqs = [int(m["properties"]["seq"]) for m in recalled(ns, rig)]
     assert sorted(seqs) == sorted(held)
@@ -330,13 +312,7 @@ def test_a_request_sent_during_a_cut_completes_after_the_link_returns(broker, tm
 
 
 def test_bad_requests_are_rejected_with_the_reason_and_the_rig_goes_on(broker, tmp_path):
-    ns = namespace_with_dedup(unique("recall"))
-    rig = unique("rb")
-    d = Rigd(tmp_path, config(ns, rig))
-    op = Operator(ns, rig)
-    try:
-        d.start()
-        d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="uplink connected")
+    with running(tmp_path, "rb") as (ns, rig, d, op):
         now = time.time_ns()
         cases = {
             "malformed": b'{"op": "upload", "id": "m1", ',
@@ -375,9 +351,6 @@ def test_bad_requests_are_rejected_with_the_reason_and_the_rig_goes_on(broker, t
         s = d.status()
         assert s["recall"]["pending"] == 64, s["recall"]
         assert d.stop() == 0
-    finally:
-        d.close()
-        op.close()
     assert_once_each(received_seqs(f"persistent://{ns}/{rig}-gps"), "gps")
 
 
@@ -385,15 +358,9 @@ def test_a_marker_uploads_exactly_the_window_around_it(broker, tmp_path):
     """A technician's marker with 5 s before and 5 s after (POST /api/events): the window
     [mark - 5 s, mark + 5 s) of the on-request camera arrives, exactly the spool's frames of it,
     the part after the marker as it is captured."""
-    ns = namespace_with_dedup(unique("recall"))
-    rig = unique("rm")
     (tmp_path / "web.token").write_text("tok-recall\n")
-    d = Rigd(tmp_path, config(ns, rig, web_extra=f'token-file = "{tmp_path / "web.token"}"'))
-    op = Operator(ns, rig)
-    try:
-        d.start()
-        d.wait_for(lambda s: s["uplink"]["connected"] and s.get("recall", {}).get("connected"),
-                   timeout=60, what="uplink and recall connected")
+    with running(tmp_path, "rm", web_extra=f'token-file = "{tmp_path / "web.token"}"') as (ns, rig, d, op):
+        d.wait_for(lambda s: s.get("recall", {}).get("connected"), timeout=60, what="recall connected")
         time.sleep(7)
         req = urllib.request.Request(d.url("/api/events"), method="POST", data=json.dumps(
             {"note": "hard brake", "upload": {"before_s": 5, "after_s": 5}}).encode(),
@@ -406,9 +373,6 @@ def test_a_marker_uploads_exactly_the_window_around_it(broker, tmp_path):
         done = op.wait(rid, timeout=60)
         assert done["state"] == "done" and done["sent"]["frames"] > 150, done
         assert d.stop() == 0
-    finally:
-        d.close()
-        op.close()
     held = spool_frames(tmp_path, mark - 5 * S, mark + 5 * S, tmp_path / "out")
     got = [m for m in recalled(ns, rig) if m["properties"].get("recall") == rid]
     seqs = [int(m["properties"]["seq"]) for m in got]

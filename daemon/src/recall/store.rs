@@ -55,6 +55,18 @@ impl Store {
         }
     }
 
+    /// The counter at `key`, counted up by one (the first is 1).
+    fn next(&self, key: &str) -> Result<u64, SpoolError> {
+        let read = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+        Ok(self
+            .tree
+            .update_and_fetch(key, |v| {
+                Some((v.map_or(0, read) + 1).to_le_bytes().to_vec())
+            })
+            .map_err(self.err())?
+            .map_or(0, |b| read(&b)))
+    }
+
     fn flush(&self) -> Result<(), SpoolError> {
         self.spool.flush_index()
     }
@@ -77,16 +89,7 @@ impl Store {
 
     /// Records a newly accepted upload, durably (before its message is acknowledged).
     pub fn add(&self, upload: Upload) -> Result<Pending, SpoolError> {
-        let arrival = self
-            .tree
-            .update_and_fetch("next", |v| {
-                let n = v.map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
-                Some((n + 1).to_le_bytes().to_vec())
-            })
-            .map_err(self.err())?
-            .map_or(0, |b| {
-                u64::from_le_bytes(b.as_ref().try_into().unwrap_or_default())
-            });
+        let arrival = self.next("next")?;
         let p = Pending {
             arrival,
             upload,
@@ -129,16 +132,7 @@ impl Store {
         answer: &Answer,
         sent: &[(&str, &SeqSet)],
     ) -> Result<(), SpoolError> {
-        let order = self
-            .tree
-            .update_and_fetch("fin-next", |v| {
-                let n = v.map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
-                Some((n + 1).to_le_bytes().to_vec())
-            })
-            .map_err(self.err())?
-            .map_or(0, |b| {
-                u64::from_le_bytes(b.as_ref().try_into().unwrap_or_default())
-            });
+        let order = self.next("fin-next")?;
         let mut batch = sled::Batch::default();
         if let Some(a) = arrival {
             batch.remove(q_key(a).as_bytes());
@@ -185,5 +179,75 @@ impl Store {
             .map_err(self.err())?
             .and_then(|v| serde_json::from_slice(&v).ok())
             .unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ByteSize, SpoolConfig};
+    use crate::recall::protocol::State;
+
+    fn upload(id: &str) -> Upload {
+        Upload {
+            id: id.into(),
+            sources: vec!["cam".into()],
+            from: 1,
+            to: 2,
+            force: false,
+        }
+    }
+
+    #[test]
+    fn requests_checkpoints_and_ends_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = SpoolConfig {
+            path: dir.path().join("spool"),
+            free_reserve: ByteSize(0),
+            ..Default::default()
+        };
+        let spool = Spool::open(&cfg).unwrap();
+        let store = Store::open(spool.clone()).unwrap();
+        let mut a = store.add(upload("a")).unwrap();
+        store.add(upload("b")).unwrap();
+        a.sent = Counts {
+            frames: 3,
+            bytes: 30,
+        };
+        let mut sent = SeqSet::default();
+        sent.insert_run(10, 13);
+        store.checkpoint(&a, &[("cam", &sent)]).unwrap();
+        drop(store);
+        spool.close().unwrap();
+        drop(spool);
+
+        let spool = Spool::open(&cfg).unwrap();
+        let store = Store::open(spool).unwrap();
+        let pending = store.pending().unwrap();
+        assert_eq!(
+            pending
+                .iter()
+                .map(|p| p.upload.id.as_str())
+                .collect::<Vec<_>>(),
+            ["a", "b"],
+            "in arrival order"
+        );
+        assert_eq!(pending[0].sent.frames, 3);
+        assert_eq!(store.sent("cam").unwrap(), sent);
+        let done = Answer::new("a", "van", State::Done, 5);
+        sent.insert(13);
+        store
+            .finish(Some(pending[0].arrival), &done, &[("cam", &sent)])
+            .unwrap();
+        assert_eq!(store.pending().unwrap().len(), 1);
+        assert_eq!(store.finished("a").unwrap(), Some(done));
+        assert_eq!(store.sent("cam").unwrap().len(), 4);
+        // Only the last KEEP_FINISHED final answers are kept.
+        for i in 0..KEEP_FINISHED {
+            let a = Answer::new(&format!("x{i}"), "van", State::Done, 5);
+            store.finish(None, &a, &[]).unwrap();
+        }
+        assert_eq!(store.finished("a").unwrap(), None);
+        assert!(store.finished("x0").unwrap().is_some());
     }
 }
