@@ -5,7 +5,6 @@ client against the spool itself, read after the rig stopped with `rigd replay --
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import threading
@@ -15,10 +14,9 @@ import uuid
 from pathlib import Path
 
 import pulsar
-import pytest
 
-from harness import (BROKER_URL, LoopbackQdisc, Rigd, assert_once_each, consume, namespace_with_dedup,
-                     received_seqs, rigd_bin, unique)
+from harness import (BROKER_URL, LoopbackQdisc, Rigd, assert_once_each, check_synthetic_jpeg, consume,
+                     namespace_with_dedup, received_seqs, rigd_bin, unique)
 
 S = 1_000_000_000
 
@@ -378,3 +376,29 @@ def test_a_marker_uploads_exactly_the_window_around_it(broker, tmp_path):
     seqs = [int(m["properties"]["seq"]) for m in got]
     assert len(seqs) == len(set(seqs)) and set(seqs) == set(held), sorted(set(seqs) ^ set(held))[:10]
     assert len(held) >= 190, "10 s at 20 fps"
+
+
+def test_with_encryption_a_recalled_range_is_as_encrypted_as_live(broker, tmp_path):
+    """End-to-end encryption on: the spool holds the on-request camera's frames sealed, and the
+    recalled range reaches the topic as live frames do: the official consumer with the fleet's
+    private key decrypts every frame to its JPEG, one without it gets nothing."""
+    from test_encryption import fleet_key
+    pub, priv = fleet_key(tmp_path)
+    keys = f'encryption-key-file = "{pub}"\nencryption-key-name = "fleet-2026"'
+    with running(tmp_path, "re", pulsar_extra=keys) as (ns, rig, d, op):
+        time.sleep(6)
+        t0 = first_held(op)
+        rid = op.upload(t0 + 1 * S, t0 + 4 * S)
+        done = op.wait(rid)
+        assert done["state"] == "done" and done["sent"]["frames"] >= 50, done
+        assert d.stop() == 0
+    topic = f"persistent://{ns}/{rig}-cam"
+    plain = consume(BROKER_URL, [topic], idle_timeout_s=5, consumer_type=pulsar.ConsumerType.Exclusive,
+                    crypto_key_reader=pulsar.CryptoKeyReader(str(pub), str(priv)))
+    seqs = [int(m["properties"]["seq"]) for m in plain]
+    assert len(seqs) == len(set(seqs)) == done["sent"]["frames"], (len(seqs), done)
+    for m in plain:
+        assert m["properties"]["recall"] == rid
+        check_synthetic_jpeg(m["payload"])
+        assert t0 + 1 * S <= int(m["properties"]["capture-ns"]) < t0 + 4 * S
+    assert consume(BROKER_URL, [topic], idle_timeout_s=4) == [], "nothing for a consumer without the key"
