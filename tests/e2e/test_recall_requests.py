@@ -181,16 +181,19 @@ def test_an_exact_range_is_uploaded_once_and_repeats_and_overlaps_add_nothing(br
         over = op.wait(rid3)
         assert over["state"] == "done", over
         assert 0 < over["sent"]["frames"] < over["total"]["frames"], over
-        # Gps went on live throughout.
+        # `force`: the first range again, on purpose, all of it.
+        rid4 = op.upload(a_from, a_to, force=True)
+        forced = op.wait(rid4)
+        assert forced["state"] == "done" and forced["sent"]["frames"] == first["total"]["frames"], forced
         assert d.stop() == 0
     got = recalled(ns, rig)
     by_id: dict[str, list[dict]] = {}
     for m in got:
         by_id.setdefault(m["properties"].get("recall"), []).append(m)
-    assert set(by_id) == {rid1, rid3}, f"only the two requests that had frames to send: {set(by_id)}"
+    assert set(by_id) == {rid1, rid3, rid4}, f"only the requests that had frames to send: {set(by_id)}"
     held1 = spool_frames(tmp_path, a_from, a_to, tmp_path / "r1")
     held3 = spool_frames(tmp_path, a_to, t0 + 10 * S, tmp_path / "r3")
-    for rid, held in ((rid1, held1), (rid3, held3)):
+    for rid, held in ((rid1, held1), (rid3, held3), (rid4, held1)):
         seqs = [int(m["properties"]["seq"]) for m in by_id[rid]]
         assert len(seqs) == len(set(seqs)), f"{rid}: duplicates"
         assert set(seqs) == set(held), f"{rid}: {sorted(set(seqs) ^ set(held))[:10]} differ from the spool"

@@ -325,6 +325,8 @@ mod tests {
         assert_eq!(rank(0, false), 0);
         assert_eq!(rank(2, true), 13);
         assert_eq!(rank(9, true), RANKS - 1);
+        // Every live frame before any recall, every recall before any backlog.
+        assert!(rank(9, false) < RECALL_RANK && RECALL_RANK < rank(0, true));
         // Every live rank before every backlog rank.
         assert!(rank(9, false) < rank(0, true));
     }

@@ -4,6 +4,12 @@
 // latency from sendAsync to its completion. (pulsar-perf itself, org.apache.pulsar:pulsar-testclient,
 // is not served by the Maven Central this project can reach.)
 //
+// Each message is what rigd sends for a frame (SPEC.md "Pulsar wire format"): key = the 33 ms
+// bucket of its capture time, event time, the nine properties of a binary serial record, and with
+// batching the key-based batcher (a batch never mixes keys, as rigd's: Key_Shared consumers stay
+// correct). Before 2026-12-04 the anchor sent bare payloads into key-mixing batches, which is not
+// the same work (docs/PERFORMANCE.md "The uplink bench as medians").
+//
 // usage: JavaProducer SERVICE_URL TOPIC_PREFIX MAX_PENDING SIZE:COUNT:BATCHING(true|false)...
 // One row per SIZE:COUNT:BATCHING, each a producer of its own on TOPIC_PREFIX-SIZE-BATCHING, all in
 // one JVM and client (its start is seconds, more than a smoke row's sends); one JSON line per row:
@@ -12,6 +18,7 @@ import java.util.Arrays;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import org.apache.pulsar.client.api.BatcherBuilder;
 import org.apache.pulsar.client.api.CompressionType;
 import org.apache.pulsar.client.api.Producer;
 import org.apache.pulsar.client.api.PulsarClient;
@@ -35,6 +42,7 @@ public class JavaProducer {
         Producer<byte[]> producer = client.newProducer()
                 .topic(topic)
                 .enableBatching(batching)
+                .batcherBuilder(BatcherBuilder.KEY_BASED)
                 .batchingMaxPublishDelay(1, TimeUnit.MILLISECONDS)
                 .enableChunking(!batching)
                 .compressionType(CompressionType.NONE)
@@ -52,7 +60,22 @@ public class JavaProducer {
             window.acquire();
             final int idx = i;
             final long t0 = System.nanoTime();
-            producer.sendAsync(payload).whenComplete((id, err) -> {
+            long captureNs = System.currentTimeMillis() * 1_000_000L;
+            long bucket = captureNs / 1_000_000L / 33;
+            producer.newMessage()
+                    .key(Long.toString(bucket))
+                    .eventTime(captureNs / 1_000_000L)
+                    .property("rig", "bench")
+                    .property("source", "bench")
+                    .property("modality", "serial")
+                    .property("seq", Integer.toString(i))
+                    .property("capture-ns", Long.toString(captureNs))
+                    .property("bucket", Long.toString(bucket))
+                    .property("bucket-ms", "33")
+                    .property("clock", "unsynced")
+                    .property("content-type", "application/octet-stream")
+                    .value(payload)
+                    .sendAsync().whenComplete((id, err) -> {
                 latNs[idx] = System.nanoTime() - t0;
                 if (err != null) failed.incrementAndGet();
                 window.release();
