@@ -276,7 +276,7 @@ pub struct RecallStatus {
     pub rejected: u64,
     /// Of `rejected`, by reason kind (`malformed`, `bad-range`, ...).
     pub rejected_by_reason: BTreeMap<String, u64>,
-    /// Frames (and their payload bytes) uploaded with a broker receipt since start.
+    /// Frames (and their bytes as the spool holds them) uploaded with a broker receipt since start.
     pub frames_sent: u64,
     pub bytes_sent: u64,
     /// The last failure of the control topic's link or of an upload (it is retried).

@@ -453,7 +453,7 @@ fn recall(e: &mut Exposition, r: Option<&RecallStatus>) {
     e.single(
         "rigd_recall_bytes_total",
         "counter",
-        "Payload bytes of the frames recall uploaded with a broker receipt.",
+        "Bytes (as the spool holds them) of the frames recall uploaded with a broker receipt.",
         r.map(|r| r.bytes_sent as f64),
     );
     e.single(
