@@ -122,6 +122,9 @@ struct Request<'a> {
     already: u64,
     unreadable: Vec<u64>,
     checkpointed: Instant,
+    /// `(sent, total)` as the last checkpoint and progress answer said them: nothing is written
+    /// or answered again while they stand still (a request waiting for the link).
+    said: (Counts, Counts),
 }
 
 /// One source's producer for the request, and what it holds.
@@ -143,6 +146,7 @@ impl<'a> Request<'a> {
             already: 0,
             unreadable: vec![0; n],
             checkpointed: Instant::now(),
+            said: Default::default(),
         }
     }
 
@@ -211,9 +215,10 @@ impl<'a> Request<'a> {
             if recall.turn().cancel {
                 break End::Cancelled;
             }
-            if self.checkpointed.elapsed() >= CHECKPOINT {
+            if self.checkpointed.elapsed() >= CHECKPOINT && (self.p.sent, self.total) != self.said {
                 self.checkpoint()?;
                 recall.say_progress(self.answer(State::Progress));
+                self.said = (self.p.sent, self.total);
             }
             // Frames a replaced producer gave back (a topic found partitioned) go first.
             for f in tx_out.producer.refresh().await.into_iter().rev() {
