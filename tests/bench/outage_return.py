@@ -13,18 +13,30 @@ through the same outage: one rig each, a 100 Hz serial source, so a receipt foll
 of the uplink being back. "First receipt" is the first rise of the source's `published` count
 (polled every 20 ms) after the outage. Medians of `--rounds` rounds with the spread.
 
+Beside them, the official Java client (`--java`, on when its jars and a JDK are here;
+tests/bench/java/OutageProducer.java): a producer on a topic of its own in the same namespace,
+sendAsync every 10 ms, sendTimeout 0, blockIfQueueFull, the client's default backoff (100 ms
+doubling to 60 s); `--java-max-backoff MS` adds one more with maxBackoffInterval MS. Its first
+receipt is the first completed send after the outage (the JVM's own clock, ms), from the same
+moment as rigd's. `--keep-logs DIR` keeps each contestant's log (rigd: RIGD_LOG, e.g.
+`info,rigd=debug`; Java: the client's INFO log) for reading the gap afterwards.
+
 Needs root (tc). Runs a broker of its own on ports 6950-6952, never the test broker, and stops it;
 or, with `--port P`, shapes the broker on P that the caller started for it (`silent` only).
 Usage: tests/bench/outage_return.py [--quick] [--outages 40,120] [--kinds silent,down] [--rounds 3]
-                                   [--rigd BIN] [--rigd-before BIN] [--port P]"""
+                                   [--rigd BIN] [--rigd-before BIN] [--port P]
+                                   [--java | --no-java] [--java-max-backoff MS] [--keep-logs DIR]"""
 
 import argparse
+import bisect
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -120,29 +132,159 @@ def published(d: Rigd) -> int:
     return d.status()["sources"][0]["published"]
 
 
+class RigdContestant:
+    """A rigd: its mark is the source's `published` count; a receipt is the count rising (seen by
+    polling, so at the poll's time)."""
+
+    def __init__(self, d: Rigd):
+        self.d = d
+
+    def wait_publishing(self):
+        self.d.wait_for(lambda s: s["uplink"]["connected"] and s["sources"][0]["published"] > 0, timeout=120,
+                        what="publishing")
+
+    def mark(self):
+        return published(self.d)
+
+    def receipt_after(self, mark):
+        return time.time() if published(self.d) > mark else None
+
+    def close(self):
+        self.d.stop()
+        self.d.close()
+
+    def log(self) -> str:
+        return self.d.log()
+
+
+# The Java client's log (INFO: connections, lookups, producers) on stderr with ms timestamps.
+JAVA_LOG4J = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="warn">
+  <Appenders><Console name="err" target="SYSTEM_ERR">
+    <PatternLayout pattern="%d{yyyy-MM-dd'T'HH:mm:ss.SSS} [%t] %-5level %logger{36} - %msg%n"/>
+  </Console></Appenders>
+  <Loggers><Root level="info"><AppenderRef ref="err"/></Root></Loggers>
+</Configuration>
+"""
+
+
+def java_lib() -> Path:
+    """The broker's jar dir as tests/pulsar/broker.sh caches it (pulsar-client-original among them)."""
+    cache = os.environ.get("PULSAR_CACHE_DIR") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rigd-pulsar")
+    return Path(cache) / os.environ.get("PULSAR_VERSION", "3.0.7") / "lib"
+
+
+def java_home() -> Path:
+    return Path(os.environ.get("JAVA_HOME") or "/usr/lib/jvm/java-17-openjdk-amd64")
+
+
+def java_available() -> bool:
+    return (java_lib().parent / "lib.ok").exists() and (java_home() / "bin" / "javac").exists()
+
+
+def java_compile() -> Path:
+    """tests/bench/java/OutageProducer.java into target/bench-java (as tests/bench/run.sh does)."""
+    out = ROOT / "target" / "bench-java"
+    src = ROOT / "tests" / "bench" / "java" / "OutageProducer.java"
+    cls = out / "OutageProducer.class"
+    if not cls.exists() or cls.stat().st_mtime < src.stat().st_mtime:
+        out.mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(java_home() / "bin" / "javac"), "-d", str(out), "-cp", f"{java_lib()}/*", str(src)],
+                       check=True)
+    return out
+
+
+class JavaContestant:
+    """The official Java client (OutageProducer): its mark is a time; a receipt is the first send
+    completed after it, at the completion's own time (epoch ms from the JVM, the same clock)."""
+
+    def __init__(self, workdir: Path, topic: str, max_backoff_ms=None):
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "log4j2.xml").write_text(JAVA_LOG4J)
+        self.log_path = workdir / "java.log"
+        self.acks: list[float] = []
+        self.errors: list[str] = []
+        cmd = [str(java_home() / "bin" / "java"), "-Xmx256m", f"-Dlog4j2.configurationFile={workdir / 'log4j2.xml'}",
+               "-cp", f"{java_compile()}:{java_lib()}/*", "OutageProducer", os.environ["PULSAR_URL"], topic]
+        if max_backoff_ms is not None:
+            cmd.append(str(max_backoff_ms))
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            word, _, rest = line.strip().partition(" ")
+            if word == "ack":
+                self.acks.append(int(rest) / 1000)  # in order: one printer, the JVM's clock
+            elif word == "err":
+                self.errors.append(rest)
+
+    def wait_publishing(self, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the Java producer exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            if self.acks and time.time() - self.acks[-1] < 1.0:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the Java producer not publishing after {timeout} s:\n{self.log()[-4000:]}")
+
+    def mark(self):
+        return time.time()
+
+    def receipt_after(self, mark):
+        i = bisect.bisect_right(self.acks, mark)
+        return self.acks[i] if i < len(self.acks) else None
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.errors:
+            print(f"  the Java producer failed {len(self.errors)} sends, first: {self.errors[0]}", file=sys.stderr)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
 def back_after(rigs: dict, since: float, deadline_s: float = 120, base=None) -> dict:
-    """Seconds from `since` to each rig's first receipt after the counts `base` (None: not within
-    the deadline; a receipt before `since` counts as 0)."""
-    base = base or {name: published(d) for name, d in rigs.items()}
+    """Seconds from `since` to each contestant's first receipt after its mark `base` (None: not
+    within the deadline; a receipt before `since` counts as 0)."""
+    base = base or {name: d.mark() for name, d in rigs.items()}
     out = {}
     while len(out) < len(rigs) and time.time() - since < deadline_s:
         for name, d in rigs.items():
-            if name not in out and published(d) > base[name]:
-                out[name] = max(0.0, time.time() - since)
+            if name not in out:
+                at = d.receipt_after(base[name])
+                if at is not None:
+                    out[name] = max(0.0, at - since)
         time.sleep(0.02)
     return {name: out.get(name) for name in rigs}
 
 
+def utc(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
 def one_round(kind: str, outage_s: float, rigs: dict, link: Cut) -> dict:
     for d in rigs.values():
-        d.wait_for(lambda s: s["uplink"]["connected"] and s["sources"][0]["published"] > 0, timeout=120,
-                   what="publishing")
+        d.wait_publishing()
     if kind == "silent":
         link.cut()
         time.sleep(outage_s)
         # The base counts are read before the restore: nothing is received while the link is cut.
         rigs_base_taken = time.time()
         link.restore()
+        print(f"  restored at {utc(rigs_base_taken)}", file=sys.stderr)
         return back_after(rigs, rigs_base_taken)
     broker("stop")
     time.sleep(outage_s)
@@ -151,12 +293,12 @@ def one_round(kind: str, outage_s: float, rigs: dict, link: Cut) -> dict:
     while not accepts():
         time.sleep(0.02)
     t_accept = time.time()
-    base = {name: published(d) for name, d in rigs.items()}
+    base = {name: d.mark() for name, d in rigs.items()}
     t_answer = answers_at()
     r = back_after(rigs, t_answer, base=base)
     starting.wait(timeout=120)
-    print(f"  the port took connections {t_answer - t_accept:.1f} s before the broker answered CONNECT",
-          file=sys.stderr)
+    print(f"  the port took connections {t_answer - t_accept:.1f} s before the broker answered CONNECT"
+          f" ({utc(t_accept)}, then {utc(t_answer)})", file=sys.stderr)
     return r
 
 
@@ -170,10 +312,21 @@ def main():
     ap.add_argument("--rigd-before", help="another build, run side by side through the same outages")
     ap.add_argument("--logs", action="store_true", help="print each rig's uplink log lines at the end")
     ap.add_argument("--port", type=int, help="the broker to shape (started by the caller); silent outages only")
+    ap.add_argument("--java", action=argparse.BooleanOptionalAction, default=None,
+                    help="the official Java client beside rigd (default: on when its jars and JAVA_HOME are here)")
+    ap.add_argument("--java-max-backoff", type=int, metavar="MS",
+                    help="one more Java producer, with the client's maxBackoffInterval at MS")
+    ap.add_argument("--keep-logs", metavar="DIR", help="copy each contestant's log to DIR at the end")
     a = ap.parse_args()
     outages = [5.0] if a.quick else [float(x) for x in a.outages.split(",")]
     rounds = 1 if a.quick else a.rounds
     bins = {"after": a.rigd, **({"before": a.rigd_before} if a.rigd_before else {})}
+    java = java_available() if a.java is None else a.java
+    javas = {"java": None, **({f"java-{a.java_max_backoff}ms": a.java_max_backoff}
+                              if a.java_max_backoff is not None else {})} if java else {}
+    if java:
+        java_compile()
+    names = [*bins, *javas]
     kinds = a.kinds.split(",") if OWN_BROKER else ["silent"]
     if OWN_BROKER:
         broker("start")
@@ -183,8 +336,11 @@ def main():
             rigs = {}
             ns = namespace_with_dedup(unique("bench-outage"))
             for name, binary in bins.items():
-                os.environ["RIGD_BIN"] = binary
-                rigs[name] = Rigd(Path(tmp) / name, config(ns, unique(f"out-{name}"))).start()
+                os.environ["RIGD_BIN"] = os.path.abspath(binary)  # each rig runs in a directory of its own
+                rigs[name] = RigdContestant(Rigd(Path(tmp) / name, config(ns, unique(f"out-{name}"))).start())
+            for name, max_backoff in javas.items():
+                rigs[name] = JavaContestant(Path(tmp) / name, f"persistent://{ns}/{unique(f'out-{name}')}",
+                                            max_backoff)
             try:
                 for outage in outages:
                     for kind in kinds:
@@ -197,11 +353,16 @@ def main():
                                 results.setdefault((outage, kind, n), []).append(v)
             finally:
                 for name, d in rigs.items():
-                    d.stop()
                     d.close()
                     if a.logs:
-                        lines = [line for line in d.log().splitlines() if "uplink" in line]
+                        lines = [line for line in d.log().splitlines() if "uplink" in line or "pulsar" in line]
                         print(f"== {name}\n" + "\n".join(lines[-30:]), file=sys.stderr)
+                    if a.keep_logs:
+                        Path(a.keep_logs).mkdir(parents=True, exist_ok=True)
+                        (Path(a.keep_logs) / f"{name}.log").write_text(d.log())
+                if a.keep_logs and OWN_BROKER:
+                    for f in (Path(BROKER_ENV["PULSAR_DATA"]) / "logs").glob("pulsar.log*"):
+                        shutil.copy(f, Path(a.keep_logs) / f"broker-{f.name}")
     finally:
         if OWN_BROKER:
             broker("stop")
@@ -213,13 +374,13 @@ def main():
             return f"not back within 120 s in {sum(x is None for x in xs)} of {len(xs)}"
         return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
-    print("| outage | kind | " + " | ".join(f"{n}: s to the first receipt, median (min-max)" for n in bins)
+    print("| outage | kind | " + " | ".join(f"{n}: s to the first receipt, median (min-max)" for n in names)
           + " | rounds |")
-    print("|---|---|" + "---|" * len(bins) + "---|")
+    print("|---|---|" + "---|" * len(names) + "---|")
     for outage in outages:
         for kind in kinds:
             print(f"| {outage:.0f} s | {kind} | "
-                  + " | ".join(cell(results.get((outage, kind, n), [])) for n in bins) + f" | {rounds} |")
+                  + " | ".join(cell(results.get((outage, kind, n), [])) for n in names) + f" | {rounds} |")
 
 
 if __name__ == "__main__":
