@@ -127,6 +127,43 @@ pub fn resend(
     }
 }
 
+/// After a reconnect of the same process: whether a frame cut into `chunks` chunks, of which
+/// `receipts` have a receipt and `written` were written on the lost connection, goes out whole
+/// again under the next generation (new ids and uuid) instead of resuming at its first chunk
+/// without a receipt.
+///
+/// A chunk written but not receipted may be stored. Sent again under the same id, the broker's
+/// deduplication drops a chunk other than the first only when its id is below the highest it has
+/// pushed, not equal to it: the last stored chunk would reach consumers twice under one uuid, and a
+/// consumer that sees a chunk id twice drops the whole frame (the loss seen around topic moves).
+/// So whenever chunks were in flight, the frame goes again under a uuid nobody has seen, unless the
+/// broker's `last` (highest pushed id) says none of it arrived (below its first chunk: resuming is
+/// exact) or all of it did (at or past its last chunk: every resent chunk is dropped and receipted,
+/// and the only one the broker might let through is the last, which a consumer that completed the
+/// frame ignores). Safe both ways: the old generation's last chunk was never pushed, so that uuid
+/// never completes, and no chunk id above the broker's highest is reused.
+pub fn whole_again(
+    seq: u64,
+    generation: u64,
+    chunks: usize,
+    receipts: usize,
+    written: usize,
+    last: Option<u64>,
+) -> bool {
+    if chunks < 2 || written <= receipts || generation >= MAX_GENERATION {
+        return false;
+    }
+    match last {
+        Some(last) => {
+            let first = sequence_id(seq, generation, 0);
+            let end = sequence_id(seq, generation, chunks - 1);
+            (first..end).contains(&last)
+        }
+        // The broker keeps no deduplication state for the name: nothing says what arrived.
+        None => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +198,26 @@ mod tests {
         assert_eq!(sequence_id(1, 99, 0), sequence_id(1, MAX_GENERATION, 0));
         // 64-bit everywhere: capture sequences far beyond 2^32 still map one to one.
         assert_eq!(capture_seq(sequence_id(1 << 40, 1, 0)), 1 << 40);
+    }
+
+    #[test]
+    fn a_reconnect_with_chunks_in_flight_sends_the_frame_whole_under_a_new_uuid_unless_the_broker_says_exactly(
+    ) {
+        let id = |chunk| sequence_id(7, 0, chunk);
+        // Chunk 0 receipted, chunks 1 and 2 written: the broker pushed chunk 1 (receipt lost).
+        assert!(whole_again(7, 0, 4, 1, 3, Some(id(1))));
+        assert!(whole_again(7, 0, 4, 1, 3, Some(id(0))));
+        // No deduplication state: nothing says which chunks arrived.
+        assert!(whole_again(7, 0, 4, 1, 3, None));
+        // The broker has none of it, or all of it: the same ids are exact.
+        assert!(!whole_again(7, 0, 4, 0, 2, Some(sequence_id(6, 0, 0))));
+        assert!(!whole_again(7, 0, 4, 1, 4, Some(id(3))));
+        assert!(!whole_again(7, 0, 4, 1, 4, Some(sequence_id(8, 0, 0))));
+        // Nothing was in flight (written = receipted): the rest follows under the same uuid.
+        assert!(!whole_again(7, 0, 4, 2, 2, Some(id(1))));
+        // Not chunked, or no generation left.
+        assert!(!whole_again(7, 0, 1, 0, 1, None));
+        assert!(!whole_again(7, MAX_GENERATION, 4, 1, 3, None));
     }
 
     #[test]

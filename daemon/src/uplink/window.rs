@@ -250,15 +250,31 @@ impl Window {
         // The broker took a producer on the topic: whatever terminated it earlier (an operator
         // deleted and recreated it) no longer holds.
         self.terminated = None;
+        let last = broker_last.map(|b| b.sequence_id);
         let mut i = 0;
         while i < self.messages.len() {
             let max_chunk = self.chunk_limit(max_message_size, &self.messages[i].envelope);
             let max_piece = self.broker_limit(max_message_size, &self.messages[i].envelope);
             let m = &mut self.messages[i];
+            let in_flight = m.written;
             m.written = m.receipts;
             i += 1;
             if !m.sending() {
                 continue;
+            }
+            if plan::whole_again(
+                m.frame.seq,
+                m.generation,
+                m.chunks.len(),
+                m.receipts,
+                in_flight,
+                last,
+            ) {
+                // Chunks were in flight and the broker may hold some: the frame goes out whole
+                // under a uuid nobody has seen ([`plan::whole_again`]).
+                m.generation += 1;
+                m.receipts = 0;
+                m.written = 0;
             }
             if let Some(sealed) = &m.sealed {
                 // Pieces sealed in the spool cannot be cut again without the fleet's private key:
