@@ -7,8 +7,12 @@ use tokio::sync::watch;
 
 use super::Spool;
 
-/// Flushes the spool every `fsync-ms` until `shutdown`, refreshing free space once a second. The
-/// blocking work runs off the runtime's workers.
+/// How often a rig with nothing else to commit makes its sequence notes durable.
+const NOTES_EVERY: Duration = Duration::from_secs(1);
+
+/// Commits the spool every `fsync-ms` while it has anything to make durable
+/// ([`Spool::commit_due`]), until `shutdown`, refreshing free space once a second. The blocking
+/// work runs off the runtime's workers.
 pub async fn commit_loop(spool: Arc<Spool>, every: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -20,6 +24,10 @@ pub async fn commit_loop(spool: Arc<Spool>, every: Duration, mut shutdown: watch
         }
         let s = spool.clone();
         let refresh = last_free.elapsed() > Duration::from_secs(1);
+        let due = spool.commit_due(NOTES_EVERY);
+        if !refresh && !due {
+            continue;
+        }
         if refresh {
             last_free = Instant::now();
         }
@@ -27,7 +35,11 @@ pub async fn commit_loop(spool: Arc<Spool>, every: Duration, mut shutdown: watch
             if refresh {
                 s.refresh_free_space();
             }
-            s.commit()
+            if due {
+                s.commit()
+            } else {
+                Ok(())
+            }
         })
         .await;
         if let Ok(Err(e)) = r {

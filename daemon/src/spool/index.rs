@@ -26,6 +26,8 @@ struct Pending {
     removed: HashMap<Arc<str>, BTreeSet<u64>>,
     /// Sources whose oldest capture time is refreshed at the next commit (it moved by a removal).
     stale_oldest: HashSet<Arc<str>>,
+    /// When a commit last wrote sequence notes to sled.
+    notes_written: Option<std::time::Instant>,
 }
 
 /// Opens the sled index. sled's own file lock can outlive a closed handle for a moment (its
@@ -766,11 +768,25 @@ impl Index {
             .filter(|(_, (_, serial))| *serial <= watermark)
             .map(|(s, (next, _))| (s.clone(), *next))
             .collect();
+        if !notes.is_empty() {
+            p.notes_written = Some(std::time::Instant::now());
+        }
         for (source, next) in notes {
             self.set_seq_note(&source, next)?;
             p.seq_notes.remove(&source);
         }
         Ok(())
+    }
+
+    /// Nothing for a commit to move to sled: no appended or removed record pending, and sequence
+    /// notes, if any, younger than `notes_every` since the last were written.
+    pub(super) fn idle(&self, notes_every: std::time::Duration) -> bool {
+        let p = self.pending();
+        p.entries.values().all(BTreeMap::is_empty)
+            && p.removed.values().all(BTreeSet::is_empty)
+            && p.stale_oldest.is_empty()
+            && (p.seq_notes.is_empty()
+                || p.notes_written.is_some_and(|t| t.elapsed() < notes_every))
     }
 
     /// Up to `max` committed entries of a source with `seq >= from`, in order, leaving out those

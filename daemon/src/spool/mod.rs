@@ -202,6 +202,8 @@ pub struct Spool {
     sync_failed: AtomicBool,
     /// The group commit an append made now belongs to (not a sending epoch, `pipeline::epochs`).
     commit_no: AtomicU64,
+    /// The lowest group commit a lane waits for ([`Spool::current_commit`]).
+    wanted: AtomicU64,
     durable: tokio::sync::watch::Sender<u64>,
 }
 
@@ -306,6 +308,7 @@ impl Spool {
             disk,
             sync_failed: AtomicBool::new(false),
             commit_no: AtomicU64::new(0),
+            wanted: AtomicU64::new(0),
             durable,
             path,
         };
@@ -472,9 +475,24 @@ impl Spool {
         false
     }
 
-    /// The group commit an append made now becomes durable with.
+    /// The group commit an append made now becomes durable with: its caller waits until the
+    /// durable commit is past it, so the next commit is due ([`Spool::commit_due`]) whatever else
+    /// it finds to do.
     pub fn current_commit(&self) -> u64 {
-        self.commit_no.load(Ordering::Acquire)
+        let k = self.commit_no.load(Ordering::Acquire);
+        self.wanted.fetch_max(k + 1, Ordering::AcqRel);
+        k
+    }
+
+    /// Whether a group commit now would make anything durable: appended or removed records, a
+    /// commit a lane waits for, segment bytes not yet synced, or sequence notes older than
+    /// `notes_every`. Memory only. An idle rig (publishing live, nothing spooled) skips its ticks:
+    /// no fdatasync, no sled flush and no lane woken 20 times a second; its sequence notes go to
+    /// sled every `notes_every` (a crash jumps past what was handed out since, [`floor`]).
+    pub fn commit_due(&self, notes_every: std::time::Duration) -> bool {
+        self.wanted.load(Ordering::Acquire) > *self.durable.borrow()
+            || !self.segments.idle()
+            || !self.index.idle(notes_every)
     }
 
     /// Watches the last durable group commit: appends made under a commit below it are on disk.
@@ -494,11 +512,12 @@ impl Spool {
             (sync, self.index.serial(), due)
         };
         // Appends go on meanwhile; only the sync waits for the disk.
-        if let Some(f) = sync {
+        if let Some((f, at)) = sync {
             if let Err(e) = self.segments.sync_data(&f) {
                 self.note_sync_failure(&e);
                 return Err(self.io("fdatasync segment")(e));
             }
+            self.segments.synced(at);
         }
         // The segments emptied so far: a removal is listed in the index's pending changes before
         // its record's segment is released, so the removals applied and flushed below include the

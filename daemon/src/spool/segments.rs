@@ -111,6 +111,8 @@ struct State {
     /// Segment lengths the ledger is to record at the next commit (sealed or new segments; the
     /// one being written is added by the commit itself).
     ledger_due: BTreeMap<u64, u64>,
+    /// The segment being written and its length at the last successful fdatasync.
+    synced: Option<(u64, u64)>,
     /// Per segment: the bytes it counts in the spool's size: the blocks allocated to it when it
     /// was found (a sparse file counts what it takes, not its length), plus what this run
     /// appended to it.
@@ -247,6 +249,23 @@ impl Segments {
 
     /// The segments emptied so far (to be deleted once the removals that emptied them are
     /// durable).
+    /// After a commit's fdatasync of the segment being written, `(segment, length)` as flushed.
+    pub(super) fn synced(&self, at: (u64, u64)) {
+        self.lock().st.synced = Some(at);
+    }
+
+    /// Nothing for a commit to do here: the segment being written is synced as long as it is,
+    /// no length is due in the ledger and no emptied segment waits.
+    pub(super) fn idle(&self) -> bool {
+        let segs = self.lock();
+        let st = &*segs.st;
+        let unsynced = st
+            .writer
+            .as_ref()
+            .is_some_and(|w| st.synced != Some((w.id, w.len)));
+        !unsynced && st.ledger_due.is_empty() && st.emptied.is_empty()
+    }
+
     pub(super) fn take_emptied(&self) -> Vec<u64> {
         std::mem::take(&mut self.lock().st.emptied)
     }
@@ -259,8 +278,9 @@ impl Segments {
 
 /// What a commit takes from [`Locked::flush`].
 pub(super) struct Flushed {
-    /// The file of the segment being written, for the commit's fdatasync (made without the lock).
-    pub(super) sync: Option<Arc<File>>,
+    /// The file of the segment being written, for the commit's fdatasync (made without the lock),
+    /// with its id and length as flushed.
+    pub(super) sync: Option<(Arc<File>, (u64, u64))>,
     /// Segment lengths the ledger is to record once the sync succeeded.
     pub(super) due: BTreeMap<u64, u64>,
 }
@@ -368,7 +388,7 @@ impl Locked<'_> {
                 w.flush(segs.disk.as_ref())
                     .map_err(segs.io("write segment"))?;
                 due.insert(w.id, w.len);
-                Some(w.file.clone())
+                Some((w.file.clone(), (w.id, w.len)))
             }
             None => None,
         };
