@@ -405,8 +405,10 @@ impl Locked<'_> {
 
     /// After a commit: the ledger now records these lengths (`due`, from [`Locked::flush`]).
     pub(super) fn recorded(&mut self, due: &BTreeMap<u64, u64>) {
+        // A segment created since (due at length 0) is recorded by any length of it: the one
+        // being written only grows.
         for (id, len) in due {
-            if self.st.ledger_due.get(id) == Some(len) {
+            if self.st.ledger_due.get(id).is_some_and(|d| d <= len) {
                 self.st.ledger_due.remove(id);
             }
         }

@@ -1817,3 +1817,40 @@ fn retention_evicts_the_oldest_by_age_then_by_bytes_and_counts_them() {
         "and what they lost"
     );
 }
+
+#[test]
+fn a_commit_is_due_only_when_it_has_something_to_make_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = Spool::open(&cfg(dir.path())).unwrap();
+    let every = std::time::Duration::from_secs(3600);
+    let cam: Arc<str> = "cam".into();
+    spool.commit().unwrap();
+    assert!(!spool.commit_due(every), "nothing since the last commit");
+    // Publishing live: only sequence notes, written by the first commit, then not for `every`.
+    spool.note_seq(&cam, 1).unwrap();
+    assert!(spool.commit_due(every), "notes never written");
+    spool.commit().unwrap();
+    spool.note_seq(&cam, 2).unwrap();
+    assert!(!spool.commit_due(every), "notes written a moment ago");
+    assert!(
+        spool.commit_due(std::time::Duration::ZERO),
+        "notes older than `every`"
+    );
+    // An append is due; a lane that read the commit it waits for keeps the next one due.
+    spool.append(&frame("cam", 2, 100)).unwrap();
+    assert!(spool.commit_due(every));
+    let k = spool.current_commit();
+    spool.commit().unwrap();
+    assert!(*spool.durable_commit().borrow() > k);
+    assert!(!spool.commit_due(every));
+    spool.append(&frame("cam", 3, 100)).unwrap();
+    spool.commit().unwrap();
+    // A lane that read the commit number only after that commit took its record.
+    let k = spool.current_commit();
+    assert!(spool.commit_due(every), "the commit after {k} is awaited");
+    spool.commit().unwrap();
+    assert!(!spool.commit_due(every));
+    // A removal is due.
+    spool.remove(&cam, 2).unwrap();
+    assert!(spool.commit_due(every));
+}
