@@ -22,12 +22,12 @@ pub async fn commit_loop(spool: Arc<Spool>, every: Duration, mut shutdown: watch
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let s = spool.clone();
         let refresh = last_free.elapsed() > Duration::from_secs(1);
         let due = spool.commit_due(NOTES_EVERY);
         if !refresh && !due {
             continue;
         }
+        let s = spool.clone();
         if refresh {
             last_free = Instant::now();
         }

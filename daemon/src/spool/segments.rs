@@ -247,8 +247,6 @@ impl Segments {
         Ok(buf)
     }
 
-    /// The segments emptied so far (to be deleted once the removals that emptied them are
-    /// durable).
     /// After a commit's fdatasync of the segment being written, `(segment, length)` as flushed.
     pub(super) fn synced(&self, at: (u64, u64)) {
         self.lock().st.synced = Some(at);
@@ -266,6 +264,8 @@ impl Segments {
         !unsynced && st.ledger_due.is_empty() && st.emptied.is_empty()
     }
 
+    /// The segments emptied so far (to be deleted once the removals that emptied them are
+    /// durable).
     pub(super) fn take_emptied(&self) -> Vec<u64> {
         std::mem::take(&mut self.lock().st.emptied)
     }
