@@ -617,7 +617,6 @@ impl Spool {
             }
             self.write_record(frame, &head, len)?;
         }
-        self.counts.stored(&frame.source, frame.capture_ns, len);
         Ok(if dropped > 0 {
             Appended::StoredDroppingOldest(dropped)
         } else {
@@ -625,13 +624,17 @@ impl Spool {
         })
     }
 
-    /// Writes a record into the segment being written and keeps its index entry pending; all or
-    /// nothing.
+    /// Writes a record into the segment being written, keeps its index entry pending and counts
+    /// it stored; all or nothing.
     fn write_record(&self, frame: &Held, head: &[u8], len: u64) -> Result<(), SpoolError> {
         let mut segs = self.segments.lock();
         let loc = segs.append(frame, head, len, |e| self.note_sync_failure(e))?;
         // Under the segment lock, so a commit's watermark covers exactly the written appends.
         self.index.add(&frame.source, frame.seq, loc);
+        // Counted under it too: its segment is sealed only by a later append (which takes this
+        // lock), so no drop-oldest can count the record out before it is counted in. Counted
+        // after its drop, the count-out found nothing to take and the record stayed counted.
+        self.counts.stored(&frame.source, frame.capture_ns, len);
         Ok(())
     }
 
