@@ -226,6 +226,20 @@ def broker_connections(pid: int, url: str = BROKER_URL) -> int:
     return sum(f"pid={pid}," in line for line in out.splitlines())
 
 
+def reset_broker_connections(pid: int, url: str = BROKER_URL) -> int:
+    """Resets process `pid`'s established connections to the broker's port, as a broker that
+    crashed or a middlebox would (`ss -K`: the kernel aborts the socket and sends the peer a
+    RST); only that process's, never another test's. Returns how many."""
+    port = urlparse(url).port or 6650
+    out = subprocess.run(["ss", "-tnpH", "state", "established", f"( dport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    local = [line.split()[2].rsplit(":", 1)[1] for line in out.splitlines() if f"pid={pid}," in line]
+    for lp in local:
+        subprocess.run(["ss", "-K", "-tnH", "state", "established", f"( sport = :{lp} and dport = :{port} )"],
+                       capture_output=True, check=True)
+    return len(local)
+
+
 def check_synthetic_jpeg(payload: bytes) -> None:
     """The synthetic camera's comment tag: CRC-32 (zlib) of every byte after the tag segment."""
     assert payload[:4] == b"\xff\xd8\xff\xfe", "not a tagged synthetic JPEG"

@@ -127,41 +127,57 @@ pub fn resend(
     }
 }
 
-/// After a reconnect of the same process: whether a frame cut into `chunks` chunks, of which
-/// `receipts` have a receipt and `written` were written on the lost connection, goes out whole
-/// again under the next generation (new ids and uuid) instead of resuming at its first chunk
-/// without a receipt.
+/// How a frame cut into chunks goes out again after a reconnect of the same process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Again {
+    /// From its first chunk without a receipt, under the same ids and uuid.
+    Resume,
+    /// Only its last chunk, under its id: the broker holds the whole frame, and answers the
+    /// last chunk as a duplicate (a receipt once it is persisted).
+    LastChunk,
+    /// Whole, under the next generation: new ids above every id of the first cut, a new uuid.
+    Whole,
+}
+
+/// After a reconnect of the same process: how a frame cut into `chunks` chunks, of which
+/// `receipts` have a receipt and `written` were written on the lost connection, is sent again;
+/// `last` is the broker's highest pushed id for the producer.
 ///
-/// A chunk written but not receipted may be stored. Sent again under the same id, the broker's
-/// deduplication drops a chunk other than the first only when its id is below the highest it has
-/// pushed, not equal to it: the last stored chunk would reach consumers twice under one uuid, and a
-/// consumer that sees a chunk id twice drops the whole frame (the loss seen around topic moves).
-/// So whenever chunks were in flight, the frame goes again under a uuid nobody has seen, unless the
-/// broker's `last` (highest pushed id) says none of it arrived (below its first chunk: resuming is
-/// exact) or all of it did (at or past its last chunk: every resent chunk is dropped and receipted,
-/// and the only one the broker might let through is the last, which a consumer that completed the
-/// frame ignores). Safe both ways: the old generation's last chunk was never pushed, so that uuid
-/// never completes, and no chunk id above the broker's highest is reused.
-pub fn whole_again(
+/// The broker (Pulsar 3.0.7 and 4.0.7, `MessageDeduplication.isDuplicate` read from their bytecode)
+/// deduplicates only the **last** chunk of a chunked message: every other chunk is stored
+/// whatever its id, and only a last chunk moves the highest pushed id. So:
+/// - nothing in flight (every written chunk has its receipt): the rest follows exactly;
+/// - `last` at or past the frame's last chunk: the broker has it all. Sending the other chunks
+///   again would store them twice, and their receipts would come after the last chunk's
+///   immediate duplicate receipt, out of order (the reconnect loop the connection-reset test
+///   found); only the last chunk is sent, for its receipt;
+/// - otherwise chunks written without a receipt may be stored: sent again under the same uuid,
+///   a consumer would see a chunk id twice and drop the whole frame (the C++ client, and so the
+///   Python one: the loss seen around topic moves). It goes out whole under a uuid nobody has
+///   seen; the first cut never completes (its last chunk was never pushed) and consumers expire
+///   it. With no deduplication state (`last` None) nothing says what arrived: whole as well.
+///
+/// A broker that also deduplicates the other chunks (by "below the highest pushed id") is safe
+/// under the same rules: a whole frame under new ids above `last` is never dropped, and a last
+/// chunk sent again reaches only consumers that completed its frame, which ignore it.
+pub fn again(
     seq: u64,
     generation: u64,
     chunks: usize,
     receipts: usize,
     written: usize,
     last: Option<u64>,
-) -> bool {
-    if chunks < 2 || written <= receipts || generation >= MAX_GENERATION {
-        return false;
+) -> Again {
+    if chunks < 2 || written <= receipts {
+        return Again::Resume;
     }
-    match last {
-        Some(last) => {
-            let first = sequence_id(seq, generation, 0);
-            let end = sequence_id(seq, generation, chunks - 1);
-            (first..end).contains(&last)
-        }
-        // The broker keeps no deduplication state for the name: nothing says what arrived.
-        None => true,
+    if last.is_some_and(|last| last >= sequence_id(seq, generation, chunks - 1)) {
+        return Again::LastChunk;
     }
+    if generation >= MAX_GENERATION {
+        return Again::Resume;
+    }
+    Again::Whole
 }
 
 #[cfg(test)]
@@ -201,23 +217,35 @@ mod tests {
     }
 
     #[test]
-    fn a_reconnect_with_chunks_in_flight_sends_the_frame_whole_under_a_new_uuid_unless_the_broker_says_exactly(
+    fn a_reconnect_with_chunks_in_flight_sends_the_frame_whole_unless_the_broker_has_its_last_chunk(
     ) {
         let id = |chunk| sequence_id(7, 0, chunk);
-        // Chunk 0 receipted, chunks 1 and 2 written: the broker pushed chunk 1 (receipt lost).
-        assert!(whole_again(7, 0, 4, 1, 3, Some(id(1))));
-        assert!(whole_again(7, 0, 4, 1, 3, Some(id(0))));
+        // Chunk 0 receipted, chunks 1 and 2 written; the broker's highest id is an earlier
+        // frame's (it moves only with last chunks): chunk 1 or 2 may be stored all the same.
+        assert_eq!(
+            again(7, 0, 4, 1, 3, Some(sequence_id(6, 0, 3))),
+            Again::Whole
+        );
+        // A broker that moves it with every chunk: chunk 1 pushed.
+        assert_eq!(again(7, 0, 4, 1, 3, Some(id(1))), Again::Whole);
         // No deduplication state: nothing says which chunks arrived.
-        assert!(whole_again(7, 0, 4, 1, 3, None));
-        // The broker has none of it, or all of it: the same ids are exact.
-        assert!(!whole_again(7, 0, 4, 0, 2, Some(sequence_id(6, 0, 0))));
-        assert!(!whole_again(7, 0, 4, 1, 4, Some(id(3))));
-        assert!(!whole_again(7, 0, 4, 1, 4, Some(sequence_id(8, 0, 0))));
+        assert_eq!(again(7, 0, 4, 1, 3, None), Again::Whole);
+        // The broker pushed its last chunk (or a later frame's): only the last goes again.
+        assert_eq!(again(7, 0, 4, 1, 4, Some(id(3))), Again::LastChunk);
+        assert_eq!(
+            again(7, 0, 4, 0, 4, Some(sequence_id(8, 0, 3))),
+            Again::LastChunk
+        );
+        assert_eq!(
+            again(7, 2, 4, 3, 4, Some(sequence_id(7, 2, 3))),
+            Again::LastChunk
+        );
         // Nothing was in flight (written = receipted): the rest follows under the same uuid.
-        assert!(!whole_again(7, 0, 4, 2, 2, Some(id(1))));
+        assert_eq!(again(7, 0, 4, 2, 2, Some(id(1))), Again::Resume);
+        assert_eq!(again(7, 0, 4, 0, 0, None), Again::Resume);
         // Not chunked, or no generation left.
-        assert!(!whole_again(7, 0, 1, 0, 1, None));
-        assert!(!whole_again(7, MAX_GENERATION, 4, 1, 3, None));
+        assert_eq!(again(7, 0, 1, 0, 1, None), Again::Resume);
+        assert_eq!(again(7, MAX_GENERATION, 4, 1, 3, None), Again::Resume);
     }
 
     #[test]

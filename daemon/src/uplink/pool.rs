@@ -29,6 +29,11 @@ use super::token::Token;
 
 /// How often the keepalive looks at the broker's silence.
 const KEEPALIVE_TICK: Duration = Duration::from_millis(500);
+/// A connection given up for silence is kept open at most this long for its reset (see
+/// [`Retired`]); by then the broker's own keepalive has closed its end.
+const RETIRED_FOR: Duration = Duration::from_secs(120);
+/// ... and at most this many per broker.
+const RETIRED_MAX: usize = 8;
 
 /// A byte stream to a broker: plain TCP or TLS.
 pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin {}
@@ -40,6 +45,80 @@ pub struct Pool {
     /// The bandwidth budget every connection's writer is charged against.
     budget: Option<Arc<Budget>>,
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Weak<Connection>>>>>,
+    retired: Arc<Retired>,
+}
+
+/// Sockets of connections given up for silence, kept open (unread, unwritten) until a new
+/// connection to the same broker answers CONNECT, then reset.
+///
+/// The broker keeps a producer's name on its old connection until that connection closes, and
+/// a new connection's PRODUCER under the name waits for the broker's liveness check of the old
+/// one (5 s, `connectionLivenessCheckTimeoutMillis`): its PING goes behind whatever the broker
+/// is retransmitting there, backed off through the outage. A reset sent as the connection is
+/// given up is lost in the silence that made rigd give it up, and nothing sends it again. Sent
+/// once a new connection proves the link is back, it reaches the broker (directly, or as the
+/// answer to the challenge ACK it provokes), the broker closes the old connection, its liveness
+/// check ends at once, and the producers are created (5.5 s after a 40 s silent cut before,
+/// measured; see docs/UPLINK.md "Reconnects").
+#[derive(Default)]
+struct Retired {
+    sockets: Mutex<HashMap<String, Vec<(Instant, std::os::fd::OwnedFd)>>>,
+}
+
+impl Retired {
+    /// Keeps `socket` of the connection to `key` for its reset; resets those kept too long.
+    fn keep(&self, key: &str, socket: std::os::fd::OwnedFd) {
+        let mut all = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
+        Self::expire(&mut all);
+        let kept = all.entry(key.to_string()).or_default();
+        if kept.len() >= RETIRED_MAX {
+            reset(kept.remove(0).1);
+        }
+        kept.push((Instant::now(), socket));
+    }
+
+    /// A new connection to `key` answered CONNECT: the kept ones are reset now.
+    fn reset(&self, key: &str) {
+        let mut all = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
+        Self::expire(&mut all);
+        for (_, socket) in all.remove(key).into_iter().flatten() {
+            reset(socket);
+        }
+    }
+
+    /// Resets the sockets kept longer than [`RETIRED_FOR`].
+    fn expire(all: &mut HashMap<String, Vec<(Instant, std::os::fd::OwnedFd)>>) {
+        for kept in all.values_mut() {
+            while kept
+                .first()
+                .is_some_and(|(since, _)| since.elapsed() >= RETIRED_FOR)
+            {
+                reset(kept.remove(0).1);
+            }
+        }
+        all.retain(|_, kept| !kept.is_empty());
+    }
+}
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        let all = std::mem::take(self.sockets.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for (_, socket) in all.into_values().flatten() {
+            reset(socket);
+        }
+    }
+}
+
+/// Closes a socket with a reset: what its kernel buffers is not sent.
+fn reset(socket: std::os::fd::OwnedFd) {
+    reset_on_close(&socket);
+}
+
+/// SO_LINGER 0: the socket's last close resets it.
+fn reset_on_close(socket: &std::os::fd::OwnedFd) {
+    if let Err(e) = rustix::net::sockopt::set_socket_linger(socket, Some(Duration::ZERO)) {
+        tracing::debug!(error = %e, "cannot set SO_LINGER 0 on a failed connection; closing it");
+    }
 }
 
 impl std::fmt::Debug for Pool {
@@ -53,6 +132,7 @@ impl Pool {
         Arc::new(Pool {
             budget,
             slots: Mutex::default(),
+            retired: Arc::default(),
         })
     }
 
@@ -64,13 +144,20 @@ impl Pool {
     {
         let slot = {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            slots.entry(key).or_default().clone()
+            slots.entry(key.clone()).or_default().clone()
         };
         let mut held = slot.lock().await;
         if let Some(c) = held.upgrade().filter(|c| c.failure().is_none()) {
             return Ok(c);
         }
-        let conn = Arc::new(Connection::start(dial.await?, self.budget.clone()));
+        let dialed = dial.await?;
+        self.retired.reset(&key);
+        let conn = Arc::new(Connection::start(
+            dialed,
+            self.budget.clone(),
+            key.clone(),
+            self.retired.clone(),
+        ));
         *held = Arc::downgrade(&conn);
         Ok(conn)
     }
@@ -241,6 +328,10 @@ struct Inner {
     wake: Notify,
     last_inbound: Mutex<Instant>,
     socket: std::os::fd::OwnedFd,
+    /// The pool's key of this connection, and where a connection given up for silence leaves
+    /// its socket.
+    key: String,
+    retired: Arc<Retired>,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
@@ -262,7 +353,8 @@ impl Inner {
 
     /// Ends the connection: every channel and request learns it (their senders are dropped),
     /// the socket is reset rather than closed (a closed socket's kernel would keep sending what
-    /// it buffers once the link is back, outside the budget, to nobody), the tasks stop.
+    /// it buffers once the link is back, outside the budget, to nobody), the tasks stop. Given
+    /// up for silence, the reset waits for the next connection to the broker ([`Retired`]).
     fn fail(&self, why: Failure) {
         let (channels, requests) = {
             let mut s = self.state();
@@ -281,15 +373,23 @@ impl Inner {
             c.progress.notify_one();
         }
         drop((channels, requests));
-        let reset = !matches!(self.state().failed, Some(Failure::Dropped));
-        if reset {
-            if let Err(e) =
-                rustix::net::sockopt::set_socket_linger(&self.socket, Some(Duration::ZERO))
-            {
-                tracing::debug!(error = %e, "cannot set SO_LINGER 0 on a failed connection; closing it");
+        let failed = self.state().failed.clone();
+        // Given up for silence: the tasks close the stream's descriptor, a duplicate keeps the
+        // socket open for its reset (none to spare: reset now).
+        let kept = match failed {
+            Some(Failure::Timeout(_)) => self.socket.try_clone().ok(),
+            _ => None,
+        };
+        match (failed, kept) {
+            (_, Some(kept)) => self.retired.keep(&self.key, kept),
+            (Some(Failure::Dropped), _) => {
+                let _ = rustix::net::shutdown(&self.socket, rustix::net::Shutdown::Both);
+            }
+            _ => {
+                reset_on_close(&self.socket);
+                let _ = rustix::net::shutdown(&self.socket, rustix::net::Shutdown::Both);
             }
         }
-        let _ = rustix::net::shutdown(&self.socket, rustix::net::Shutdown::Both);
         for t in self
             .tasks
             .lock()
@@ -342,7 +442,12 @@ pub struct ChannelEnd {
 }
 
 impl Connection {
-    fn start(dialed: Dialed, budget: Option<Arc<Budget>>) -> Self {
+    fn start(
+        dialed: Dialed,
+        budget: Option<Arc<Budget>>,
+        key: String,
+        retired: Arc<Retired>,
+    ) -> Self {
         let Dialed {
             stream,
             socket,
@@ -361,6 +466,8 @@ impl Connection {
             wake: Notify::new(),
             last_inbound: Mutex::new(Instant::now()),
             socket,
+            key,
+            retired,
             tasks: Mutex::default(),
         });
         let (read, write) = tokio::io::split(stream);
@@ -722,5 +829,70 @@ mod tests {
         assert_eq!(route(&success), Route::Request(11));
         assert_eq!(route(&codec::ping()), Route::Answer);
         assert_eq!(route(&codec::pong()), Route::Drop);
+    }
+
+    /// A connected loopback pair: (rig's end, broker's end).
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let rig = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (broker, _) = l.accept().unwrap();
+        broker
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        (rig, broker)
+    }
+
+    /// What the broker's end reads now: Ok(0) for a close, an error kind for a reset or nothing.
+    fn read_kind(broker: &mut std::net::TcpStream) -> Result<usize, std::io::ErrorKind> {
+        use std::io::Read;
+        broker.read(&mut [0u8; 16]).map_err(|e| e.kind())
+    }
+
+    #[test]
+    fn a_connection_given_up_for_silence_is_reset_when_the_next_one_to_its_broker_answers() {
+        let retired = Retired::default();
+        let (rig, mut broker) = pair();
+        let (other, mut other_broker) = pair();
+        retired.keep("b1", std::os::fd::OwnedFd::from(rig));
+        retired.keep("b2", std::os::fd::OwnedFd::from(other));
+        // Kept: the broker's end sees neither a close nor a reset (its keepalive is not answered).
+        assert_eq!(read_kind(&mut broker), Err(std::io::ErrorKind::WouldBlock));
+        // A new connection to another broker leaves it kept.
+        retired.reset("b2");
+        assert_eq!(
+            read_kind(&mut other_broker),
+            Err(std::io::ErrorKind::ConnectionReset)
+        );
+        assert_eq!(read_kind(&mut broker), Err(std::io::ErrorKind::WouldBlock));
+        // One to its broker resets it: a reset, not a close (nothing buffered is sent).
+        retired.reset("b1");
+        assert_eq!(
+            read_kind(&mut broker),
+            Err(std::io::ErrorKind::ConnectionReset)
+        );
+    }
+
+    #[test]
+    fn at_most_a_few_given_up_connections_per_broker_are_kept() {
+        let retired = Retired::default();
+        let mut brokers = Vec::new();
+        for _ in 0..=RETIRED_MAX {
+            let (rig, broker) = pair();
+            retired.keep("b", std::os::fd::OwnedFd::from(rig));
+            brokers.push(broker);
+        }
+        assert_eq!(
+            read_kind(&mut brokers[0]),
+            Err(std::io::ErrorKind::ConnectionReset)
+        );
+        assert_eq!(
+            read_kind(&mut brokers[1]),
+            Err(std::io::ErrorKind::WouldBlock)
+        );
+        drop(retired);
+        assert_eq!(
+            read_kind(&mut brokers[1]),
+            Err(std::io::ErrorKind::ConnectionReset)
+        );
     }
 }

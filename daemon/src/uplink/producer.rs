@@ -495,12 +495,16 @@ impl Session {
                         .max_message_size
                         .store(link.max_message_size, Ordering::Relaxed);
                     stats.terminated.store(false, Ordering::Relaxed);
-                    shared.window().connected(
+                    let whole_again = shared.window().connected(
                         link.producer_id,
                         link.max_message_size,
                         broker_last,
                         Instant::now(),
                     );
+                    if !whole_again.is_empty() {
+                        tracing::info!(topic = %self.setup.topic, seqs = ?whole_again,
+                            "chunks were in flight as the last connection went: these frames go out again whole, under a new uuid");
+                    }
                     shared.set_connected(true);
                     shared.room.notify_one();
                     let r = self.serve(&mut link).await;

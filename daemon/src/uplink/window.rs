@@ -232,13 +232,15 @@ impl Window {
     }
 
     /// A producer was created on a new connection. Everything without a receipt is written again.
+    /// Returns the seqs of the frames that go out again whole under a new uuid (chunks of them
+    /// were in flight, [`plan::again`]).
     pub fn connected(
         &mut self,
         producer_id: u64,
         max_message_size: usize,
         broker_last: Option<plan::BrokerLast>,
         now: Instant,
-    ) {
+    ) -> Vec<u64> {
         if !self.created_once {
             self.created_once = true;
             self.broker_last = broker_last;
@@ -251,6 +253,7 @@ impl Window {
         // deleted and recreated it) no longer holds.
         self.terminated = None;
         let last = broker_last.map(|b| b.sequence_id);
+        let mut whole_again = Vec::new();
         let mut i = 0;
         while i < self.messages.len() {
             let max_chunk = self.chunk_limit(max_message_size, &self.messages[i].envelope);
@@ -262,7 +265,7 @@ impl Window {
             if !m.sending() {
                 continue;
             }
-            if plan::whole_again(
+            match plan::again(
                 m.frame.seq,
                 m.generation,
                 m.chunks.len(),
@@ -270,11 +273,20 @@ impl Window {
                 in_flight,
                 last,
             ) {
-                // Chunks were in flight and the broker may hold some: the frame goes out whole
-                // under a uuid nobody has seen ([`plan::whole_again`]).
-                m.generation += 1;
-                m.receipts = 0;
-                m.written = 0;
+                plan::Again::Resume => {}
+                plan::Again::LastChunk => {
+                    // The broker holds every chunk: the last one alone goes, for its receipt.
+                    m.receipts = m.chunks.len() - 1;
+                    m.written = m.receipts;
+                }
+                plan::Again::Whole => {
+                    // Chunks were in flight and the broker may hold some: the frame goes out
+                    // whole under a uuid nobody has seen.
+                    m.generation += 1;
+                    m.receipts = 0;
+                    m.written = 0;
+                    whole_again.push(m.frame.seq);
+                }
             }
             if let Some(sealed) = &m.sealed {
                 // Pieces sealed in the spool cannot be cut again without the fleet's private key:
@@ -322,6 +334,7 @@ impl Window {
         }
         self.complete_front(now);
         self.last_progress = now;
+        whole_again
     }
 
     pub fn disconnected(&mut self) {
