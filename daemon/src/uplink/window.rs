@@ -137,6 +137,9 @@ struct Message {
     batch: Vec<Held>,
     envelope: Envelope,
     generation: u64,
+    /// Times this process sent it again whole after a reconnect ([`plan::Again::Whole`]): in its
+    /// chunk uuid, which stays new once the generations run out.
+    whole_again: u32,
     /// The payload as it goes on the wire (compressed or the frame's own bytes), its codec and its
     /// size before compression.
     wire: Bytes,
@@ -282,7 +285,8 @@ impl Window {
                 plan::Again::Whole => {
                     // Chunks were in flight and the broker may hold some: the frame goes out
                     // whole under a uuid nobody has seen.
-                    m.generation += 1;
+                    m.generation = (m.generation + 1).min(plan::MAX_GENERATION);
+                    m.whole_again += 1;
                     m.receipts = 0;
                     m.written = 0;
                     whole_again.push(m.frame.seq);
@@ -493,6 +497,7 @@ impl Window {
             batch: Vec::new(),
             envelope,
             generation,
+            whole_again: 0,
             wire,
             compression,
             uncompressed,
@@ -543,6 +548,7 @@ impl Window {
             batch: Vec::new(),
             envelope,
             generation: 0,
+            whole_again: 0,
             wire,
             compression,
             sealed: None,
@@ -573,6 +579,7 @@ impl Window {
             batch: Vec::new(),
             envelope,
             generation: 0,
+            whole_again: 0,
             wire: Bytes::new(),
             compression: 0,
             uncompressed: 0,
@@ -640,6 +647,7 @@ impl Window {
             batch: rest.into_iter().map(|(f, _)| f).collect(),
             envelope,
             generation: 0,
+            whole_again: 0,
             chunks: crate::payload::cut(wire.len(), wire.len()),
             wire,
             compression,
@@ -710,12 +718,16 @@ impl Window {
         if n > 1 {
             // A restart sends a frame cut between its chunks again under a new uuid: consumers
             // drop the earlier run's partial chunks after their reassembly timeout.
-            metadata.uuid = Some(format!(
+            let mut uuid = format!(
                 "{}-{:x}-{}",
                 self.cfg.producer_name,
                 self.cfg.run,
                 m.sequence_id(0)
-            ));
+            );
+            if m.whole_again > 0 {
+                uuid.push_str(&format!("-w{}", m.whole_again));
+            }
+            metadata.uuid = Some(uuid);
             metadata.num_chunks_from_msg = Some(n as i32);
             let total = m.sealed.as_ref().map_or(m.wire.len(), |s| s.total);
             metadata.total_chunk_msg_size = Some(total as i32);

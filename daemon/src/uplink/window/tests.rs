@@ -237,6 +237,53 @@ fn a_reconnect_after_the_broker_took_the_last_chunk_sends_only_it_for_its_duplic
 }
 
 #[test]
+fn a_frame_cut_mid_send_more_often_than_there_are_generations_keeps_getting_new_uuids() {
+    // CI: a 12 MB frame cut 8 times between its chunks. At the last generation the frame went
+    // back to resuming under its uuid, the broker stored a chunk twice, and the consumer dropped
+    // the frame.
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    w.submit(frame(5, 12 * MB, 1), t0).unwrap();
+    let uuid = |s: &(BaseCommand, MessageMetadata, Bytes)| s.1.uuid.clone().unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let mut last_ids = Vec::new();
+    for _ in 0..=plan::MAX_GENERATION + 3 {
+        let sent = sends(&mut w, t0);
+        assert_eq!(sent.len(), 3, "every chunk again");
+        assert!(sent.iter().all(|s| uuid(s) == uuid(&sent[0])));
+        assert!(
+            seen.insert(uuid(&sent[0])),
+            "a uuid used twice: {}",
+            uuid(&sent[0])
+        );
+        last_ids = sent
+            .iter()
+            .map(|s| s.0.send.as_ref().unwrap().sequence_id)
+            .collect();
+        w.on_receipt(last_ids[0], t0).unwrap();
+        w.disconnected();
+        // The broker's highest pushed id is still the previous frame's.
+        w.connected(
+            2,
+            5 * MB,
+            Some(plan::BrokerLast::id(plan::sequence_id(4, 0, 0))),
+            t0,
+        );
+    }
+    assert_eq!(
+        last_ids,
+        (0..3)
+            .map(|c| plan::sequence_id(5, plan::MAX_GENERATION, c))
+            .collect::<Vec<_>>()
+    );
+    let ids = write_all(&mut w, t0);
+    for id in ids {
+        w.on_receipt(id, t0).unwrap();
+    }
+    assert_eq!(acks(&mut w), vec![(5, Outcome::Persisted)]);
+}
+
+#[test]
 fn a_reconnect_with_chunks_in_flight_of_a_frame_whose_last_chunk_was_not_pushed_sends_it_whole() {
     // Pulsar 3.0.7 moves its highest pushed id with last chunks only: after chunk 1 of frame 5
     // was stored without a receipt, the broker still names frame 4's last chunk.
