@@ -2,6 +2,7 @@
 Key_Shared routing. The official Python client is the judge."""
 
 import json
+import random
 import re
 import subprocess
 import threading
@@ -328,13 +329,12 @@ bind = "127.0.0.1:{{WEB_PORT}}"
 
 def test_connection_resets_and_unloads_under_chunks_in_flight_lose_and_repeat_no_frame(broker, tmp_path):
     """The connection reset (`ss -K`, as a crashed broker or a middlebox resets it) or the topic
-    unloaded (a move between brokers begins) while a 12 MB frame's chunks are in flight. Written
-    again under the same ids, the last chunk the broker stored before the cut reached it twice (its
-    deduplication drops a chunk only below the highest id it pushed), and the official client
-    then drops the whole frame for the chunk it sees twice under one uuid: 1 frame in 9 runs lost
-    under stress. Now such a frame goes out again whole under a new uuid (docs/UPLINK.md
-    "Reconnects")."""
-    import random
+    unloaded (a move between brokers begins) while a 12 MB frame's chunks are in flight. The
+    broker deduplicates only a message's last chunk: written again under the same uuid, a chunk it
+    stored before the cut reached it twice and the official client dropped the whole frame (1 in
+    9 runs under stress); sent again after the broker took the last chunk, the other chunks were
+    stored twice and their receipts came out of order (a reconnect loop). Now such a frame goes
+    out whole under a new uuid, or only its last chunk goes (docs/UPLINK.md "Reconnects")."""
     ns = namespace_with_dedup(unique("cut"))
     rig = unique("cut")
     cfg = f"""
