@@ -427,7 +427,7 @@ pub fn main() -> ExitCode {
             };
             init_logging();
             let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+                .worker_threads(config.rig.worker_threads)
                 .enable_all()
                 .build()
             {

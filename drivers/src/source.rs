@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -50,32 +50,39 @@ pub trait Source: Send {
     fn run(&mut self, sink: &mut FrameSink, stop: &StopFlag) -> Result<(), SourceError>;
 }
 
-/// A shared stop signal that blocking capture loops poll.
+/// A shared stop signal that blocking capture loops poll, and that ends their sleeps at once.
 #[derive(Debug, Clone, Default)]
-pub struct StopFlag(Arc<AtomicBool>);
+pub struct StopFlag(Arc<StopInner>);
+
+#[derive(Debug, Default)]
+struct StopInner {
+    raised: AtomicBool,
+    lock: Mutex<()>,
+    wake: Condvar,
+}
 
 impl StopFlag {
     pub fn new() -> Self {
         Self::default()
     }
     pub fn raise(&self) {
-        self.0.store(true, Ordering::Release);
+        // Under the lock: a sleeper between its check and its wait cannot miss the notify.
+        let _held = self.0.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.raised.store(true, Ordering::Release);
+        self.0.wake.notify_all();
     }
     pub fn is_raised(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.raised.load(Ordering::Acquire)
     }
-    /// Sleeps up to `d`, waking early (returning true) when the flag is raised.
+    /// Sleeps up to `d` in one wait (one wake-up per period of a paced source), waking early
+    /// (returning true) when the flag is raised.
     pub fn sleep(&self, d: Duration) -> bool {
-        let step = Duration::from_millis(20);
-        let mut left = d;
-        while !left.is_zero() {
-            if self.is_raised() {
-                return true;
-            }
-            let s = left.min(step);
-            std::thread::sleep(s);
-            left -= s;
-        }
+        let held = self.0.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _held = self
+            .0
+            .wake
+            .wait_timeout_while(held, d, |_| !self.is_raised())
+            .unwrap_or_else(|p| p.into_inner());
         self.is_raised()
     }
 }
@@ -300,6 +307,27 @@ impl FrameSink {
 #[cfg(test)]
 mod level_tests {
     use super::*;
+
+    #[test]
+    fn a_raised_stop_ends_a_sleep_at_once() {
+        let stop = StopFlag::new();
+        let t0 = std::time::Instant::now();
+        assert!(!stop.sleep(Duration::from_millis(30)), "not raised");
+        assert!(t0.elapsed() >= Duration::from_millis(30));
+        let other = stop.clone();
+        let raiser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            other.raise();
+        });
+        let t1 = std::time::Instant::now();
+        assert!(stop.sleep(Duration::from_secs(60)), "raised while asleep");
+        assert!(t1.elapsed() < Duration::from_secs(30), "{:?}", t1.elapsed());
+        raiser.join().unwrap();
+        assert!(
+            stop.sleep(Duration::from_secs(60)),
+            "already raised: no wait"
+        );
+    }
 
     #[test]
     fn level_of_full_scale_square_and_silence() {

@@ -412,6 +412,42 @@ pub struct SyntheticAudio {
     tone_hz: f64,
     bucket_ms: u32,
     clock: Arc<dyn FrameClock>,
+    /// The tone's samples over a whole number of its cycles, when that is a whole number of
+    /// samples (an integral tone): a block is copied from it rather than computed (empty: each
+    /// sample is computed).
+    period: Vec<i16>,
+}
+
+/// The longest tone period kept as a table (samples).
+const MAX_PERIOD: u64 = 1 << 16;
+
+/// The tone's sample at `cycles` (its phase in whole cycles, in [0, 1)).
+fn tone_sample(cycles: f64) -> i16 {
+    ((2.0 * PI * cycles).sin() * 8192.0) as i16
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// See [`SyntheticAudio::period`]: sample `k` of an integral tone `f` at rate `r` is at phase
+/// `(k * f mod r) / r`, and repeats every `r / gcd(r, f)` samples.
+fn tone_period(rate: u32, hz: f64) -> Vec<i16> {
+    if hz.fract() != 0.0 || !(1.0..=f64::from(u32::MAX)).contains(&hz) || rate == 0 {
+        return Vec::new();
+    }
+    let (f, r) = (hz as u64, u64::from(rate));
+    let p = r / gcd(r, f);
+    if p > MAX_PERIOD {
+        return Vec::new();
+    }
+    (0..p)
+        .map(|k| tone_sample((k * f % r) as f64 / r as f64))
+        .collect()
 }
 
 impl SyntheticAudio {
@@ -430,6 +466,7 @@ impl SyntheticAudio {
             tone_hz,
             bucket_ms,
             clock,
+            period: tone_period(sample_rate, tone_hz),
         }
     }
 
@@ -444,9 +481,19 @@ impl SyntheticAudio {
         let frames = self.frames_in(bucket) as i64;
         let mut out = Vec::with_capacity(frames as usize * self.channels as usize * 2);
         let first = bucket * self.bucket_ms as i64 * self.sample_rate as i64 / 1000;
-        for i in 0..frames {
-            let t = (first + i) as f64 / self.sample_rate as f64;
-            let s = ((2.0 * PI * self.tone_hz * t).sin() * 8192.0) as i16;
+        for k in first..first + frames {
+            // The phase is reduced before `sin`: at an absolute sample number (about 1e14 today)
+            // the argument's own reduction cost more than the rest of the source.
+            let s = if self.period.is_empty() {
+                // Whole seconds add whole cycles of the tone's integral part.
+                let r = i64::from(self.sample_rate.max(1));
+                let (secs, k) = (k.div_euclid(r), k.rem_euclid(r));
+                let cycles =
+                    k as f64 * self.tone_hz / r as f64 + secs as f64 * self.tone_hz.fract();
+                tone_sample(cycles.rem_euclid(1.0))
+            } else {
+                self.period[k.rem_euclid(self.period.len() as i64) as usize]
+            };
             for _ in 0..self.channels {
                 out.extend_from_slice(&s.to_le_bytes());
             }
@@ -706,6 +753,38 @@ mod tests {
         assert!(n.iter().all(|&k| k == 1455 || k == 1456), "{n:?}");
         assert_eq!(n.iter().sum::<u32>(), 14553);
         assert_eq!(b.block(1001).len(), n[1] as usize * 2);
+    }
+
+    /// The tone is the same sine whether a block is copied from the period table (integral
+    /// tone) or computed (fractional tone), and consecutive buckets join without a step.
+    #[test]
+    fn audio_tone_from_the_table_matches_the_sine_at_todays_sample_numbers() {
+        let bucket = 1_764_900_000_000 / 33; // a bucket of 2025-12, ms / bucket-ms
+        for (rate, hz, table) in [
+            (48_000, 440.0, 1200),
+            (44_100, 1000.0, 441),
+            (48_000, 440.5, 0),
+        ] {
+            let a = SyntheticAudio::new("a", rate, 1, hz, 33, Arc::new(SystemClock));
+            assert_eq!(a.period.len(), table, "{rate} Hz, tone {hz}");
+            let first = bucket * 33 * rate as i64 / 1000;
+            let pcm: Vec<i16> = [a.block(bucket), a.block(bucket + 1)]
+                .concat()
+                .chunks_exact(2)
+                .map(|b| i16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            // Two seconds hold whole cycles of each of these tones: the phase of sample k is that
+            // of k mod 2 * rate, small enough to compute exactly.
+            let whole = 2 * rate as i64;
+            for (i, &got) in pcm.iter().enumerate() {
+                let k = (first + i as i64) % whole;
+                let want = (2.0 * PI * (k as f64 * hz / rate as f64).fract()).sin() * 8192.0;
+                assert!(
+                    (got as f64 - want).abs() <= 2.0,
+                    "{hz} Hz sample {i}: {got} vs {want}"
+                );
+            }
+        }
     }
 
     #[test]

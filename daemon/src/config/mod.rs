@@ -133,11 +133,21 @@ pub struct RigConfig {
     /// Width of a time bucket in milliseconds.
     #[serde(default = "default_bucket_ms")]
     pub bucket_ms: u32,
+    /// Threads of the daemon's async runtime (capture threads are apart from these).
+    #[serde(default = "default_worker_threads")]
+    pub worker_threads: usize,
 }
 
 fn default_bucket_ms() -> u32 {
     33
 }
+
+fn default_worker_threads() -> usize {
+    2
+}
+
+/// More runtime threads than this is a typo, not a rig.
+const MAX_WORKER_THREADS: usize = 64;
 
 impl Config {
     /// Reads, parses and validates a config file.
@@ -254,6 +264,12 @@ impl Config {
             p.push(format!(
                 "rig.bucket-ms: {} must be between 1 and {MAX_BUCKET_MS}",
                 self.rig.bucket_ms
+            ));
+        }
+        if !(1..=MAX_WORKER_THREADS).contains(&self.rig.worker_threads) {
+            p.push(format!(
+                "rig.worker-threads: {} must be between 1 and {MAX_WORKER_THREADS}",
+                self.rig.worker_threads
             ));
         }
         self.clock.problems(&mut p);

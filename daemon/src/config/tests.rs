@@ -486,3 +486,17 @@ fn the_control_topic_defaults_to_the_topics_tenant_and_namespace() {
         "persistent://ops/rigs/van-07-requests"
     );
 }
+
+#[test]
+fn worker_threads_default_to_two_and_zero_is_refused() {
+    let c = Config::parse("[rig]\nid = \"a\"\n", "t.toml").unwrap();
+    assert_eq!(c.rig.worker_threads, 2);
+    let c = Config::parse("[rig]\nid = \"a\"\nworker-threads = 1\n", "t.toml").unwrap();
+    assert_eq!(c.rig.worker_threads, 1);
+    let p = problems("[rig]\nid = \"a\"\nworker-threads = 0\n");
+    assert!(
+        p.iter()
+            .any(|l| l.contains("rig.worker-threads: 0 must be between 1 and 64")),
+        "{p:?}"
+    );
+}

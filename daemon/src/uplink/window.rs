@@ -198,6 +198,9 @@ pub struct Window {
     cfg: WindowConfig,
     messages: VecDeque<Message>,
     open_batch: Option<OpenBatch>,
+    /// When the last frame small enough to batch came: a batch waits for more only when frames
+    /// come closer together than `batch-delay-ms`.
+    last_small: Option<Instant>,
     /// Frames and payload bytes held (queue and open batch).
     frames: usize,
     bytes: usize,
@@ -221,6 +224,7 @@ impl Window {
             cfg,
             messages: VecDeque::new(),
             open_batch: None,
+            last_small: None,
             frames: 0,
             bytes: 0,
             sending: 0,
@@ -431,7 +435,14 @@ impl Window {
             });
             b.bytes += size;
             b.frames.push((frame, envelope));
-            if self.cfg.batch.delay.is_zero() || !self.has_room() {
+            // A source slower than the delay would only ever fill batches of one, each after a
+            // timer wake-up: its frame goes at once. Frames closer together than the delay (a
+            // fast sensor, a drain) wait for the next.
+            let company = self
+                .last_small
+                .replace(now)
+                .is_some_and(|last| now.saturating_duration_since(last) <= self.cfg.batch.delay);
+            if self.cfg.batch.delay.is_zero() || !company || !self.has_room() {
                 self.close_batch();
             }
             return Ok(());

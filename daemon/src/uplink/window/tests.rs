@@ -856,3 +856,44 @@ fn under_a_budget_chunks_and_batches_hold_a_few_seconds_of_it_and_sealed_pieces_
         .count();
     assert!(camera >= 30, "{camera} chunks for 1.5 MB at 50 kB");
 }
+
+#[test]
+fn a_batch_waits_for_more_only_when_frames_come_closer_together_than_the_delay() {
+    let t0 = Instant::now();
+    let delay = BatchPolicy::default().delay;
+    assert_eq!(delay, Duration::from_millis(1));
+    // 100 Hz (10 ms apart, one key): every frame goes at once, no batch timer to wake for.
+    let mut w = connected(cfg(), t0, None);
+    for seq in 0..3 {
+        let now = t0 + Duration::from_millis(10 * seq);
+        w.submit(frame(seq, 100, 7), now).unwrap();
+        assert_eq!(
+            w.batch_due(),
+            None,
+            "frame {seq} of a slow source waits alone"
+        );
+        assert_eq!(write_all(&mut w, now).len(), 1);
+    }
+    // 2 kHz (0.5 ms apart): the first of the burst goes at once, the next ones share a batch
+    // that goes out `batch-delay-ms` after it opened.
+    let t1 = t0 + Duration::from_secs(1);
+    let mut w = connected(cfg(), t0, None);
+    for seq in 0..5u64 {
+        w.submit(frame(seq, 100, 9), t1 + Duration::from_micros(500 * seq))
+            .unwrap();
+    }
+    let first = t1 + Duration::from_micros(500);
+    assert_eq!(w.batch_due(), Some(first + delay));
+    assert_eq!(
+        write_all(&mut w, first).len(),
+        1,
+        "only the burst's first frame"
+    );
+    w.close_batch_if_due(first + delay);
+    let ids = write_all(&mut w, first + delay);
+    assert_eq!(
+        ids,
+        vec![plan::sequence_id(1, 0, 0)],
+        "frames 1..=4 in one batch message"
+    );
+}
