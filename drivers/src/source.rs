@@ -295,7 +295,14 @@ impl FrameSink {
             media,
             payload,
         };
-        self.tx.blocking_send(frame).map_err(|_| SinkClosed)?;
+        // Room in the channel (the usual case): no blocking hand-off machinery per frame.
+        match self.tx.try_send(frame) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(frame)) => {
+                self.tx.blocking_send(frame).map_err(|_| SinkClosed)?
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SinkClosed),
+        }
         self.next_seq += 1;
         self.health.frames.fetch_add(1, Ordering::Relaxed);
         self.health.bytes.fetch_add(len, Ordering::Relaxed);

@@ -7,7 +7,7 @@ camera hands over) and `yuyv` (raw frames rigd encodes to JPEG, as a raw V4L2 ca
 --rigd-without-turbojpeg the yuyv profile again on the pure-Rust encoder.
 
     python3 tests/bench/rig_profile.py --secs 60 --outage-secs 30 \
-        [--formats mjpeg,yuyv] [--rigd-without-turbojpeg target/bench/rigd-without-turbojpeg]"""
+        [--formats mjpeg,yuyv] [--spool-mode always] [--rigd-without-turbojpeg target/bench/rigd-without-turbojpeg]"""
 
 import argparse
 import json
@@ -57,6 +57,7 @@ def quantile_from_metrics(text, name, source, q):
 CONFIG = """
 [rig]
 id = "{rig}"
+worker-threads = {workers}
 [[source]]
 id = "front"
 kind = "synthetic-camera"
@@ -77,6 +78,7 @@ rate-hz = 100
 url = "{url}"
 [spool]
 path = "spool"
+mode = "{spool_mode}"
 [web]
 bind = "127.0.0.1:{{WEB_PORT}}"
 """
@@ -91,6 +93,9 @@ def main():
     ap.add_argument("--formats", default="mjpeg,yuyv",
                     help="the camera's `format` per profile, side by side (yuyv: raw frames rigd encodes; "
                          "+encrypted: with end-to-end encryption)")
+    ap.add_argument("--worker-threads", type=int, default=2, help="`[rig] worker-threads`")
+    ap.add_argument("--spool-mode", default="on-outage", choices=["on-outage", "always"],
+                    help="`[spool] mode`: always = every frame durable in the spool before it is sent")
     ap.add_argument("--rigd-without-turbojpeg", type=Path,
                     help="a rigd built without the `turbojpeg` feature: one more yuyv profile, pure-Rust encoder")
     a = ap.parse_args()
@@ -114,7 +119,8 @@ def profile(a, fmt, binary, outage_secs):
     """One rig profile with the camera in `fmt`; returns {metric: value} (key "profile": its name)."""
     rig = unique("profile")
     fmt, _, variant = fmt.partition("+")
-    cfg = CONFIG.format(rig=rig, format=fmt, url=a.url)
+    cfg = CONFIG.format(rig=rig, format=fmt, url=a.url, spool_mode=a.spool_mode,
+                        workers=a.worker_threads)
     default_bin = os.environ.get("RIGD_BIN")
     if binary:
         os.environ["RIGD_BIN"] = str(binary)  # what the harness's Rigd starts
@@ -152,7 +158,8 @@ def profile(a, fmt, binary, outage_secs):
                 name = "1080p YUYV camera, jpeg-encoder (libturbojpeg absent)"
             else:
                 name = "1080p YUYV camera, libturbojpeg"
-            rows["profile"] = name + (", encrypted" if variant == "encrypted" else "")
+            rows["profile"] = (name + (", encrypted" if variant == "encrypted" else "")
+                               + (", spool mode always" if a.spool_mode == "always" else ""))
             rows["window"] = f"{t1 - t0:.0f} s"
             rows["rigd CPU (% of one core)"] = f"{cpu:.1f} %"
             rows["rigd peak RSS (VmHWM)"] = f"{rss:.1f} MiB"
