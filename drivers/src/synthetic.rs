@@ -693,9 +693,9 @@ mod tests {
         assert_tagged(&jpeg);
     }
 
-    #[test]
-    fn camera_frames_differ_per_number() {
-        let mut cam = SyntheticCamera::new(
+    /// A 64x48 `mjpeg` camera at 10 fps, frames unpadded.
+    fn small_mjpeg_camera() -> SyntheticCamera {
+        SyntheticCamera::new(
             "c",
             64,
             48,
@@ -703,7 +703,12 @@ mod tests {
             None,
             CameraFormat::Mjpeg,
             Arc::new(SystemClock),
-        );
+        )
+    }
+
+    #[test]
+    fn camera_frames_differ_per_number() {
+        let mut cam = small_mjpeg_camera();
         assert_ne!(cam.render(1), cam.render(2));
     }
 
@@ -748,15 +753,7 @@ mod tests {
     /// The `mjpeg` pattern decodes to the gradient with the frame number drawn in white.
     #[test]
     fn mjpeg_camera_frames_show_the_gradient_and_the_number() {
-        let mut cam = SyntheticCamera::new(
-            "c",
-            64,
-            48,
-            10.0,
-            None,
-            CameraFormat::Mjpeg,
-            Arc::new(SystemClock),
-        );
+        let mut cam = small_mjpeg_camera();
         let jpeg = cam.render(8);
         let mut d = jpeg_decoder::Decoder::new(&jpeg[..]);
         let rgb = d.decode().expect("decodes");
