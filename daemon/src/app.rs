@@ -305,7 +305,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ))
     };
     let mut live_sources = live_sources.into_iter();
-    let mut encoders = Vec::new();
 
     // Every source: a capture thread feeding a lane (spool and uplink), watched by the watchdog.
     let mut entries = Vec::new();
@@ -321,12 +320,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let on_request = sc.head().upload == crate::config::Upload::OnRequest;
         let lane = wiring.spawn(&id, sc.priority(), sc.drain(), on_request, rx);
         if let Some(channels) = live_sources.next() {
-            encoders.extend(crate::live::connect(
-                &lane.stats.live,
-                live.clone(),
-                channels,
-                shutdown_rx.clone(),
-            ));
+            crate::live::connect(&lane.stats.live, live.clone(), channels);
         }
         liveness.lane(id.clone(), lane.stats.clone());
         liveness.capture(id.clone(), health.clone(), sc, config.rig.bucket_ms);
@@ -359,12 +353,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // The live view's `/events` (last of crate::live::channels): markers through the tap.
         if let Some(channels) = live_sources.next() {
             events_channel = Some(channels.main);
-            encoders.extend(crate::live::connect(
-                &lane.stats.live,
-                live.clone(),
-                channels,
-                shutdown_rx.clone(),
-            ));
+            crate::live::connect(&lane.stats.live, live.clone(), channels);
         }
         let topic = config.pulsar.url.as_ref().map(|_| config.topic_of(&id));
         EventMarker::new(
@@ -381,8 +370,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // stays pending in the spool for the next start).
     let recall = wiring.recall(clock.clone())?;
     drop(wiring);
-    // Detached: each encoder ends when shutdown is signalled; none holds frames that matter.
-    drop(encoders);
     // On-request sources' retention (crate::recall): detached, it ends at shutdown.
     let clock_of_retention = clock.clone();
     let pins = recall.clone();

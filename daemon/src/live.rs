@@ -1,7 +1,7 @@
 //! The live view's daemon side (the protocol itself is `rigd_web::live`): which Foxglove channels
 //! each source offers, the tap on each lane that hands frames over only while a client subscribes
-//! to one of them, and the task per source that encodes them with Foxglove's schemas
-//! ([`crate::foxglove`], shared with the MCAP export).
+//! to one of them and encodes them there with Foxglove's schemas ([`crate::foxglove`], shared
+//! with the MCAP export).
 //!
 //! Channels: a camera `foxglove.CompressedImage` on `/{source}`, audio `foxglove.RawAudio` on
 //! `/{source}`, serial `foxglove.Log` on `/{source}` and, for NMEA sources (synthetic serial,
@@ -11,22 +11,21 @@
 //! (the status page's, [`rigd_web::alerts`]) as they appear and clear ([`spawn_alerts`]).
 //!
 //! What the lane pays: with no client subscribed, one atomic load per frame (no clone, no encode);
-//! with one, a frame clone (reference counts) into a bounded channel that never waits. Encoding
-//! happens on the source's encoder task, once for every client.
+//! with one, the frame's encoding (a copy of its payload into the message, once for every client)
+//! and a push onto each subscribed client's queue, none of which waits. Encoding in the lane, not
+//! on a task of its own, saves a task wake-up per frame: on a small board that wake-up cost more
+//! than the copy (docs/PERFORMANCE.md "Live view cost").
 
 use base64::Engine as _;
 use bytes::Bytes;
 use rigd_drivers::{Frame, Media};
 use rigd_web::live::{Channel, ChannelHandle, Class, LiveHub};
-use std::sync::{Arc, OnceLock};
-use tokio::sync::{mpsc, watch};
+use std::sync::{Arc, Mutex, OnceLock};
+use tokio::sync::watch;
 
 use crate::config::{Config, Modality, SourceConfig, EVENTS_SOURCE};
 use crate::foxglove::{self, location_fix, protobuf_message, schema_name};
 use crate::nmea::{self, FixBuilder, Sentence};
-
-/// Frames waiting for a source's encoder; more are dropped (and counted) rather than held.
-const ENCODER_QUEUE: usize = 32;
 
 /// The channels of one source.
 #[derive(Debug, Clone, PartialEq)]
@@ -201,15 +200,15 @@ pub struct Tap(OnceLock<TapLink>);
 
 #[derive(Debug)]
 struct TapLink {
-    hub: Arc<LiveHub>,
     main: ChannelHandle,
     fix: Option<ChannelHandle>,
-    frames: mpsc::Sender<Frame>,
+    /// Only the source's lane encodes: the lock is never contended.
+    encoder: Mutex<Encoder>,
 }
 
 impl Tap {
-    /// Looks at a frame on its way through the lane: handed to the encoder only while a client
-    /// subscribes to one of the source's channels. Never waits.
+    /// Looks at a frame on its way through the lane: encoded and handed to the clients only
+    /// while one subscribes to one of the source's channels. Never waits for a client.
     pub fn offer(&self, frame: &Frame) {
         let Some(link) = self.0.get() else {
             return;
@@ -218,32 +217,28 @@ impl Tap {
         if !wanted {
             return;
         }
-        if link.frames.try_send(frame.clone()).is_err() {
-            link.hub.note_dropped(&link.main, 1);
-        }
+        link.encoder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .encode(frame);
     }
 }
 
-/// Connects `tap` to the hub and starts the source's encoder task, which ends on shutdown.
-/// Nothing happens for channels the hub does not have.
-pub fn connect(
-    tap: &Tap,
-    hub: Arc<LiveHub>,
-    channels: SourceChannels,
-    shutdown: watch::Receiver<bool>,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let encoder = Encoder::new(hub.clone(), &channels)?;
-    let (tx, rx) = mpsc::channel(ENCODER_QUEUE);
+/// Connects `tap` to the hub; false (and nothing happens) for channels the hub does not have.
+pub fn connect(tap: &Tap, hub: Arc<LiveHub>, channels: SourceChannels) -> bool {
+    let Some(encoder) = Encoder::new(hub, &channels) else {
+        return false;
+    };
     let _ = tap.0.set(TapLink {
-        hub,
         main: encoder.main.clone(),
         fix: encoder.fix.clone(),
-        frames: tx,
+        encoder: Mutex::new(encoder),
     });
-    Some(tokio::spawn(encoder.run(rx, shutdown)))
+    true
 }
 
 /// Encodes one source's frames for the clients subscribed now.
+#[derive(Debug)]
 pub struct Encoder {
     hub: Arc<LiveHub>,
     source: Arc<str>,
@@ -265,18 +260,6 @@ impl Encoder {
             hub,
             fixes: FixBuilder::default(),
         })
-    }
-
-    async fn run(mut self, mut frames: mpsc::Receiver<Frame>, mut shutdown: watch::Receiver<bool>) {
-        loop {
-            tokio::select! {
-                frame = frames.recv() => match frame {
-                    Some(f) => self.encode(&f),
-                    None => return,
-                },
-                _ = shutdown.wait_for(|down| *down) => return,
-            }
-        }
     }
 
     /// Encodes `frame` for the channels someone subscribes to now, and hands it to the hub.
@@ -446,7 +429,6 @@ mod tests {
             payload: Bytes::from_static(b"jpeg"),
         };
         tap.offer(&frame);
-        let (_tx, rx) = watch::channel(false);
         let (all, per) = channels(
             &Config::parse(
                 "[rig]\nid = \"a\"\n[[source]]\nid = \"front\"\nkind = \"synthetic-camera\"\n",
@@ -455,15 +437,14 @@ mod tests {
             .unwrap(),
         );
         assert!(
-            connect(&tap, hub.clone(), per[0].clone(), rx.clone()).is_none(),
+            !connect(&tap, hub.clone(), per[0].clone()),
             "the hub has no channel 1"
         );
         let hub = Arc::new(LiveHub::new("t".into(), all, 1, Arc::new(|| 0)));
-        let task = connect(&tap, hub, per[0].clone(), rx).unwrap();
-        // Nobody subscribes: nothing is handed over.
+        assert!(connect(&tap, hub.clone(), per[0].clone()));
+        // Nobody subscribes: nothing is encoded, nothing counted.
         tap.offer(&frame);
-        let link = tap.0.get().unwrap();
-        assert_eq!(link.frames.capacity(), ENCODER_QUEUE);
-        task.abort();
+        assert!(!tap.0.get().unwrap().main.wanted());
+        assert_eq!(hub.dropped("front"), 0);
     }
 }

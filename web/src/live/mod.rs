@@ -46,6 +46,10 @@ pub const SUBPROTOCOL_WEBSOCKET: &str = "foxglove.websocket.v1";
 pub const CLIENT_QUEUE_BYTES: usize = 4 << 20;
 /// How often a client is sent the rig clock (the `time` capability).
 pub const TIME_EVERY: Duration = Duration::from_millis(250);
+/// At most one write to a client this often: what is published meanwhile (a serial record and
+/// its fix, a camera frame or an audio block landing beside them) waits on a timer and leaves in
+/// the same write, instead of a wake-up and a write each (docs/PERFORMANCE.md "Live view cost").
+pub const FLUSH_GAP: Duration = Duration::from_millis(10);
 /// At most one drop warning per channel and client this often.
 pub const WARN_EVERY: Duration = Duration::from_secs(5);
 /// Largest message a client may send (subscribe lists are short).
@@ -588,17 +592,18 @@ async fn serve_client(
     tracing::info!(client = id, reason = why, "live view: client disconnected");
 }
 
-/// Sends what the client has queued, and the rig clock every [`TIME_EVERY`].
-async fn write_loop(
-    hub: &LiveHub,
-    client: &Client,
-    mut sink: futures::stream::SplitSink<WebSocket, Message>,
-) -> &'static str {
+/// Sends what the client has queued, and the rig clock every [`TIME_EVERY`]; at most one write
+/// every [`FLUSH_GAP`].
+async fn write_loop<S>(hub: &LiveHub, client: &Client, mut sink: S) -> &'static str
+where
+    S: futures::Sink<Message> + Unpin,
+{
     let mut next_time = tokio::time::Instant::now();
     let mut last_time = 0u64;
     // Messages handed to the socket since the last flush: what is queued goes out in one flush
     // (few writes for many small messages), and nothing waits unflushed once the queue is empty.
     let mut unflushed = 0usize;
+    let mut last_flush = tokio::time::Instant::now();
     loop {
         // Due before anything else in the queue is sent, so a busy queue cannot starve the clock.
         if tokio::time::Instant::now() >= next_time {
@@ -624,11 +629,18 @@ async fn write_loop(
             ),
             None if unflushed > 0 => {
                 unflushed = 0;
+                last_flush = tokio::time::Instant::now();
                 match tokio::time::timeout(STALL_LIMIT, sink.flush()).await {
                     Ok(Ok(())) => continue,
                     Ok(Err(_)) => return "the connection failed",
                     Err(_) => return "the client took nothing for two minutes",
                 }
+            }
+            None if tokio::time::Instant::now() < last_flush + FLUSH_GAP => {
+                // Too soon after the last write: publishes meanwhile only queue (the wake-up's
+                // permit is kept), and the timer sends them together.
+                tokio::time::sleep_until((last_flush + FLUSH_GAP).min(next_time)).await;
+                continue;
             }
             None => {
                 tokio::select! {
@@ -945,5 +957,115 @@ mod tests {
         let adv: serde_json::Value = serde_json::from_str(&hub.advertise()).unwrap();
         assert_eq!(adv["channels"][2]["topic"], "/gps/fix");
         assert_eq!(adv["channels"][0]["encoding"], "protobuf");
+    }
+
+    /// What the write loop asked of its socket, and when (ms of paused time from the start).
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Wrote {
+        /// Message data (opcode 1) of this subscription.
+        Data(u32),
+        Time,
+        Flush,
+    }
+
+    struct Recorder {
+        log: Arc<Mutex<Vec<(u128, Wrote)>>>,
+        t0: tokio::time::Instant,
+    }
+
+    impl Recorder {
+        fn note(&self, w: Wrote) {
+            let at = self.t0.elapsed().as_millis();
+            self.log.lock().unwrap().push((at, w));
+        }
+    }
+
+    impl futures::Sink<Message> for Recorder {
+        type Error = std::convert::Infallible;
+
+        fn poll_ready(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn start_send(self: std::pin::Pin<&mut Self>, m: Message) -> Result<(), Self::Error> {
+            match m {
+                Message::Binary(b) if b[0] == 1 => {
+                    self.note(Wrote::Data(u32::from_le_bytes(b[1..5].try_into().unwrap())))
+                }
+                Message::Binary(b) if b[0] == 2 => self.note(Wrote::Time),
+                other => panic!("{other:?}"),
+            }
+            Ok(())
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            self.note(Wrote::Flush);
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_close(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_after_a_quiet_spell_goes_at_once_and_those_soon_after_a_write_share_the_next(
+    ) {
+        let hub = Arc::new(hub().with_queue_bytes(1 << 20));
+        let c = client(&hub);
+        let subscribe = |id, channel_id| {
+            apply(
+                &hub,
+                &c,
+                ClientMessage::Subscribe {
+                    subscriptions: vec![Subscription { id, channel_id }],
+                },
+            )
+        };
+        subscribe(7, 1);
+        subscribe(8, 2);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = Recorder {
+            log: log.clone(),
+            t0: tokio::time::Instant::now(),
+        };
+        let writer = {
+            let (hub, c) = (hub.clone(), c.clone());
+            tokio::spawn(async move { write_loop(&hub, &c, sink).await })
+        };
+        let ms = |n| tokio::time::sleep(Duration::from_millis(n));
+        ms(20).await;
+        hub.publish(&hub.handle(1).unwrap(), 10, Bytes::from_static(b"a"));
+        ms(2).await;
+        hub.publish(&hub.handle(2).unwrap(), 11, Bytes::from_static(b"b"));
+        ms(3).await;
+        hub.publish(&hub.handle(1).unwrap(), 12, Bytes::from_static(b"c"));
+        ms(75).await;
+        writer.abort();
+        use Wrote::*;
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec![
+                // The rig clock, first thing.
+                (0, Time),
+                (0, Flush),
+                // Nothing written for 20 ms: no wait.
+                (20, Data(7)),
+                (20, Flush),
+                // 2 and 5 ms after that write: together, FLUSH_GAP after it.
+                (30, Data(8)),
+                (30, Data(7)),
+                (30, Flush),
+            ]
+        );
     }
 }
