@@ -271,7 +271,9 @@ def test_a_client_that_stops_reading_for_30_s_is_warned_counted_and_costs_captur
 
 def test_rigd_check_names_a_bad_max_live_clients_and_exits_2(tmp_path):
     path = tmp_path / "rigd.toml"
-    path.write_text(config("live-check", None, max_clients=17).replace("{WEB_PORT}", "8088"))
+    # Port 0: `check` probes the bind, and 8088 belongs to test_cli's group (a probe there at the
+    # same instant made its one-line check report a second line, "cannot listen").
+    path.write_text(config("live-check", None, max_clients=17).replace("{WEB_PORT}", "0"))
     r = subprocess.run([os.environ.get("RIGD_BIN") or str(ROOT / "target/release/rigd"), "check", "--config", str(path)],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, (r.returncode, r.stderr)

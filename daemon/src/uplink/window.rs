@@ -150,8 +150,12 @@ struct Message {
     sealed: Option<Box<crate::seal::Sealed>>,
     /// Chunk ranges of the wire payload (one when not chunked).
     chunks: Vec<Range<usize>>,
-    /// Chunks with a receipt.
+    /// Chunks with a receipt, or counted as held on the broker's word ([`plan::Again::LastChunk`]).
     receipts: usize,
+    /// Of `receipts`, those counted on the broker's word: its highest *pushed* id named the last
+    /// chunk, and pushed is not stored (writes still pending may fail). Until the last chunk's
+    /// receipt comes they are chunks in flight, judged again by the next connection.
+    assumed: usize,
     /// Chunks written on the current session (receipts <= written <= chunks).
     written: usize,
     submitted: Instant,
@@ -266,7 +270,15 @@ impl Window {
             let max_chunk = self.chunk_limit(max_message_size, &self.messages[i].envelope);
             let max_piece = self.broker_limit(max_message_size, &self.messages[i].envelope);
             let m = &mut self.messages[i];
-            let in_flight = m.written;
+            let assumed = std::mem::take(&mut m.assumed);
+            m.receipts -= assumed;
+            // Chunks the broker's word spared were written on an earlier connection, without a
+            // receipt: in flight, whether or not the last chunk went again since.
+            let in_flight = if assumed > 0 {
+                m.chunks.len()
+            } else {
+                m.written
+            };
             m.written = m.receipts;
             i += 1;
             if !m.sending() {
@@ -282,7 +294,8 @@ impl Window {
             ) {
                 plan::Again::Resume => {}
                 plan::Again::LastChunk => {
-                    // The broker holds every chunk: the last one alone goes, for its receipt.
+                    // The broker has every chunk: the last one alone goes, for its receipt.
+                    m.assumed = m.chunks.len() - 1 - m.receipts;
                     m.receipts = m.chunks.len() - 1;
                     m.written = m.receipts;
                 }
@@ -336,6 +349,7 @@ impl Window {
                 // of two layouts under one uuid; the earlier partial chunks expire at consumers.
                 m.generation += 1;
                 m.receipts = 0;
+                m.assumed = 0;
                 m.written = 0;
                 m.chunks = crate::payload::cut(m.wire.len(), max_chunk);
             }
@@ -515,6 +529,7 @@ impl Window {
             sealed,
             chunks,
             receipts: 0,
+            assumed: 0,
             written: 0,
             submitted: now,
             state: State::Sending,
@@ -565,6 +580,7 @@ impl Window {
             sealed: None,
             chunks,
             receipts: 0,
+            assumed: 0,
             written: 0,
             submitted,
             state: State::Sending,
@@ -597,6 +613,7 @@ impl Window {
             sealed: None,
             chunks: Vec::new(),
             receipts: 0,
+            assumed: 0,
             written: 0,
             submitted: now,
             state: State::Done(outcome),
@@ -665,6 +682,7 @@ impl Window {
             uncompressed: raw.len(),
             sealed: None,
             receipts: 0,
+            assumed: 0,
             written: 0,
             submitted: b.opened,
             state: State::Sending,

@@ -237,6 +237,53 @@ fn a_reconnect_after_the_broker_took_the_last_chunk_sends_only_it_for_its_duplic
 }
 
 #[test]
+fn chunks_spared_on_the_brokers_word_are_in_flight_again_when_the_link_goes_before_the_last_receipt(
+) {
+    // CI lost frames 28 and 29 this way: a reset while both were in flight; the new connection's
+    // broker named frame 29's last chunk, its highest *pushed* id (the writes still pending), so
+    // only the last chunks were due. The topic was unloaded before they went, the pending writes
+    // failed, and the next connection resumed at the last chunks: stored alone, consumers could
+    // not assemble either frame ("uncached chunk").
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    w.submit(frame(5, 12 * MB, 1), t0).unwrap();
+    let ids = write_all(&mut w, t0);
+    assert_eq!(ids.len(), 3);
+    w.disconnected();
+    w.connected(2, 5 * MB, Some(plan::BrokerLast::id(ids[2])), t0);
+    // Gone before the last chunk was written; the pending writes failed and the broker names
+    // the previous frame: the frame goes whole, under a new uuid.
+    w.disconnected();
+    w.connected(
+        3,
+        5 * MB,
+        Some(plan::BrokerLast::id(plan::sequence_id(4, 0, 2))),
+        t0,
+    );
+    let again = write_all(&mut w, t0);
+    assert_eq!(
+        again,
+        (0..3)
+            .map(|c| plan::sequence_id(5, 1, c))
+            .collect::<Vec<_>>()
+    );
+    for id in again {
+        w.on_receipt(id, t0).unwrap();
+    }
+    assert_eq!(acks(&mut w), vec![(5, Outcome::Persisted)]);
+    // The broker's word twice in a row: the last chunk alone, each time.
+    w.submit(frame(6, 12 * MB, 2), t0).unwrap();
+    let ids = write_all(&mut w, t0);
+    for k in 4..6 {
+        w.disconnected();
+        w.connected(k, 5 * MB, Some(plan::BrokerLast::id(ids[2])), t0);
+    }
+    assert_eq!(write_all(&mut w, t0), vec![ids[2]]);
+    w.on_receipt(ids[2], t0).unwrap();
+    assert_eq!(acks(&mut w), vec![(6, Outcome::Persisted)]);
+}
+
+#[test]
 fn a_frame_cut_mid_send_more_often_than_there_are_generations_keeps_getting_new_uuids() {
     // CI: a 12 MB frame cut 8 times between its chunks. At the last generation the frame went
     // back to resuming under its uuid, the broker stored a chunk twice, and the consumer dropped
