@@ -302,10 +302,7 @@ struct Channel {
     queued: usize,
     /// Bytes of this channel's frames the socket took.
     written: u64,
-    /// Set while the producer waits for its queue to fall below this many bytes
-    /// ([`Connection::wait_for_room`]): only then is it told of writes.
-    room_below: Option<usize>,
-    /// Told when this channel's queue fell below `room_below`, or the connection failed.
+    /// Told when bytes of this channel, or of another while this one waits, were written.
     progress: Arc<Notify>,
 }
 
@@ -318,8 +315,6 @@ struct State {
     failed: Option<Failure>,
     /// The channel served last (they take turns within a rank).
     last_served: u64,
-    /// Bytes the socket took, of every channel and command: the connection moves.
-    written: u64,
 }
 
 struct Inner {
@@ -446,17 +441,6 @@ pub struct ChannelEnd {
     pub progress: Arc<Notify>,
 }
 
-/// What [`Connection::progress`] reports.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Progress {
-    /// This channel's bytes the socket took.
-    pub written: u64,
-    /// This channel's bytes queued.
-    pub queued: usize,
-    /// Bytes the socket took of every channel and command.
-    pub connection: u64,
-}
-
 impl Connection {
     fn start(
         dialed: Dialed,
@@ -551,7 +535,6 @@ impl Connection {
                 frames: VecDeque::new(),
                 queued: 0,
                 written: 0,
-                room_below: None,
                 progress: progress.clone(),
             },
         );
@@ -591,34 +574,13 @@ impl Connection {
         Ok(())
     }
 
-    /// Channel `id`'s bytes written so far and queued, and the bytes the socket took of every
-    /// channel (the connection moves while this one's wait behind better ranks).
-    pub fn progress(&self, id: u64) -> Progress {
-        let s = self.inner.state();
-        let (written, queued) = s
+    /// Channel `id`'s bytes written so far and bytes queued.
+    pub fn progress(&self, id: u64) -> (u64, usize) {
+        self.inner
+            .state()
             .channels
             .get(&id)
-            .map_or((0, 0), |c| (c.written, c.queued));
-        Progress {
-            written,
-            queued,
-            connection: s.written,
-        }
-    }
-
-    /// Asks to be told (the channel's `progress`) once channel `id` has fewer than `below` bytes
-    /// queued. False when it already has: nothing to wait for. Writes are not reported otherwise
-    /// (a wake-up per frame for nothing): the producer reads [`Connection::progress`] when it
-    /// wakes for another reason, at least every half second.
-    pub fn wait_for_room(&self, id: u64, below: usize) -> bool {
-        let mut s = self.inner.state();
-        match s.channels.get_mut(&id) {
-            Some(c) if c.queued >= below => {
-                c.room_below = Some(below);
-                true
-            }
-            _ => false,
-        }
+            .map_or((0, 0), |c| (c.written, c.queued))
     }
 
     /// Sends a request and waits for its answer within `timeout`: the first command with its
@@ -732,15 +694,16 @@ fn next(inner: &Inner) -> Option<Next> {
     })
 }
 
-/// `n` bytes of channel `id` (None: a control command) went out: the channel and the connection
-/// count them, and a producer waiting for room in its queue is told once there is.
-fn wrote(s: &mut State, id: Option<u64>, n: usize) {
-    s.written += n as u64;
+/// `n` bytes of channel `id` (None: a control command) went out: the channel counts them, and
+/// every channel waiting with frames is told the connection moves.
+fn wrote(inner: &Inner, id: Option<u64>, n: usize) {
+    let mut s = inner.state();
     if let Some(c) = id.and_then(|id| s.channels.get_mut(&id)) {
         c.written += n as u64;
         c.queued = c.queued.saturating_sub(n);
-        if c.room_below.is_some_and(|below| c.queued < below) {
-            c.room_below = None;
+    }
+    for (cid, c) in &s.channels {
+        if Some(*cid) == id || c.queued > 0 {
             c.progress.notify_one();
         }
     }
@@ -792,7 +755,7 @@ async fn write_loop(inner: Arc<Inner>, mut w: tokio::io::WriteHalf<Box<dyn Conn>
                     Ok(0) => return inner.fail(Failure::Closed),
                     Ok(n) => {
                         at += n;
-                        wrote(&mut inner.state(), id, n);
+                        wrote(&inner, id, n);
                     }
                     Err(e) => return inner.fail(Failure::Io(e.kind(), e.to_string())),
                 }
@@ -840,48 +803,6 @@ mod tests {
         assert_eq!(pick(q, 7), Some(4));
         assert_eq!(pick(q, 9), Some(4));
         assert_eq!(pick(std::iter::empty(), 3), None);
-    }
-
-    #[test]
-    fn a_producer_hears_of_writes_only_when_it_waits_for_room_in_its_queue() {
-        // A wake-up per write cost the producer task one per frame for nothing: it reads the
-        // counts when it wakes for another reason (issue 26, goal 1).
-        let mut s = State::default();
-        let (route, _inbound) = mpsc::unbounded_channel();
-        let progress = Arc::new(Notify::new());
-        s.channels.insert(
-            1,
-            Channel {
-                route,
-                rank: Arc::new(AtomicUsize::new(0)),
-                held: Arc::new(|| {}),
-                frames: VecDeque::new(),
-                queued: 300,
-                written: 0,
-                room_below: None,
-                progress: progress.clone(),
-            },
-        );
-        let told = || {
-            let n = progress.notified();
-            tokio::pin!(n);
-            n.as_mut().enable() // true: a permit was stored (the producer was told)
-        };
-        wrote(&mut s, Some(1), 100);
-        wrote(&mut s, None, 7);
-        assert!(!told(), "not waiting: not told");
-        assert_eq!(
-            (s.channels[&1].written, s.channels[&1].queued, s.written),
-            (100, 200, 107)
-        );
-        // Waiting for fewer than 150 queued: told once the queue falls below, once.
-        s.channels.get_mut(&1).unwrap().room_below = Some(150);
-        wrote(&mut s, Some(1), 40);
-        assert!(!told(), "160 queued: still full");
-        wrote(&mut s, Some(1), 20);
-        assert!(told());
-        wrote(&mut s, Some(1), 20);
-        assert!(!told(), "told once per wait");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use super::budget::Budget;
 use super::connect::{Link, Setup};
 use super::error::LinkError;
 use super::plan::BrokerLast;
-use super::pool::{Pool, Progress};
+use super::pool::Pool;
 use super::session::{Deadlines, Turn};
 use super::token::Token;
 use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
@@ -602,58 +602,28 @@ impl Session {
     /// Queues what the window gives on the connection and feeds back what the broker says,
     /// until the link fails, or after a stop once nothing is outstanding or the grace is over.
     async fn serve(&mut self, link: &mut Link) -> Result<(), LinkError> {
-        let mut seen = link.conn.progress(link.producer_id);
-        let r = self.serve_turns(link, &mut seen).await;
-        self.count_wire(link, &mut seen);
-        r
-    }
-
-    /// Counts the bytes of this producer the socket took since `seen`; true when the connection
-    /// moved (bytes of any producer went out). Read as the producer wakes, not on every write.
-    fn count_wire(&self, link: &Link, seen: &mut Progress) -> bool {
-        let p = link.conn.progress(link.producer_id);
-        self.shared
-            .stats
-            .wire_bytes
-            .fetch_add(p.written.saturating_sub(seen.written), Ordering::Relaxed);
-        let moved = p.connection > seen.connection;
-        *seen = p;
-        moved
-    }
-
-    async fn serve_turns(&mut self, link: &mut Link, seen: &mut Progress) -> Result<(), LinkError> {
         let shared = self.shared.clone();
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut deadlines = Deadlines::default();
         let mut abort_armed = false;
+        let mut written = 0;
         let progress = link.channel.progress.clone();
         loop {
             let now = Instant::now();
             if deadlines.stop_if(self.stopping(), now) {
                 shared.window().close();
             }
-            // Bytes of this producer went out, or of another while this one's wait (the
-            // connection moves; the writer serves the best rank first).
-            let moved = self.count_wire(link, seen);
-            let queued = seen.queued;
-            let ahead = match &self.budget {
-                Some(b) => BUDGET_WRITE_AHEAD.min(super::budget::bytes_ahead(b.rate())),
-                None => WRITE_AHEAD,
-            };
-            let mut full = false;
+            let (_, queued) = link.conn.progress(link.producer_id);
             let (batch_due, health, idle) = {
                 let mut w = shared.window();
-                if moved {
-                    w.progressed(now);
-                }
                 w.close_batch_if_due(now);
+                let ahead = match &self.budget {
+                    Some(b) => BUDGET_WRITE_AHEAD.min(super::budget::bytes_ahead(b.rate())),
+                    None => WRITE_AHEAD,
+                };
                 let publish_ms = (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64;
-                while !abort_armed {
-                    if queued + link.out.len() >= ahead {
-                        full = true;
-                        break;
-                    }
+                while queued + link.out.len() < ahead && !abort_armed {
                     match w.encode_next(&mut link.out, now, publish_ms) {
                         Some(e) if e.chunks > 1 && abort_after_chunk() == Some(e.chunk) => {
                             abort_armed = true;
@@ -687,20 +657,11 @@ impl Session {
                 }
                 Turn::Stopped => return Err(LinkError::Shutdown),
             }
-            if abort_armed && link.conn.progress(link.producer_id).queued == 0 {
+            if abort_armed && link.conn.progress(link.producer_id).1 == 0 {
                 // Test hook: a crash between the chunks of a frame, after the broker stored some.
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 tracing::error!("RIGD_FAILPOINT: aborting between chunks");
                 std::process::abort();
-            }
-            // Told once the queue has room again (or, armed, once it is empty).
-            let room_below = if abort_armed {
-                Some(1)
-            } else {
-                full.then_some(ahead)
-            };
-            if room_below.is_some_and(|b| !link.conn.wait_for_room(link.producer_id, b)) {
-                continue; // the writer made room meanwhile
             }
             let wake_at = |t: Option<Instant>| {
                 tokio::time::Instant::from_std(t.unwrap_or(now + Duration::from_secs(3600)))
@@ -719,8 +680,16 @@ impl Session {
                     };
                     self.on_command(frame.cmd)?;
                 }
-                // Room in this producer's queue (asked for below), or the connection failed.
+                // Bytes of this producer went out, or of another while this one's wait (the
+                // connection moves; the writer serves the best rank first).
                 _ = progress.notified() => {
+                    let (now_written, _) = link.conn.progress(link.producer_id);
+                    shared
+                        .stats
+                        .wire_bytes
+                        .fetch_add(now_written.saturating_sub(written), Ordering::Relaxed);
+                    written = written.max(now_written);
+                    shared.window().progressed(Instant::now());
                     if let Some(e) = link.conn.failure() {
                         return Err(e);
                     }
