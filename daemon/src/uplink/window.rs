@@ -294,7 +294,8 @@ impl Window {
             ) {
                 plan::Again::Resume => {}
                 plan::Again::LastChunk => {
-                    // The broker has every chunk: the last one alone goes, for its receipt.
+                    // The broker names the last chunk: the last one alone goes, for its receipt;
+                    // the others count as held until it comes (`assumed`).
                     m.assumed = m.chunks.len() - 1 - m.receipts;
                     m.receipts = m.chunks.len() - 1;
                     m.written = m.receipts;

@@ -64,6 +64,21 @@ fn acks(w: &mut Window) -> Vec<(u64, Outcome)> {
     w.take_acks().map(|a| (a.seq, a.outcome)).collect()
 }
 
+/// Asserts that frame `seq` (3 chunks) is written again whole under generation 1, and answers
+/// each chunk with its receipt.
+fn resent_whole_and_receipted(w: &mut Window, seq: u64, now: Instant) {
+    let again = write_all(w, now);
+    assert_eq!(
+        again,
+        (0..3)
+            .map(|c| plan::sequence_id(seq, 1, c))
+            .collect::<Vec<_>>()
+    );
+    for id in again {
+        w.on_receipt(id, now).unwrap();
+    }
+}
+
 #[test]
 fn a_frame_is_persisted_only_on_its_last_chunks_receipt() {
     let t0 = Instant::now();
@@ -260,16 +275,7 @@ fn chunks_spared_on_the_brokers_word_are_in_flight_again_when_the_link_goes_befo
         Some(plan::BrokerLast::id(plan::sequence_id(4, 0, 2))),
         t0,
     );
-    let again = write_all(&mut w, t0);
-    assert_eq!(
-        again,
-        (0..3)
-            .map(|c| plan::sequence_id(5, 1, c))
-            .collect::<Vec<_>>()
-    );
-    for id in again {
-        w.on_receipt(id, t0).unwrap();
-    }
+    resent_whole_and_receipted(&mut w, 5, t0);
     assert_eq!(acks(&mut w), vec![(5, Outcome::Persisted)]);
     // The broker's word twice in a row: the last chunk alone, each time.
     w.submit(frame(6, 12 * MB, 2), t0).unwrap();
@@ -344,16 +350,7 @@ fn a_reconnect_with_chunks_in_flight_of_a_frame_whose_last_chunk_was_not_pushed_
     w.on_receipt(ids[1], t0).unwrap();
     w.disconnected();
     w.connected(2, 5 * MB, Some(plan::BrokerLast::id(ids[0])), t0);
-    let again = write_all(&mut w, t0);
-    assert_eq!(
-        again,
-        (0..3)
-            .map(|c| plan::sequence_id(5, 1, c))
-            .collect::<Vec<_>>()
-    );
-    for id in again {
-        w.on_receipt(id, t0).unwrap();
-    }
+    resent_whole_and_receipted(&mut w, 5, t0);
     assert_eq!(
         acks(&mut w),
         vec![(4, Outcome::Persisted), (5, Outcome::Persisted)]
