@@ -10,11 +10,16 @@ with `max-bandwidth = 1800kbit`, a 40 s outage (5 s with --quick), then the drai
 - rigd's CPU for the budgeting: the same rig on an unshaped link, live (no backlog), with and
   without `max-bandwidth`, 60 s each (utime + stime of the process).
 
-Needs root (tc) and the test broker (PULSAR_URL, PULSAR_ADMIN_URL as for the e2e tests).
-Usage: sudo tests/bench/thin_link.py [--quick]"""
+With `--rounds N` the outage is run N times and each figure is the median with the spread;
+`--no-cpu` leaves out the budgeting CPU (two more minutes).
 
+Needs root (tc) and the test broker (PULSAR_URL, PULSAR_ADMIN_URL as for the e2e tests).
+Usage: sudo tests/bench/thin_link.py [--quick] [--rounds N] [--no-cpu]"""
+
+import argparse
 import os
 import re
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +33,12 @@ from harness import Rigd, namespace_with_dedup, unique  # noqa: E402
 from test_thin_link import (BUDGET_KBIT, BROKER_PORT, LINK_KBIT, Link, by_id, config, latencies, p99,  # noqa: E402
                             received)
 
-QUICK = "--quick" in sys.argv
+ARGS = argparse.ArgumentParser()
+ARGS.add_argument("--quick", action="store_true")
+ARGS.add_argument("--rounds", type=int, default=1)
+ARGS.add_argument("--no-cpu", action="store_true")
+ARGS = ARGS.parse_args()
+QUICK = ARGS.quick
 OUTAGE_S = 5 if QUICK else 40
 WARM = 5 if QUICK else 20  # frames each source has published before a measurement starts
 SOURCES = ["gps", "mic", "cam"]
@@ -115,30 +125,46 @@ def budgeting_cpu(tmp: Path):
     return res
 
 
+def median_spread(xs, fmt):
+    """`median (lowest-highest)` of a round's figures, or the figure alone for one round."""
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "–"
+    if len(xs) == 1:
+        return fmt(xs[0])
+    return f"{fmt(statistics.median(xs))} ({fmt(min(xs))}-{fmt(max(xs))})"
+
+
 def main():
     import tempfile
     with tempfile.TemporaryDirectory(prefix="rigd-thin-bench-") as t:
         tmp = Path(t)
-        o = outage_and_drain(tmp)
-        cpu = budgeting_cpu(tmp)
+        rounds = [outage_and_drain(tmp / f"round{i}") for i in range(ARGS.rounds)]
+        cpu = None if ARGS.no_cpu else budgeting_cpu(tmp)
     budget = BUDGET_KBIT * 1000 / 8
-    leftover = budget - o["live_rate"]
-    used = o["drain_rate"] - o["live_rate"]
-    print(f"### Thin link: 2 Mbit/s htb class, max-bandwidth 1800 kbit/s, {OUTAGE_S} s outage, then the drain")
+    live = [o["live_rate"] for o in rounds]
+    drain = [o["drain_rate"] for o in rounds]
+    share = [(o["drain_rate"] - o["live_rate"]) / (budget - o["live_rate"]) * 100 for o in rounds]
+    waited = sum(o["cam_waited"] for o in rounds)
+    ms = lambda v: f"{v * 1e3:.0f} ms"  # noqa: E731
+    kbs = lambda v: f"{v / 1e3:.1f} kB/s"  # noqa: E731
+    print(f"### Thin link: 2 Mbit/s htb class, max-bandwidth 1800 kbit/s, {OUTAGE_S} s outage, then the drain"
+          f"{f' ({len(rounds)} rounds: median (lowest-highest))' if len(rounds) > 1 else ''}")
     print()
     print("| metric | value |")
     print("|---|---|")
     for src in SOURCES:
-        v, n = o["p99"][src]
+        frames = [o["p99"][src][1] for o in rounds]
         print(f"| {src} live p99 capture-to-receipt while the cam backlog waits | "
-              f"{'–' if v is None else f'{v * 1e3:.0f} ms'} ({n} frames) |")
-    print(f"| live bytes/s written (before the outage) | {o['live_rate'] / 1e3:.1f} kB/s of {budget / 1e3:.1f} kB/s |")
-    print(f"| bytes/s written during the drain | {o['drain_rate'] / 1e3:.1f} kB/s |")
-    print(f"| drain share of the budget left over | {used / leftover * 100:.0f} % "
-          f"({used / 1e3:.1f} of {leftover / 1e3:.1f} kB/s){'' if o['cam_waited'] else ' (cam backlog drained early)'} |")
-    print(f"| rigd CPU, live, no budget | {cpu['unlimited'] * 100:.2f} % of a core |")
-    print(f"| rigd CPU, live, with the budget | {cpu['budget'] * 100:.2f} % of a core |")
-    print(f"| budgeting CPU (difference) | {(cpu['budget'] - cpu['unlimited']) * 100:.2f} % of a core |")
+              f"{median_spread([o['p99'][src][0] for o in rounds], ms)} ({'/'.join(map(str, frames))} frames) |")
+    print(f"| live bytes/s written (before the outage) | {median_spread(live, kbs)} of {budget / 1e3:.1f} kB/s |")
+    print(f"| bytes/s written during the drain | {median_spread(drain, kbs)} |")
+    print(f"| drain share of the budget left over | {median_spread(share, lambda v: f'{v:.0f} %')}"
+          f"{'' if waited == len(rounds) else f' (cam backlog drained early in {len(rounds) - waited} rounds)'} |")
+    if cpu:
+        print(f"| rigd CPU, live, no budget | {cpu['unlimited'] * 100:.2f} % of a core |")
+        print(f"| rigd CPU, live, with the budget | {cpu['budget'] * 100:.2f} % of a core |")
+        print(f"| budgeting CPU (difference) | {(cpu['budget'] - cpu['unlimited']) * 100:.2f} % of a core |")
 
 
 if __name__ == "__main__":

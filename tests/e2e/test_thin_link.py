@@ -170,13 +170,16 @@ def test_after_an_outage_live_frames_go_first_within_the_budget_and_everything_a
     # Frames captured while the camera's backlog waited (from the uplink being back until the
     # measurement ended, when the cam backlog still waited).
     since, until = int(t_back * 1e9), int(t_measured * 1e9)
-    gps, mic = latencies(msgs["gps"], since, until), latencies(msgs["mic"], since, until)
+    gps, mic, cam = (latencies(msgs[src], since, until) for src in ["gps", "mic", "cam"])
     print(f"capture-to-receipt while the cam backlog waits: gps p99 {p99(gps):.3f} s ({len(gps)} frames), "
-          f"mic p99 {p99(mic):.3f} s ({len(mic)} frames)")
+          f"mic p99 {p99(mic):.3f} s ({len(mic)} frames), cam p99 {p99(cam):.3f} s ({len(cam)} frames)")
     assert cam_backlog_waited, "the cam backlog did not wait: the scenario did not test priorities"
-    assert len(gps) > 500 and len(mic) > 500
+    assert len(gps) > 500 and len(mic) > 500 and len(cam) > 100
+    # The budget covers every live rate: live frames of every source go before any backlog, the
+    # camera's too (its live p99 was 16 s while its frames ranked below the audio backlog).
     assert p99(gps) < 2.0, f"gps p99 {p99(gps):.2f} s"
-    assert p99(mic) < 3.0, f"mic p99 {p99(mic):.2f} s"
+    assert p99(mic) < 2.0, f"mic p99 {p99(mic):.2f} s"
+    assert p99(cam) < 2.0, f"cam p99 {p99(cam):.2f} s: live camera frames waited behind a backlog"
     assert abs(wire_rate * 8 - BUDGET_KBIT * 1e3) <= 0.05 * BUDGET_KBIT * 1e3, \
         f"wire {wire_rate * 8 / 1e3:.0f} kbit/s vs a budget of {BUDGET_KBIT} kbit/s"
     assert "rigd_uplink_budget_bytes_per_second" in metrics
