@@ -655,10 +655,12 @@ impl Window {
             return;
         };
         let rest: Vec<(Held, Envelope)> = frames.collect();
-        let mut raw = BytesMut::with_capacity(b.bytes + 64 * (rest.len() + 1));
-        if rest.is_empty() {
-            raw.extend_from_slice(&first.payload);
+        // A batch of one is the frame's own bytes, shared, not copied (a drain closes one per
+        // camera frame: each has a bucket key of its own).
+        let raw = if rest.is_empty() {
+            first.payload.clone()
         } else {
+            let mut raw = BytesMut::with_capacity(b.bytes + 64 * (rest.len() + 1));
             batch::push(
                 &mut raw,
                 &envelope,
@@ -668,8 +670,8 @@ impl Window {
             for (f, e) in &rest {
                 batch::push(&mut raw, e, plan::sequence_id(f.seq, 0, 0), &f.payload);
             }
-        }
-        let raw = raw.freeze();
+            raw.freeze()
+        };
         let (compression, wire) = crate::payload::compress(self.cfg.compression, &raw);
         self.messages.push_back(Message {
             frame: first,

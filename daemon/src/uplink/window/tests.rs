@@ -941,3 +941,30 @@ fn a_batch_waits_for_more_only_when_frames_come_closer_together_than_the_delay()
         "frames 1..=4 in one batch message"
     );
 }
+
+#[test]
+fn a_batch_of_one_is_the_frames_own_bytes_not_a_copy() {
+    // A drain submits frames back to back, so each opens a batch; a camera frame's bucket is its
+    // own, so each batch closes with one frame. Its message must share the frame's bytes: a
+    // copy per drained frame was a third copy of the backlog in memory.
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    let frames: Vec<Held> = (0..3).map(|seq| frame(seq, 20_000, seq as i64)).collect();
+    for f in &frames {
+        w.submit(f.clone(), t0).unwrap();
+    }
+    w.close_batch_if_due(t0 + Duration::from_secs(1));
+    let messages: Vec<_> = w
+        .messages
+        .iter()
+        .map(|m| (m.batch.len(), m.wire.as_ptr()))
+        .collect();
+    let own: Vec<_> = frames.iter().map(|f| (0, f.payload.as_ptr())).collect();
+    assert_eq!(messages, own);
+    let sent = sends(&mut w, t0);
+    assert_eq!(sent.len(), 3);
+    for ((_, meta, payload), f) in sent.iter().zip(&frames) {
+        assert_eq!(meta.num_messages_in_batch, None);
+        assert_eq!(payload, &f.payload);
+    }
+}
