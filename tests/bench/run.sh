@@ -41,15 +41,21 @@ if [ $QUICK = 0 ]; then
   mkdir -p target/bench && cp target/release/rigd target/bench/rigd-without-turbojpeg
   fallback=(--rigd-without-turbojpeg target/bench/rigd-without-turbojpeg)
 fi
-cargo build --release --locked -p rigd >&2
-cargo bench --locked -p rigd --no-run >&2 2>/dev/null || cargo bench --locked -p rigd --no-run
+# The smoke run reuses .ci/run's build as it is: the workspace's (its features unified over every
+# crate), where `-p rigd` alone is another feature set and so another build of rigd (~90 s), and the
+# bench targets only (`--benches`), not the library's test harness in bench mode (~110 s more).
+scope=(-p rigd)
+if [ $QUICK = 1 ]; then scope=(--workspace); fi
+cargo build --release --locked "${scope[@]}" >&2
+cargo bench --locked "${scope[@]}" --benches --no-run >&2 2>/dev/null || cargo bench --locked "${scope[@]}" --benches --no-run
 # Each bench binary's path, resolved once: the sections run them directly (no cargo start per row).
 bench_bin() {
-  cargo bench --locked -q -p rigd --bench "$1" --no-run --message-format=json 2>/dev/null |
+  cargo bench --locked -q "${scope[@]}" --bench "$1" --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == sys.argv[1]][-1])' "$1"
 }
 UPLINK_BENCH=$(bench_bin uplink)
 SPOOL_BENCH=$(bench_bin spool)
+FLEET_BENCH=$(bench_bin fleet)
 JAVA_HOME=${JAVA_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}
 mkdir -p target/bench-java
 "$JAVA_HOME/bin/javac" -d target/bench-java -cp "$LIB/*" tests/bench/java/JavaProducer.java
@@ -258,18 +264,18 @@ echo
 # Against the standalone broker of this run; a sweep in the full run shows where it bends.
 PULSAR_BROKER_PID=$(tests/pulsar/broker.sh env | sed -n 's/^PULSAR_BROKER_PID=//p'); export PULSAR_BROKER_PID
 if [ $QUICK = 1 ]; then
-  python3 tests/bench/fleet.py --quick --url "$URL" --admin-url "$ADMIN_URL"
+  python3 tests/bench/fleet.py --bench "$FLEET_BENCH" --quick --url "$URL" --admin-url "$ADMIN_URL"
 else
   # where it bends: 1,000 and 2,000 producers at 1/300 of a rig's rates, two namespace unloads
-  python3 tests/bench/fleet.py --url "$URL" --admin-url "$ADMIN_URL" \
+  python3 tests/bench/fleet.py --bench "$FLEET_BENCH" --url "$URL" --admin-url "$ADMIN_URL" \
     --rigs 250 --rigs 500 --rate-scale 0.003333 --secs 60 --unload-at 15,40 --json target/bench/fleet-standalone.json
   echo
   echo "One bundle of 16 unloaded (what a load-balancer move does), and 1/30 of the rig rates (26 MB/s)"
   echo
-  python3 tests/bench/fleet.py --url "$URL" --admin-url "$ADMIN_URL" \
+  python3 tests/bench/fleet.py --bench "$FLEET_BENCH" --url "$URL" --admin-url "$ADMIN_URL" \
     --rigs 250 --bundles 16 --unload-scope bundle --rate-scale 0.003333 --secs 45 --unload-at 15,30 \
     --json target/bench/fleet-bundle.json | tail -n 1
-  python3 tests/bench/fleet.py --url "$URL" --admin-url "$ADMIN_URL" --rigs 250 --secs 30 --unload-at 5 \
+  python3 tests/bench/fleet.py --bench "$FLEET_BENCH" --url "$URL" --admin-url "$ADMIN_URL" --rigs 250 --secs 30 --unload-at 5 \
     --drain-secs 30 --json target/bench/fleet-rates.json | tail -n 1
   # And on the multi-broker cluster when the harness is there: a broker kill -9 mid-run.
   if [ -x tests/pulsar/cluster.sh ]; then
@@ -284,14 +290,14 @@ else
     echo
     echo "On the cluster ($PULSAR_CLUSTER_URL): a namespace unload at +20 s${kill_args:+, kill -9 of the broker owning most bundles at +40 s}"
     echo
-    PULSAR_BROKER_PID= python3 tests/bench/fleet.py --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URLS" \
+    PULSAR_BROKER_PID= python3 tests/bench/fleet.py --bench "$FLEET_BENCH" --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URLS" \
       --rigs 250 --rate-scale 0.003333 --secs 60 --unload-at 20 "${kill_args[@]}" \
       --json target/bench/fleet-cluster.json || true
     if [ "$cluster_started" = 1 ]; then
       echo
       echo "On the cluster: a rolling restart of both brokers from +10 s (SIGTERM, start, next)"
       echo
-      PULSAR_BROKER_PID= python3 tests/bench/fleet.py --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URLS" \
+      PULSAR_BROKER_PID= python3 tests/bench/fleet.py --bench "$FLEET_BENCH" --url "$PULSAR_CLUSTER_URL" --admin-url "$PULSAR_CLUSTER_ADMIN_URLS" \
         --rigs 250 --rate-scale 0.003333 --secs 60 --unload-at "" --rolling-restart-at 10 \
         --json target/bench/fleet-cluster-rolling.json | tail -n 1 || true
     fi

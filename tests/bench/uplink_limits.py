@@ -8,7 +8,7 @@ the broker's disk busy time (/proc/diskstats io_ticks of the device under the br
     python3 tests/bench/uplink_limits.py --uplink-bench <target/release/deps/uplink-...> \\
         [--rows 4096:100000:false,4096:200000:true] [--rounds 3]
 
-The uplink bench binary is the one run.sh resolves (`cargo bench -p rigd --bench uplink --no-run`);
+The uplink bench binary is the one run.sh resolves (`cargo bench --workspace --bench uplink --no-run`);
 the Java client is compiled as run.sh does (target/bench-java) and runs a warm-up row of a fifth of
 the count in the same JVM before the measured one. Needs the test broker up
 (tests/pulsar/broker.sh start). Prints one markdown table: per row and client the medians of the
