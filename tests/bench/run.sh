@@ -41,12 +41,13 @@ if [ $QUICK = 0 ]; then
   mkdir -p target/bench && cp target/release/rigd target/bench/rigd-without-turbojpeg
   fallback=(--rigd-without-turbojpeg target/bench/rigd-without-turbojpeg)
 fi
-# The smoke run reuses .ci/run's build as it is: the workspace's (its features unified over every
-# crate), where `-p rigd` alone is another feature set and so another build of rigd (~90 s), and the
-# bench targets only (`--benches`), not the library's test harness in bench mode (~110 s more).
-scope=(-p rigd)
-if [ $QUICK = 1 ]; then scope=(--workspace); fi
-cargo build --release --locked "${scope[@]}" >&2
+# The smoke run reuses .ci/run's build as it is: the workspace's with every target (its features
+# unified over every crate and the dev-dependencies), where `-p rigd` alone, or the workspace without
+# its tests, is another feature set and so another build of rigd and its dependencies (~90-115 s),
+# and the bench targets only (`--benches`), not the library's test harness in bench mode (~110 s).
+scope=(-p rigd) build=()
+if [ $QUICK = 1 ]; then scope=(--workspace) build=(--all-targets); fi
+cargo build --release --locked "${scope[@]}" "${build[@]}" >&2
 cargo bench --locked "${scope[@]}" --benches --no-run >&2 2>/dev/null || cargo bench --locked "${scope[@]}" --benches --no-run
 # Each bench binary's path, resolved once: the sections run them directly (no cargo start per row).
 bench_bin() {
