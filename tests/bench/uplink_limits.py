@@ -19,28 +19,20 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+# The broker tests/pulsar/broker.sh starts by default (its data directory), unless PULSAR_DATA names
+# another, as for the e2e tests.
+os.environ.setdefault("PULSAR_DATA", "/tmp/rigd-pulsar-data")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness import ROOT, broker_pid  # noqa: E402
+from rig_profile import cpu_seconds  # noqa: E402
+
 TICK = os.sysconf("SC_CLK_TCK")
-BROKER_DATA = Path(os.environ.get("PULSAR_DATA", "/tmp/rigd-pulsar-data"))  # as tests/pulsar/broker.sh
-
-
-def broker_pid() -> int:
-    """The broker JVM tests/pulsar/broker.sh started (its pidfile)."""
-    try:
-        pid = int((BROKER_DATA / "broker.pid").read_text())
-        os.kill(pid, 0)
-        return pid
-    except (OSError, ValueError):
-        raise SystemExit("no broker: start it with tests/pulsar/broker.sh start")
-
-
-def proc_cpu_s(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / TICK
+BROKER_DATA = Path(os.environ["PULSAR_DATA"])
 
 
 def proc_write_bytes(pid: int) -> int:
@@ -89,7 +81,7 @@ class Sampler(threading.Thread):
     def run(self):
         while not self.done.is_set():
             try:
-                self.samples.append((time.time(), proc_cpu_s(self.client), proc_cpu_s(self.broker),
+                self.samples.append((time.time(), cpu_seconds(self.client), cpu_seconds(self.broker),
                                      proc_write_bytes(self.broker), machine_busy_s(), io_ticks_ms(self.device)))
             except (FileNotFoundError, ProcessLookupError):
                 return
