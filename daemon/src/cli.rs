@@ -64,6 +64,53 @@ enum Command {
     Man,
 }
 
+/// How an offline tool reaches a Pulsar cluster (`rigd tail`, `rigd recall`, `rigd replay
+/// --pulsar`, `rigd live`): `#[command(flatten)]` it into the subcommand's args and call
+/// [`PulsarClientArgs::access`] with the URL.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PulsarClientArgs {
+    /// File holding the Pulsar token (`pulsar.token-file`).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// CA certificates (PEM) for a pulsar+ssl:// URL (`pulsar.tls-ca-file`; default: the
+    /// Mozilla roots).
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a broker that requires mutual TLS (`pulsar.tls-cert-file`);
+    /// with --tls-key-file and a pulsar+ssl:// URL.
+    #[arg(long, value_name = "FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM; `pulsar.tls-key-file`).
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl PulsarClientArgs {
+    /// The token read and the TLS files checked against `url`: a usage error (message said,
+    /// exit 2) for a token file that does not read, or TLS files with a clear `pulsar://` URL
+    /// (the operator would believe the link encrypted, or authenticated by certificate).
+    pub fn access(&self, url: &str) -> Result<crate::tail::Access, ExitCode> {
+        if !url.starts_with("pulsar+ssl://") {
+            let set = [
+                ("--tls-cert-file", self.tls_cert_file.is_some()),
+                ("--tls-key-file", self.tls_key_file.is_some()),
+                ("--tls-ca", self.tls_ca.is_some()),
+            ];
+            if let Some((flag, _)) = set.iter().find(|(_, on)| *on) {
+                say(format_args!(
+                    "rigd: {flag} goes with a pulsar+ssl:// URL; {url} is a clear link, neither encrypted nor authenticated by certificate"
+                ));
+                return Err(ExitCode::from(2));
+            }
+        }
+        Ok(crate::tail::Access {
+            token: read_token(self.token_file.as_ref())?,
+            tls_ca: self.tls_ca.clone(),
+            tls_client: self.tls_cert_file.clone().zip(self.tls_key_file.clone()),
+        })
+    }
+}
+
 #[derive(Debug, clap::Args)]
 struct TailArgs {
     /// The Pulsar cluster (pulsar://host:port).
@@ -91,12 +138,8 @@ struct TailArgs {
     /// Report a bucket once frames this many buckets newer have arrived (late frames are counted).
     #[arg(long, value_name = "BUCKETS", default_value_t = 30)]
     lag: i64,
-    /// File holding the Pulsar token.
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
-    /// CA certificates (PEM) for a pulsar+ssl:// URL (default: the Mozilla roots).
-    #[arg(long, value_name = "FILE")]
-    tls_ca: Option<PathBuf>,
+    #[command(flatten)]
+    client: PulsarClientArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -177,12 +220,8 @@ struct RecallArgs {
     /// Give up after this many seconds without the awaited answer.
     #[arg(long, value_name = "S", default_value_t = 600)]
     timeout: u64,
-    /// File holding the Pulsar token.
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
-    /// CA certificates (PEM) for a pulsar+ssl:// URL (default: the Mozilla roots).
-    #[arg(long, value_name = "FILE")]
-    tls_ca: Option<PathBuf>,
+    #[command(flatten)]
+    client: PulsarClientArgs,
 }
 
 fn rig_id(s: &str) -> Result<String, String> {
@@ -289,12 +328,9 @@ struct ReplayArgs {
     /// (`wire::DEFAULT_TOPIC`).
     #[arg(long, value_name = "TEMPLATE")]
     topic: Option<String>,
-    /// File holding the Pulsar token (`pulsar.token-file`).
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
-    /// CA certificates (PEM) for a pulsar+ssl:// URL (default: the Mozilla roots).
-    #[arg(long, value_name = "FILE")]
-    tls_ca: Option<PathBuf>,
+    /// With --pulsar: the token and TLS files.
+    #[command(flatten)]
+    client: PulsarClientArgs,
     /// The fleet's RSA private key (PEM): exports of an encrypted spool need it. Without it stat,
     /// verify and --pulsar still work (the sealed frames are republished as they are).
     #[arg(long, value_name = "FILE")]
@@ -568,8 +604,8 @@ fn replay(args: ReplayArgs) -> ExitCode {
         };
         mcap::export(&snap, &plan, file, &opts, key.as_ref(), &interrupt)
     } else if let Some(url) = &args.pulsar {
-        let token = match read_token(args.token_file.as_ref()) {
-            Ok(t) => t,
+        let access = match args.client.access(url) {
+            Ok(a) => a,
             Err(code) => return code,
         };
         let target = republish::Target {
@@ -577,8 +613,7 @@ fn replay(args: ReplayArgs) -> ExitCode {
             rig: rig.rig.clone(),
             topic: rig.topic.clone(),
             bucket_ms: rig.bucket_ms,
-            token,
-            tls_ca: args.tls_ca.clone(),
+            access,
             stall_timeout: std::time::Duration::from_secs(args.timeout.max(1)),
             hashing: if args.hashing_scheme == "java-string" {
                 crate::config::HashingScheme::JavaString
@@ -610,8 +645,8 @@ fn replay(args: ReplayArgs) -> ExitCode {
 
 fn tail(args: TailArgs) -> ExitCode {
     use crate::tail::{self, TailConfig};
-    let token = match read_token(args.token_file.as_ref()) {
-        Ok(t) => t,
+    let access = match args.client.access(&args.pulsar) {
+        Ok(a) => a,
         Err(code) => return code,
     };
     init_quiet_logging();
@@ -621,8 +656,7 @@ fn tail(args: TailArgs) -> ExitCode {
         rig: args.rig,
         topic: args.topic,
         sources: args.sources,
-        token,
-        tls_ca: args.tls_ca,
+        access,
         json: args.json,
         from_earliest: args.from_earliest,
         max_buckets: args.max_buckets,
@@ -650,8 +684,8 @@ fn tail(args: TailArgs) -> ExitCode {
 fn recall(args: RecallArgs) -> ExitCode {
     use crate::recall::client::{self, Ask, RecallConfig};
     use crate::recall::protocol::State;
-    let token = match read_token(args.token_file.as_ref()) {
-        Ok(t) => t,
+    let access = match args.client.access(&args.pulsar) {
+        Ok(a) => a,
         Err(code) => return code,
     };
     let ask = match (args.from.zip(args.to), args.coverage, args.cancel) {
@@ -685,8 +719,7 @@ fn recall(args: RecallArgs) -> ExitCode {
     let cfg = RecallConfig {
         url: args.pulsar,
         control_topic: args.control_topic.replace("{rig}", &args.rig),
-        token,
-        tls_ca: args.tls_ca,
+        access,
         ask,
         id: args.id,
         wait: args.wait,

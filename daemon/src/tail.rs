@@ -19,6 +19,19 @@ use std::time::{Duration, Instant};
 use crate::civil as time;
 use crate::replay::progress::Interrupt;
 
+pub mod bridge;
+
+/// How a client of the `pulsar` crate reaches the cluster (`rigd tail`, `rigd recall`, `rigd
+/// live`): the token, the CA certificates to trust, the client certificate for mutual TLS.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    pub token: Option<String>,
+    /// CA certificates (PEM) for a `pulsar+ssl://` URL (default: the Mozilla roots).
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// Client certificate and its key (PEM) for a broker that requires mutual TLS.
+    pub tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TailError {
     #[error("pulsar {url}: {why}")]
@@ -45,9 +58,7 @@ pub struct TailConfig {
     /// Sources to subscribe to and to expect in every bucket; empty: discover the rig's topics
     /// and expect every source seen so far.
     pub sources: Vec<String>,
-    pub token: Option<String>,
-    /// CA certificates (PEM) for a `pulsar+ssl://` URL (default: the Mozilla roots).
-    pub tls_ca: Option<std::path::PathBuf>,
+    pub access: Access,
     pub json: bool,
     /// Start from the oldest message the topics hold instead of the newest.
     pub from_earliest: bool,
@@ -325,8 +336,7 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
         url: cfg.url.clone(),
         why,
     };
-    let builder = client(&cfg.url, cfg.token.clone(), cfg.tls_ca.as_deref())
-        .map_err(|e| perr(format!("--tls-ca {e}")))?;
+    let (builder, _bridge) = connect(&cfg.url, &cfg.access).await.map_err(perr)?;
     let pulsar: Pulsar<TokioExecutor> = tokio::select! {
         r = builder.build() => r.map_err(|e| perr(format!("cannot connect: {e}")))?,
         _ = interrupt.wait() => return Ok(TailSummary::default()),
@@ -430,6 +440,38 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
     summary.late = asm.late;
     let _ = consumer.close().await;
     Ok(summary)
+}
+
+/// A client of the `pulsar` crate for `url` with `access`. With a client certificate (which the
+/// crate cannot present) the client talks to a [`bridge::Bridge`] that does the TLS with it; the
+/// bridge lives as long as the returned value. A file that does not load is an error naming the
+/// flag.
+pub(crate) async fn connect(
+    url: &str,
+    access: &Access,
+) -> Result<(PulsarBuilder<TokioExecutor>, Option<bridge::Bridge>), String> {
+    let Some((cert, key)) = &access.tls_client else {
+        return client(url, access.token.clone(), access.tls_ca.as_deref())
+            .map(|b| (b, None))
+            .map_err(|e| format!("--tls-ca {e}"));
+    };
+    if !url.starts_with("pulsar+ssl://") {
+        return Err(
+            "a client certificate goes with a pulsar+ssl:// URL (a clear pulsar:// link is neither encrypted nor authenticated by certificate)".into(),
+        );
+    }
+    let tls = crate::uplink::tls_config(access.tls_ca.as_deref(), Some((cert, key)))
+        .map_err(|e| format!("--tls-ca/--tls-cert-file/--tls-key-file: {e}"))?;
+    let (bridge, local) = bridge::Bridge::start(url, tls).await?;
+    let mut builder = client(&local, access.token.clone(), None)?;
+    if access.token.is_none() {
+        // The certificate is the identity: the broker's TLS provider takes the role from it.
+        builder = builder.with_auth(Authentication {
+            name: "tls".into(),
+            data: Vec::new(),
+        });
+    }
+    Ok((builder, Some(bridge)))
 }
 
 /// A client of the `pulsar` crate: the token, if any, and for `pulsar+ssl://` the CA

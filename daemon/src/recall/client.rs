@@ -30,8 +30,7 @@ pub enum Ask {
 pub struct RecallConfig {
     pub url: String,
     pub control_topic: String,
-    pub token: Option<String>,
-    pub tls_ca: Option<std::path::PathBuf>,
+    pub access: crate::tail::Access,
     pub ask: Ask,
     /// The request's id (default: a fresh random one).
     pub id: Option<String>,
@@ -113,8 +112,9 @@ async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, Rec
         _ => cfg.id.clone().unwrap_or_else(new_id),
     };
     let status_topic = format!("{}-status", cfg.control_topic);
-    let builder = crate::tail::client(&cfg.url, cfg.token.clone(), cfg.tls_ca.as_deref())
-        .map_err(|e| perr(format!("--tls-ca {e}")))?;
+    let (builder, _bridge) = crate::tail::connect(&cfg.url, &cfg.access)
+        .await
+        .map_err(perr)?;
     let deadline = tokio::time::sleep(cfg.timeout);
     tokio::pin!(deadline);
     let pulsar: Pulsar<TokioExecutor> = tokio::select! {

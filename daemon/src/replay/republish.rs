@@ -30,9 +30,8 @@ pub struct Target {
     /// Topic template with `{rig}` and `{source}`, as `pulsar.topic` in the config.
     pub topic: String,
     pub bucket_ms: u32,
-    pub token: Option<String>,
-    /// CA certificates (PEM) for `pulsar+ssl://`; the Mozilla roots when absent.
-    pub tls_ca: Option<std::path::PathBuf>,
+    /// Token, CA certificates (the Mozilla roots when absent) and client certificate.
+    pub access: crate::tail::Access,
     /// Give up when nothing moves (no connection, no receipt) for this long.
     pub stall_timeout: Duration,
     /// A partitioned topic's key -> partition mapping (`pulsar.hashing-scheme`).
@@ -77,8 +76,13 @@ async fn republish(
     interrupt: &Interrupt,
 ) -> Result<Summary, ReplayError> {
     let tls = if target.url.starts_with("pulsar+ssl://") {
+        let client = target
+            .access
+            .tls_client
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()));
         Some(
-            crate::uplink::tls_config(target.tls_ca.as_deref(), None).map_err(|why| {
+            crate::uplink::tls_config(target.access.tls_ca.as_deref(), client).map_err(|why| {
                 ReplayError::Pulsar {
                     url: target.url.clone(),
                     why: format!("TLS: {why}"),
@@ -122,6 +126,7 @@ async fn republish(
                 .map_or(Modality::Serial, |f| f.modality());
             let cfg = ProducerConfig {
                 token: target
+                    .access
                     .token
                     .clone()
                     .map_or(crate::uplink::Token::None, crate::uplink::Token::Fixed),
@@ -321,8 +326,7 @@ mod tests {
             rig: "van-07".into(),
             topic: crate::wire::DEFAULT_TOPIC.into(),
             bucket_ms: 33,
-            token: None,
-            tls_ca: None,
+            access: Default::default(),
             stall_timeout: Duration::from_secs(1),
             hashing: Default::default(),
         };
