@@ -161,6 +161,7 @@ impl LaneWiring<'_> {
         drain: crate::config::Drain,
         on_request: bool,
         frames: mpsc::Receiver<rigd_drivers::Frame>,
+        numbering: crate::uplink::plan::Numbering,
     ) -> SpawnedLane {
         let config = self.config;
         // Under a budget a source's window holds about two seconds of the whole budget: what
@@ -183,6 +184,7 @@ impl LaneWiring<'_> {
                 rank: crate::uplink::budget::rank(priority, false),
                 stats: Some(uplink_stats.clone()),
                 pool: self.pool.clone(),
+                numbering: Some(numbering),
                 ..ProducerConfig::from_config(config, url, id)
             },
             priority,
@@ -316,9 +318,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let (tx, rx) = mpsc::channel(CAPTURE_QUEUE);
         let health = Arc::new(SourceHealth::default());
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
-        let sink = FrameSink::new(id.clone(), first_seq, tx, health.clone());
+        // Issue 46.3: the uplink may make the numbering jump past a broker's ids of a wiped spool.
+        let jump = Arc::new(rigd_drivers::SeqJump::default());
+        let sink =
+            FrameSink::new(id.clone(), first_seq, tx, health.clone()).with_jump(jump.clone());
         let on_request = sc.head().upload == crate::config::Upload::OnRequest;
-        let lane = wiring.spawn(&id, sc.priority(), sc.drain(), on_request, rx);
+        let numbering = crate::uplink::plan::Numbering::new(first_seq, jump);
+        let lane = wiring.spawn(&id, sc.priority(), sc.drain(), on_request, rx, numbering);
         if let Some(channels) = live_sources.next() {
             crate::live::connect(&lane.stats.live, live.clone(), channels);
         }
@@ -346,9 +352,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let id: Arc<str> = EVENTS_SOURCE.into();
         let (tx, rx) = mpsc::channel(16);
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
-        let sink = FrameSink::new(id.clone(), first_seq, tx, Arc::new(SourceHealth::default()));
+        let jump = Arc::new(rigd_drivers::SeqJump::default());
+        let sink = FrameSink::new(id.clone(), first_seq, tx, Arc::new(SourceHealth::default()))
+            .with_jump(jump.clone());
+        let numbering = crate::uplink::plan::Numbering::new(first_seq, jump);
         // Markers are rare and small: first.
-        let lane = wiring.spawn(&id, 0, crate::config::Drain::InOrder, false, rx);
+        let lane = wiring.spawn(&id, 0, crate::config::Drain::InOrder, false, rx, numbering);
         lanes.push(lane.task);
         // The live view's `/events` (last of crate::live::channels): markers through the tap.
         if let Some(channels) = live_sources.next() {
@@ -468,6 +477,11 @@ fn serve_web(
             .with_live(runtime.live.clone())
             .with_control_token(web_token.clone())
             .with_allow_list(config.web.allow_list())
+            .with_site_policy(config.web.site_policy().unwrap_or_else(|e| {
+                // Config::problems refused it before the start; never answer every name.
+                tracing::error!(error = %e, "web.server-names / allowed-origins");
+                rigd_web::site::SitePolicy::localhost_only()
+            }))
             .with_shutdown(shutdown.clone()),
     );
     // Header and idle deadlines, a connection cap, and a shutdown that ends within its grace

@@ -352,6 +352,7 @@ mod tests {
             level,
             subject: subject.into(),
             text: text.into(),
+            past: false,
         }
     }
 

@@ -72,6 +72,11 @@ pub struct RelayConfig {
     /// The fleet's private key (`--decrypt-key`): encrypted frames are decrypted; without it they
     /// are skipped and counted.
     pub decryptor: Option<Arc<Decryptor>>,
+    /// The peers, names and pages the live view answers (`--allow-from`, `--server-name`,
+    /// `--allowed-origin`).
+    pub gate: rigd_web::access::Gate,
+    /// wss:// instead of ws:// (`--web-tls-cert-file`, `--web-tls-key-file`).
+    pub web_tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Counts at the end.
@@ -149,10 +154,11 @@ async fn serve(cfg: &RelayConfig, interrupt: &Interrupt) -> Result<RelaySummary,
     ));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut web_stop = stop_rx.clone();
-    let web = tokio::spawn(rigd_web::serve(
+    let web = tokio::spawn(rigd_web::serve_tls(
         listener,
-        rigd_web::live::router(hub.clone(), Some(stop_rx)),
+        rigd_web::live::router(hub.clone(), Some(stop_rx), cfg.gate.clone()),
         rigd_web::ServeLimits::default(),
+        cfg.web_tls.clone(),
         async move {
             let _ = web_stop.wait_for(|s| *s).await;
         },

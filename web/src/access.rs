@@ -6,8 +6,20 @@
 //! included. The default list is the networks a technician's laptop or phone is on when it is
 //! next to the rig (loopback, RFC 1918, link-local, IPv6 ULA): a carrier's CGNAT range
 //! (100.64.0.0/10) and public addresses are refused with 403 unless `[web] allow-from` names them.
+//!
+//! [`Gate`] puts the peer's network and the browser rules of [`crate::site`] (the `Host` and
+//! `Origin` a request carries) in front of a router: the rig's own server and `rigd live` both.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+
+use crate::site::{Refusal, RequestHead, SitePolicy};
 
 /// The peer address of the connection a request came on (set by [`crate::serve`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,12 +120,88 @@ impl AllowList {
         ])
     }
 
+    /// Loopback only (127.0.0.0/8, ::1): `rigd live`'s default.
+    pub fn loopback() -> Self {
+        AllowList(vec![
+            Cidr {
+                net: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)),
+                prefix: 8,
+            },
+            Cidr {
+                net: IpAddr::V6(Ipv6Addr::LOCALHOST),
+                prefix: 128,
+            },
+        ])
+    }
+
     pub fn allows(&self, ip: IpAddr) -> bool {
         self.0.iter().any(|n| n.contains(ip))
     }
 
     pub fn nets(&self) -> &[Cidr] {
         &self.0
+    }
+}
+
+/// Who is answered at all: peers on `allow` (None: every peer) whose request passes `site`
+/// (None: no browser rules, as before the rules existed; only tests build that).
+#[derive(Debug, Clone, Default)]
+pub struct Gate {
+    pub allow: Option<AllowList>,
+    pub site: Option<SitePolicy>,
+}
+
+impl Gate {
+    /// Refuses before any route answers: 403 for a peer outside the allow-list (a request
+    /// without a peer, which only a test makes, is judged as one from nowhere: refused when
+    /// there is a list), 421 for a name that is not the rig's, 403 for another site's page.
+    pub fn judge(
+        &self,
+        peer: Option<IpAddr>,
+        method: &str,
+        headers: &HeaderMap,
+    ) -> Result<(), (StatusCode, String)> {
+        if let Some(allow) = &self.allow {
+            if !peer.is_some_and(|ip| allow.allows(ip)) {
+                let who = peer.map_or("this client".to_string(), |ip| ip.to_string());
+                return Err((
+                    StatusCode::FORBIDDEN,
+                    format!("{who} is not on a network in [web] allow-from"),
+                ));
+            }
+        }
+        let Some(site) = &self.site else {
+            return Ok(());
+        };
+        let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+        let head = RequestHead {
+            method,
+            host: text(header::HOST),
+            origin: text(header::ORIGIN),
+            fetch_site: text(header::HeaderName::from_static("sec-fetch-site")),
+            fetch_mode: text(header::HeaderName::from_static("sec-fetch-mode")),
+            fetch_dest: text(header::HeaderName::from_static("sec-fetch-dest")),
+        };
+        site.judge(&head).map_err(|r| match r {
+            Refusal::Host(m) => (StatusCode::MISDIRECTED_REQUEST, m),
+            Refusal::Origin(m) => (StatusCode::FORBIDDEN, m),
+        })
+    }
+
+    /// `router` behind this gate.
+    pub fn guard(self, router: Router) -> Router {
+        router.layer(middleware::from_fn_with_state(Arc::new(self), gate))
+    }
+}
+
+async fn gate(State(gate): State<Arc<Gate>>, req: Request, next: Next) -> Response {
+    let peer = req.extensions().get::<Peer>().map(|p| p.0.ip());
+    match gate.judge(peer, req.method().as_str(), req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err((code, why)) => {
+            tracing::debug!(peer = ?peer, code = code.as_u16(), why, "web: request refused");
+            crate::AppError(code, why).into_response()
+        }
     }
 }
 

@@ -13,6 +13,10 @@ pub struct Alert {
     /// clock | uplink | spool | source:{id}
     pub subject: String,
     pub text: String,
+    /// Says what happened since the start (frames dropped), not what is wrong now: shown, but
+    /// no reason for `/readyz` to fail (readiness is now, not history).
+    #[serde(skip)]
+    pub past: bool,
 }
 
 fn alert(level: &'static str, subject: impl Into<String>, text: String) -> Alert {
@@ -20,6 +24,7 @@ fn alert(level: &'static str, subject: impl Into<String>, text: String) -> Alert
         level,
         subject: subject.into(),
         text,
+        past: false,
     }
 }
 
@@ -215,15 +220,18 @@ fn spool_alerts(s: &Status, out: &mut Vec<Alert>) {
         ));
     }
     if sp.dropped > 0 {
-        out.push(alert(
-            "error",
-            "spool",
-            format!(
-                "{} spooled frame{} dropped (spool full, or cleared by a technician)",
-                sp.dropped,
-                plural(sp.dropped)
-            ),
-        ));
+        out.push(Alert {
+            past: true,
+            ..alert(
+                "error",
+                "spool",
+                format!(
+                    "{} spooled frame{} dropped (spool full, or cleared by a technician)",
+                    sp.dropped,
+                    plural(sp.dropped)
+                ),
+            )
+        });
     }
     if let Some(why) = &sp.index_damage {
         out.push(alert(

@@ -16,8 +16,10 @@
 pub mod access;
 mod alerts;
 pub mod live;
+pub mod peers;
 mod prometheus;
 mod serve;
+pub mod site;
 
 pub use alerts::{alerts, Alert};
 pub use serve::{serve, serve_tls, tls_server_config, ServeLimits};
@@ -449,8 +451,12 @@ pub struct AppState {
     streams: Arc<Semaphore>,
     shutdown: Option<watch::Receiver<bool>>,
     stream_period: Duration,
-    /// Networks allowed to connect; None: every peer.
-    allow: Option<Arc<access::AllowList>>,
+    /// Who is answered at all: networks, names, pages.
+    gate: access::Gate,
+    /// Wrong control tokens per peer.
+    guesses: Arc<std::sync::Mutex<peers::TokenGuesses>>,
+    /// Live status streams per peer.
+    stream_peers: peers::SharedPeerSlots,
     /// The live view (`/foxglove`); None: 404.
     live: Option<Arc<live::LiveHub>>,
 }
@@ -464,7 +470,9 @@ impl AppState {
             streams: Arc::new(Semaphore::new(MAX_STREAMS)),
             shutdown: None,
             stream_period: STREAM_PERIOD,
-            allow: None,
+            gate: access::Gate::default(),
+            guesses: Arc::default(),
+            stream_peers: peers::SharedPeerSlots::new(peers::per_peer_share(MAX_STREAMS)),
             live: None,
         }
     }
@@ -478,7 +486,14 @@ impl AppState {
     /// Only peers on these networks get an answer (403 for the rest, every route): see
     /// [`access`].
     pub fn with_allow_list(mut self, allow: access::AllowList) -> Self {
-        self.allow = Some(Arc::new(allow));
+        self.gate.allow = Some(allow);
+        self
+    }
+
+    /// Only requests naming the rig in `Host`, and from pages of the rig or `site`'s origins,
+    /// get an answer (421 or 403 for the rest): see [`site`].
+    pub fn with_site_policy(mut self, site: site::SitePolicy) -> Self {
+        self.gate.site = Some(site);
         self
     }
 
@@ -502,6 +517,7 @@ impl AppState {
 
     pub fn with_stream_limit(mut self, max: usize, period: Duration) -> Self {
         self.streams = Arc::new(Semaphore::new(max));
+        self.stream_peers = peers::SharedPeerSlots::new(peers::per_peer_share(max));
         self.stream_period = period;
         self
     }
@@ -544,33 +560,41 @@ pub fn router(state: AppState) -> Router {
         .merge(control)
         .fallback(not_found)
         .layer(middleware::from_fn(deadline));
-    Router::new()
-        .route("/api/stream", get(stream))
-        .route("/foxglove", get(foxglove))
-        .merge(bounded)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(state.clone(), allow_from))
-        .with_state(state)
+    let gate = state.gate.clone();
+    gate.guard(
+        Router::new()
+            .route("/api/stream", get(stream))
+            .route("/foxglove", get(foxglove))
+            .merge(bounded)
+            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+            .layer(middleware::from_fn(json_refusals))
+            .with_state(state),
+    )
 }
 
-/// 403 for a peer outside the allow-list, before any route answers (a request without a peer,
-/// which only a test makes, is judged as one from nowhere: refused when there is a list).
-async fn allow_from(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(allow) = &state.allow else {
-        return next.run(req).await;
-    };
-    let peer = req.extensions().get::<access::Peer>().map(|p| p.0.ip());
-    match peer {
-        Some(ip) if allow.allows(ip) => next.run(req).await,
-        _ => {
-            let who = peer.map_or("this client".to_string(), |ip| ip.to_string());
-            AppError(
-                StatusCode::FORBIDDEN,
-                format!("{who} is not on a network in [web] allow-from"),
-            )
-            .into_response()
-        }
+/// Refusals that axum's extractors write as plain text (a body over [`MAX_BODY_BYTES`]: 413, a
+/// body that is not the JSON asked for: 400/415/422) become the JSON every other error is.
+async fn json_refusals(req: Request, next: Next) -> Response {
+    let r = next.run(req).await;
+    let plain = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/plain"));
+    if !(plain && (r.status().is_client_error())) {
+        return r;
     }
+    let code = r.status();
+    let text = match axum::body::to_bytes(r.into_body(), MAX_BODY_BYTES).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(_) => code.canonical_reason().unwrap_or("refused").to_string(),
+    };
+    let text = if code == StatusCode::PAYLOAD_TOO_LARGE {
+        format!("request body larger than {MAX_BODY_BYTES} bytes")
+    } else {
+        text
+    };
+    AppError(code, text).into_response()
 }
 
 /// Turns handler errors into JSON responses in one place.
@@ -618,6 +642,7 @@ async fn not_found() -> AppError {
 }
 
 const INDEX_HTML: &str = include_str!("../assets/index.html");
+const APP_JS: &str = include_str!("../assets/app.js");
 const FAVICON_SVG: &str = include_str!("../assets/favicon.svg");
 
 /// Security headers for the page: nothing from elsewhere, no framing, no sniffing.
@@ -629,7 +654,7 @@ fn page_headers(content_type: &'static str) -> [(header::HeaderName, &'static st
         (header::X_FRAME_OPTIONS, "DENY"),
         (
             header::CONTENT_SECURITY_POLICY,
-            "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; \
+            "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
              img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
         ),
     ]
@@ -643,6 +668,7 @@ async fn index() -> Response {
 async fn asset(Path(path): Path<String>) -> Response {
     match path.as_str() {
         "favicon.svg" => (page_headers("image/svg+xml"), FAVICON_SVG).into_response(),
+        "app.js" => (page_headers("text/javascript; charset=utf-8"), APP_JS).into_response(),
         _ => not_found().await.into_response(),
     }
 }
@@ -671,13 +697,14 @@ async fn readyz(State(state): State<AppState>) -> Response {
     r
 }
 
-/// Why the rig is not ready (none: ready): an error-level alert (frames lost or not captured:
-/// a source down, the spool not writable or full), a PTP clock that is neither locked nor in
+/// Why the rig is not ready (none: ready): an error-level alert about now (frames lost or not
+/// captured: a source down, the spool not writable or full; frames dropped earlier are an alert
+/// on the page, not a reason), a PTP clock that is neither locked nor in
 /// holdover, a configured uplink that is not connected (unless a technician paused it).
 pub fn not_ready(status: &Status, alerts: &[Alert]) -> Vec<String> {
     let mut reasons: Vec<String> = alerts
         .iter()
-        .filter(|a| a.level == "error")
+        .filter(|a| a.level == "error" && !a.past)
         .map(|a| format!("{}: {}", a.subject, a.text))
         .collect();
     let clock = &status.clock;
@@ -735,13 +762,26 @@ async fn preview(State(state): State<AppState>, Path(source): Path<String>) -> R
 }
 
 /// `/api/stream`: server-sent events, one `status` event (the `/api/status` JSON) per second.
-async fn stream(State(state): State<AppState>) -> Result<Response, AppError> {
+async fn stream(
+    State(state): State<AppState>,
+    peer: Option<axum::Extension<access::Peer>>,
+) -> Result<Response, AppError> {
+    let peer_slot = state
+        .stream_peers
+        .take(peer.map(|p| p.0 .0.ip()))
+        .map_err(|share| {
+            AppError(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("this client holds {share} live connections already, the most one client may; close another tab or window"),
+            )
+        })?;
     let permit = state.streams.clone().try_acquire_owned().map_err(|_| {
         AppError(
             StatusCode::SERVICE_UNAVAILABLE,
             "too many live connections; close another tab or window".into(),
         )
     })?;
+    let permit = (permit, peer_slot);
     let mut tick = tokio::time::interval(state.stream_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let shutdown = state.shutdown.clone();
@@ -777,6 +817,7 @@ async fn stream(State(state): State<AppState>) -> Result<Response, AppError> {
 /// the client cap are judged before the upgrade, so a refusal is a plain HTTP answer.
 async fn foxglove(
     State(state): State<AppState>,
+    peer: Option<axum::Extension<access::Peer>>,
     headers: HeaderMap,
     ws: Result<
         axum::extract::ws::WebSocketUpgrade,
@@ -784,7 +825,13 @@ async fn foxglove(
     >,
 ) -> Response {
     match state.live.clone() {
-        Some(hub) => live::handle(hub, state.shutdown.clone(), &headers, ws),
+        Some(hub) => live::handle(
+            hub,
+            state.shutdown.clone(),
+            peer.map(|p| p.0 .0.ip()),
+            &headers,
+            ws,
+        ),
         None => not_found().await.into_response(),
     }
 }
@@ -817,14 +864,45 @@ async fn require_token(State(state): State<AppState>, req: Request, next: Next) 
         )
         .into_response();
     };
+    let peer = req.extensions().get::<access::Peer>().map(|p| p.0.ip());
+    let lock_guesses = || state.guesses.lock().unwrap_or_else(|p| p.into_inner());
+    let now = std::time::Instant::now();
+    if let Some(ip) = peer {
+        if let Some(wait) = lock_guesses().must_wait(ip, now) {
+            return too_many_guesses(wait);
+        }
+    }
     if !authorized(req.headers(), &expected) {
+        if let Some(ip) = peer {
+            let wait = lock_guesses().failed(ip, now);
+            if !wait.is_zero() {
+                tracing::warn!(peer = %ip, wait_s = wait.as_secs(), "web: wrong control token again; this client now waits before its next try");
+            }
+        }
         return AppError(
             StatusCode::UNAUTHORIZED,
             "missing or wrong token: send Authorization: Bearer <token>".into(),
         )
         .into_response();
     }
+    if let Some(ip) = peer {
+        lock_guesses().succeeded(ip);
+    }
     next.run(req).await
+}
+
+/// 429 for a peer that sent too many wrong tokens ([`peers::TokenGuesses`]).
+fn too_many_guesses(wait: Duration) -> Response {
+    let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+    let mut r = AppError(
+        StatusCode::TOO_MANY_REQUESTS,
+        format!("too many wrong tokens from this client: try again in {secs} s"),
+    )
+    .into_response();
+    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
 }
 
 fn authorized(headers: &HeaderMap, expected: &str) -> bool {
@@ -913,7 +991,7 @@ async fn mark_event(
     let control = state.control.clone();
     let (note, upload) = (req.note.clone(), req.upload);
     let marked = blocking(move || control.mark_event(&note, upload)).await?;
-    tracing::info!(seq = marked.seq, bucket = marked.bucket, note = %marked.note,
+    tracing::info!(seq = marked.seq, bucket = marked.bucket, note = %marked.note.escape_debug(),
         upload_request = marked.upload_request.as_deref().unwrap_or(""), "technician marked an event");
     Ok((StatusCode::CREATED, Json(marked)))
 }

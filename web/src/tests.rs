@@ -258,10 +258,21 @@ async fn the_page_is_self_contained() {
         .to_str()
         .unwrap()
         .contains("default-src 'self'"));
+    // No inline script runs: a note or a source name that got into the page could not execute.
+    let csp = headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+    assert!(csp.contains("script-src 'self';"), "{csp}");
     let page = String::from_utf8(body).unwrap();
-    assert!(page.contains("/api/stream"));
+    assert!(page.contains(r#"<script src="/assets/app.js"></script>"#));
+    let (code, headers, script) = get(app(), "/assets/app.js").await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(headers[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("text/javascript"));
+    let script = String::from_utf8(script).unwrap();
+    assert!(script.contains("/api/stream"));
     assert!(
-        !page.contains("http://") && !page.contains("https://"),
+        !(page.clone() + &script).contains("http://") && !(page + &script).contains("https://"),
         "no CDN"
     );
     let (code, _, _) = get(app(), "/assets/favicon.svg").await;
@@ -591,6 +602,16 @@ async fn hostile_bodies_get_clear_answers() {
     )
     .await;
     assert_eq!(code, StatusCode::PAYLOAD_TOO_LARGE);
+    let (_, headers, body) = send(
+        app.clone(),
+        control(&Method::POST, "/api/events", &big, auth),
+    )
+    .await;
+    assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+    assert!(json(&body)["error"]
+        .as_str()
+        .unwrap()
+        .contains("larger than"));
     for bad in [
         "{",
         "[1,2]",
@@ -733,6 +754,19 @@ async fn readyz_is_200_when_the_rig_does_its_job_and_503_with_reasons_when_not()
     s.uplink.paused = true;
     s.sources[0].state = "running".into();
     assert_eq!(not_ready(&s, &alerts(&s)), Vec::<String>::new());
+    // Frames dropped earlier stay an alert on the page; readiness is now, not history.
+    s.spool.dropped = 12;
+    let a = alerts(&s);
+    assert!(a
+        .iter()
+        .any(|a| a.level == "error" && a.text.contains("12 spooled frames dropped")));
+    assert_eq!(not_ready(&s, &a), Vec::<String>::new());
+    // A spool dropping now (90 % full) is a reason.
+    s.spool.max_bytes = 100;
+    s.spool.bytes = 95;
+    assert!(not_ready(&s, &alerts(&s))
+        .iter()
+        .any(|r| r.starts_with("spool: Spool 95% full")));
 }
 
 #[tokio::test]
@@ -822,5 +856,178 @@ async fn the_live_view_refuses_in_plain_http() {
     assert_eq!(
         send(refused, upgrade(live::SUBPROTOCOL_SDK)).await.0,
         StatusCode::FORBIDDEN
+    );
+}
+
+fn from_peer(mut req: Request<Body>, ip: &str) -> Request<Body> {
+    let peer = std::net::SocketAddr::new(ip.parse().unwrap(), 5555);
+    req.extensions_mut().insert(access::Peer(peer));
+    req
+}
+
+fn site_app() -> Router {
+    let rig = Arc::new(FakeRig::default());
+    let hub = Arc::new(live::LiveHub::new(
+        "rigd van-07".into(),
+        vec![],
+        4,
+        Arc::new(|| 0),
+    ));
+    let site = site::SitePolicy::new(
+        &["van-07.local".into()],
+        &["https://app.foxglove.dev".into()],
+    )
+    .unwrap();
+    router(
+        AppState::new(rig.clone(), rig)
+            .with_live(hub)
+            .with_site_policy(site),
+    )
+}
+
+/// DNS rebinding: the attacker's name in `Host` gets 421 on every route, the rig's names and
+/// addresses are answered.
+#[tokio::test]
+async fn a_rebound_name_gets_421_on_every_route() {
+    let app = site_app();
+    for path in [
+        "/",
+        "/api/status",
+        "/api/sources/front/preview.jpg",
+        "/metrics",
+        "/api/stream",
+    ] {
+        let req = Request::get(path)
+            .header(header::HOST, "rebind.attacker.example:8088")
+            .body(Body::empty())
+            .unwrap();
+        let (code, _, body) = send(app.clone(), req).await;
+        assert_eq!(code, StatusCode::MISDIRECTED_REQUEST, "{path}");
+        assert!(json(&body)["error"]
+            .as_str()
+            .unwrap()
+            .contains("server-names"));
+    }
+    for host in ["127.0.0.2:8088", "van-07.local:8088", "localhost:8088"] {
+        let req = Request::get("/api/status")
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(send(app.clone(), req).await.0, StatusCode::OK, "{host}");
+    }
+}
+
+/// A WebSocket from another site's page is refused before the upgrade; the rig's own page, a
+/// listed origin and a native client (no Origin) reach the live view's own checks.
+#[tokio::test]
+async fn the_live_view_refuses_another_sites_page() {
+    let upgrade = |origin: Option<&str>| {
+        let mut b = Request::get("/foxglove")
+            .header(header::HOST, "127.0.0.2:8088")
+            .header(header::SEC_WEBSOCKET_PROTOCOL, live::SUBPROTOCOL_SDK);
+        if let Some(o) = origin {
+            b = b.header(header::ORIGIN, o);
+        }
+        b.body(Body::empty()).unwrap()
+    };
+    let (code, _, body) = send(site_app(), upgrade(Some("http://evil.example"))).await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    assert!(json(&body)["error"]
+        .as_str()
+        .unwrap()
+        .contains("allowed-origins"));
+    // Past the origin rule, oneshot has no connection to upgrade: 400 from the live view itself.
+    for ok in [
+        None,
+        Some("http://127.0.0.2:8088"),
+        Some("https://app.foxglove.dev"),
+    ] {
+        assert_eq!(
+            send(site_app(), upgrade(ok)).await.0,
+            StatusCode::BAD_REQUEST,
+            "{ok:?}"
+        );
+    }
+    // A cross-origin POST with the right token is still another site's: refused.
+    let mut req = control(
+        &Method::POST,
+        "/api/uplink/pause",
+        "",
+        Some("Bearer s3cret-token"),
+    );
+    req.headers_mut().insert(
+        header::ORIGIN,
+        HeaderValue::from_static("http://evil.example"),
+    );
+    req.headers_mut()
+        .insert(header::HOST, HeaderValue::from_static("127.0.0.2:8088"));
+    assert_eq!(send(site_app(), req).await.0, StatusCode::FORBIDDEN);
+}
+
+/// After the free tries, wrong tokens from one peer get 429 with Retry-After, even with the right
+/// token meanwhile; another peer is not slowed.
+#[tokio::test]
+async fn wrong_tokens_slow_the_peer_that_sends_them() {
+    let (app, _) = app_with(Some(TOKEN));
+    let try_token = |auth: &'static str, ip: &'static str| {
+        from_peer(
+            control(&Method::POST, "/api/uplink/pause", "", Some(auth)),
+            ip,
+        )
+    };
+    for _ in 0..peers::FREE_FAILURES {
+        assert_eq!(
+            send(app.clone(), try_token("Bearer wrong", "10.0.0.9"))
+                .await
+                .0,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_eq!(
+        send(app.clone(), try_token("Bearer wrong", "10.0.0.9"))
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (code, headers, body) =
+        send(app.clone(), try_token("Bearer s3cret-token", "10.0.0.9")).await;
+    assert_eq!(code, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    assert!(json(&body)["error"].as_str().unwrap().contains("try again"));
+    assert_eq!(
+        send(app.clone(), try_token("Bearer s3cret-token", "10.0.0.10"))
+            .await
+            .0,
+        StatusCode::OK
+    );
+}
+
+/// One peer holds at most half of the status streams; another peer still gets one.
+#[tokio::test]
+async fn one_peer_cannot_take_every_stream() {
+    let rig = Arc::new(FakeRig::default());
+    let app =
+        router(AppState::new(rig.clone(), rig).with_stream_limit(4, Duration::from_millis(20)));
+    let stream = |ip| from_peer(Request::get("/api/stream").body(Body::empty()).unwrap(), ip);
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let r = app.clone().oneshot(stream("192.168.1.20")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        open.push(r);
+    }
+    let (code, _, body) = send(app.clone(), stream("192.168.1.20")).await;
+    assert_eq!(code, StatusCode::TOO_MANY_REQUESTS);
+    assert!(json(&body)["error"]
+        .as_str()
+        .unwrap()
+        .contains("close another"));
+    let r = app.clone().oneshot(stream("192.168.1.21")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    drop(open);
+    let r = app.oneshot(stream("192.168.1.20")).await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "slots come back when streams end"
     );
 }

@@ -3,7 +3,7 @@
 //! identity) is created, written, synced, renamed and removed through it.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 /// The spool's file I/O, behind a trait so that tests can fail any call (EIO, ENOSPC, EMFILE),
@@ -20,6 +20,7 @@ pub(crate) trait Disk: Send + Sync {
             .create_new(true)
             .read(true)
             .write(true)
+            .mode(0o600)
             .open(path)
     }
     /// Opens a segment for reading.
@@ -32,7 +33,12 @@ pub(crate) trait Disk: Send + Sync {
     }
     /// Creates a file, or empties the one there (the temporary file of an atomic replace).
     fn create_truncate(&self, path: &Path) -> std::io::Result<File> {
-        File::create(path)
+        OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(path)
     }
     fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
         std::fs::rename(from, to)

@@ -86,6 +86,8 @@ pub struct LiveHub {
     dropped: Mutex<Vec<(String, Arc<AtomicU64>)>>,
     clients: Mutex<Vec<Arc<Client>>>,
     slots: Arc<Semaphore>,
+    /// Each peer's share of the slots.
+    peers: crate::peers::SharedPeerSlots,
     max_clients: usize,
     now: Now,
     queue_bytes: usize,
@@ -142,6 +144,7 @@ impl LiveHub {
             dropped: Mutex::default(),
             clients: Mutex::default(),
             slots: Arc::new(Semaphore::new(max_clients)),
+            peers: crate::peers::SharedPeerSlots::new(crate::peers::per_peer_share(max_clients)),
             max_clients,
             now,
             queue_bytes: CLIENT_QUEUE_BYTES,
@@ -436,6 +439,8 @@ pub enum Refusal {
     Subprotocol,
     /// `max_clients` are connected (or the live view is off).
     Full(usize),
+    /// This peer holds its share of the slots ([`crate::peers::per_peer_share`]).
+    PeerFull(usize),
 }
 
 impl Refusal {
@@ -443,6 +448,7 @@ impl Refusal {
         match self {
             Refusal::Subprotocol => StatusCode::BAD_REQUEST,
             Refusal::Full(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::PeerFull(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -455,6 +461,9 @@ impl Refusal {
             Refusal::Full(0) => "the live view is off ([web] max-live-clients = 0)".to_string(),
             Refusal::Full(n) => format!(
                 "the live view serves at most {n} client(s) at once ([web] max-live-clients): close another"
+            ),
+            Refusal::PeerFull(n) => format!(
+                "this client holds {n} live-view connection(s) already, the most one client may ([web] max-live-clients / 2): close another"
             ),
         }
     }
@@ -475,18 +484,35 @@ pub fn choose_subprotocol(headers: &HeaderMap) -> Option<&'static str> {
         .find(|p| offered.contains(p))
 }
 
+/// A client's slots: one of the hub's and one of its peer's share, given back when dropped.
+pub struct Admission {
+    _slot: OwnedSemaphorePermit,
+    _peer: crate::peers::PeerSlot,
+}
+
 /// A client slot, or why not; checked before the upgrade.
 pub fn admit(
     hub: &Arc<LiveHub>,
+    peer: Option<std::net::IpAddr>,
     headers: &HeaderMap,
-) -> Result<(&'static str, OwnedSemaphorePermit), Refusal> {
+) -> Result<(&'static str, Admission), Refusal> {
     let protocol = choose_subprotocol(headers).ok_or(Refusal::Subprotocol)?;
+    if hub.max_clients == 0 {
+        return Err(Refusal::Full(0));
+    }
+    let peer_slot = hub.peers.take(peer).map_err(Refusal::PeerFull)?;
     let permit = hub
         .slots
         .clone()
         .try_acquire_owned()
         .map_err(|_| Refusal::Full(hub.max_clients))?;
-    Ok((protocol, permit))
+    Ok((
+        protocol,
+        Admission {
+            _slot: permit,
+            _peer: peer_slot,
+        },
+    ))
 }
 
 /// `/foxglove`: refusals in plain HTTP before the upgrade (400 neither subprotocol, 503 past the
@@ -494,10 +520,11 @@ pub fn admit(
 pub fn handle(
     hub: Arc<LiveHub>,
     shutdown: Option<watch::Receiver<bool>>,
+    peer: Option<std::net::IpAddr>,
     headers: &HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let (protocol, permit) = match admit(&hub, headers) {
+    let (protocol, permit) = match admit(&hub, peer, headers) {
         Ok(admitted) => admitted,
         Err(refusal) => {
             return crate::AppError(refusal.status(), refusal.message()).into_response()
@@ -513,21 +540,28 @@ pub fn handle(
     }
 }
 
-/// A server of the live view alone (`rigd live`): `/foxglove` and `/healthz`, every peer
-/// allowed.
-pub fn router(hub: Arc<LiveHub>, shutdown: Option<watch::Receiver<bool>>) -> Router {
-    Router::new()
-        .route(
-            "/foxglove",
-            get(
-                move |headers: HeaderMap,
-                      ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>| async move {
-                    handle(hub, shutdown, &headers, ws)
-                },
-            ),
-        )
-        .route("/healthz", get(|| async { "ok\n" }))
-        .layer(axum::extract::DefaultBodyLimit::max(crate::MAX_BODY_BYTES))
+/// A server of the live view alone (`rigd live`): `/foxglove` and `/healthz`, behind `gate`
+/// (the peers, names and pages it answers, as the rig's own server).
+pub fn router(
+    hub: Arc<LiveHub>,
+    shutdown: Option<watch::Receiver<bool>>,
+    gate: crate::access::Gate,
+) -> Router {
+    gate.guard(
+        Router::new()
+            .route(
+                "/foxglove",
+                get(
+                    move |peer: Option<axum::Extension<crate::access::Peer>>,
+                          headers: HeaderMap,
+                          ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>| async move {
+                        handle(hub, shutdown, peer.map(|p| p.0 .0.ip()), &headers, ws)
+                    },
+                ),
+            )
+            .route("/healthz", get(|| async { "ok\n" }))
+            .layer(axum::extract::DefaultBodyLimit::max(crate::MAX_BODY_BYTES)),
+    )
 }
 
 /// Upgrades the connection and serves one client until it leaves or the daemon stops.
@@ -535,7 +569,7 @@ fn upgrade(
     hub: Arc<LiveHub>,
     ws: WebSocketUpgrade,
     protocol: &'static str,
-    permit: OwnedSemaphorePermit,
+    permit: Admission,
     shutdown: Option<watch::Receiver<bool>>,
 ) -> Response {
     ws.protocols([protocol])
@@ -942,16 +976,16 @@ mod tests {
     fn refusals_say_why() {
         let hub = Arc::new(hub());
         let mut h = HeaderMap::new();
-        assert_eq!(admit(&hub, &h).err(), Some(Refusal::Subprotocol));
+        assert_eq!(admit(&hub, None, &h).err(), Some(Refusal::Subprotocol));
         h.insert("sec-websocket-protocol", "foxglove.sdk.v1".parse().unwrap());
-        let a = admit(&hub, &h).unwrap();
-        let b = admit(&hub, &h).unwrap();
-        let full = admit(&hub, &h).err().unwrap();
+        let a = admit(&hub, None, &h).unwrap();
+        let b = admit(&hub, None, &h).unwrap();
+        let full = admit(&hub, None, &h).err().unwrap();
         assert_eq!(full, Refusal::Full(2));
         assert_eq!(full.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(full.message().contains("max-live-clients"));
         drop((a, b));
-        assert!(admit(&hub, &h).is_ok());
+        assert!(admit(&hub, None, &h).is_ok());
         let info: serde_json::Value = serde_json::from_str(&hub.server_info()).unwrap();
         assert_eq!(info["capabilities"], serde_json::json!(["time"]));
         let adv: serde_json::Value = serde_json::from_str(&hub.advertise()).unwrap();
