@@ -169,9 +169,85 @@ struct LiveArgs {
     #[arg(long, value_name = "FILE")]
     tls_ca: Option<PathBuf>,
     /// The fleet's RSA private key (PEM): frames of a rig with end-to-end encryption are
-    /// decrypted with it. Without it they are skipped and counted.
+    /// decrypted with it. Without it they are skipped and counted. With it, a --bind that is not
+    /// loopback needs --web-tls-cert-file: decrypted frames never cross a network in clear.
     #[arg(long, value_name = "FILE")]
     decrypt_key: Option<PathBuf>,
+    /// Networks whose clients are answered (repeatable; `10.0.0.0/8`, a bare address; default:
+    /// loopback only), as `[web] allow-from`.
+    #[arg(long = "allow-from", value_name = "NET")]
+    allow_from: Vec<String>,
+    /// Another site's origin whose pages may use the live view (repeatable;
+    /// `https://app.foxglove.dev`), as `[web] allowed-origins`: a browser page of any other
+    /// origin is refused.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
+    /// A DNS name clients use for this host (repeatable), as `[web] server-names`: a request for
+    /// any other name (DNS rebinding) is refused.
+    #[arg(long = "server-name", value_name = "NAME")]
+    server_names: Vec<String>,
+    /// Serve wss:// with this certificate chain (PEM), as `[web] tls-cert-file`.
+    #[arg(long, value_name = "FILE", requires = "web_tls_key_file")]
+    web_tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM), as `[web] tls-key-file`.
+    #[arg(long, value_name = "FILE", requires = "web_tls_cert_file")]
+    web_tls_key_file: Option<PathBuf>,
+}
+
+impl LiveArgs {
+    /// Who the live view answers, and over what: the peers (--allow-from, loopback by default),
+    /// the names and pages ([`rigd_web::site`]), TLS. A usage error (said, exit 2) for a network,
+    /// name or origin that does not parse, TLS files that do not load, or decrypted frames served
+    /// in clear beyond loopback.
+    fn gate_and_tls(
+        &self,
+    ) -> Result<
+        (
+            rigd_web::access::Gate,
+            Option<std::sync::Arc<rustls::ServerConfig>>,
+        ),
+        ExitCode,
+    > {
+        let usage = |why: String| {
+            say(format_args!("rigd live: {why}"));
+            ExitCode::from(2)
+        };
+        let allow = if self.allow_from.is_empty() {
+            rigd_web::access::AllowList::loopback()
+        } else {
+            let nets = self
+                .allow_from
+                .iter()
+                .map(|n| n.parse().map_err(|e| usage(format!("--allow-from {e}"))))
+                .collect::<Result<Vec<_>, _>>()?;
+            rigd_web::access::AllowList::new(nets)
+        };
+        let mut names = rigd_web::site::this_host_names();
+        names.extend(self.server_names.iter().cloned());
+        let site = rigd_web::site::SitePolicy::new(&names, &self.allowed_origins)
+            .map_err(|e| usage(format!("--server-name / --allowed-origin: {e}")))?;
+        let tls = match (&self.web_tls_cert_file, &self.web_tls_key_file) {
+            (Some(cert), Some(key)) => Some(
+                rigd_web::tls_server_config(cert, key)
+                    .map_err(|e| usage(format!("--web-tls-cert-file / --web-tls-key-file: {e}")))?,
+            ),
+            _ => None,
+        };
+        if self.decrypt_key.is_some() && tls.is_none() && !self.bind.ip().is_loopback() {
+            return Err(usage(format!(
+                "--bind {} with --decrypt-key would serve decrypted frames in clear on the network: \
+                 give --web-tls-cert-file and --web-tls-key-file, or bind to loopback",
+                self.bind
+            )));
+        }
+        Ok((
+            rigd_web::access::Gate {
+                allow: Some(allow),
+                site: Some(site),
+            },
+            tls,
+        ))
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -312,7 +388,8 @@ struct ReplayArgs {
     /// With --mcap: chunk compression. Default: zstd.
     #[arg(long, value_enum)]
     compression: Option<crate::replay::mcap::Compression>,
-    /// With --mcap: overwrite FILE when it exists (else exit 2).
+    /// With --mcap: overwrite FILE when it exists; with --out: write into DIR when it is not
+    /// empty (files of the same name are replaced, the others stay). Without it either exits 2.
     #[arg(long)]
     force: bool,
     /// Republish to this Pulsar cluster (pulsar://host:port) with the rig's own topics, keys,
@@ -404,12 +481,20 @@ pub fn main() -> ExitCode {
         Command::Check {
             config: path,
             print_effective,
-        } => match Config::load_with(&path, crate::preflight::check_problems) {
-            Ok(config) => {
+        } => match Config::examine_file(
+            &path,
+            crate::preflight::check_problems,
+            crate::preflight::warnings,
+        ) {
+            // Every problem and every warning in one run, problems first (issue 47).
+            Ok(found) => {
                 use std::io::Write;
-                for w in crate::preflight::warnings(&config) {
-                    say(format_args!("{}: warning: {w}", path.display()));
+                for line in found.problems.iter().chain(&found.warnings) {
+                    say(format_args!("{line}"));
                 }
+                let Some(config) = found.config.filter(|_| found.problems.is_empty()) else {
+                    return ExitCode::from(2);
+                };
                 let ok = if print_effective {
                     match config.effective() {
                         Ok(toml) => write!(std::io::stdout(), "{toml}"),
@@ -462,6 +547,7 @@ pub fn main() -> ExitCode {
                 }
             };
             init_logging();
+            crate::preflight::log_warnings(&config);
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(config.rig.worker_threads)
                 .enable_all()
@@ -537,7 +623,10 @@ fn spool(command: SpoolCommand) -> ExitCode {
         };
         return printed.err().unwrap_or(ExitCode::SUCCESS);
     }
-    let v = inspect::verify(&snap, &interrupt);
+    let v = match inspect::verify(&snap, &interrupt) {
+        Ok(v) => v,
+        Err(e) => return fail(&e),
+    };
     let printed = if args.json {
         print_json(&v)
     } else {
@@ -555,11 +644,16 @@ fn spool(command: SpoolCommand) -> ExitCode {
 
 fn replay(args: ReplayArgs) -> ExitCode {
     use crate::replay::{files, inspect, mcap, progress::Interrupt, republish, Selection};
-    init_quiet_logging();
-    if args.mcap.is_none() && (args.encoding.is_some() || args.compression.is_some() || args.force)
-    {
+    init_pulsar_tool_logging();
+    if args.mcap.is_none() && (args.encoding.is_some() || args.compression.is_some()) {
         say(format_args!(
-            "rigd: --encoding, --compression and --force go with --mcap FILE"
+            "rigd: --encoding and --compression go with --mcap FILE"
+        ));
+        return ExitCode::from(2);
+    }
+    if args.force && args.pulsar.is_some() {
+        say(format_args!(
+            "rigd: --force goes with --out DIR or --mcap FILE (an output that exists)"
         ));
         return ExitCode::from(2);
     }
@@ -593,7 +687,15 @@ fn replay(args: ReplayArgs) -> ExitCode {
         Err(code) => return code,
     };
     let result = if let Some(dir) = &args.out {
-        files::export(&snap, &plan, dir, rig.bucket_ms, key.as_ref(), &interrupt)
+        files::export(
+            &snap,
+            &plan,
+            dir,
+            args.force,
+            rig.bucket_ms,
+            key.as_ref(),
+            &interrupt,
+        )
     } else if let Some(file) = &args.mcap {
         let opts = mcap::Options {
             encoding: args.encoding.unwrap_or_default(),
@@ -649,7 +751,7 @@ fn tail(args: TailArgs) -> ExitCode {
         Ok(a) => a,
         Err(code) => return code,
     };
-    init_quiet_logging();
+    init_pulsar_tool_logging();
     let interrupt = crate::replay::progress::Interrupt::install();
     let cfg = TailConfig {
         url: args.pulsar,
@@ -714,7 +816,7 @@ fn recall(args: RecallArgs) -> ExitCode {
         say(format_args!("rigd: --id: {why}"));
         return ExitCode::from(2);
     }
-    init_quiet_logging();
+    init_pulsar_tool_logging();
     let interrupt = crate::replay::progress::Interrupt::install();
     let cfg = RecallConfig {
         url: args.pulsar,
@@ -748,6 +850,11 @@ fn recall(args: RecallArgs) -> ExitCode {
 
 fn live(args: LiveArgs) -> ExitCode {
     use crate::relay::{self, RelayConfig};
+    let (gate, web_tls) = match args.gate_and_tls() {
+        Ok(g) => g,
+        Err(code) => return code,
+    };
+    let scheme = if web_tls.is_some() { "wss" } else { "ws" };
     let token = match read_token(args.token_file.as_ref()) {
         Ok(t) => t,
         Err(code) => return code,
@@ -768,9 +875,11 @@ fn live(args: LiveArgs) -> ExitCode {
         bind: args.bind,
         max_clients: args.max_clients,
         decryptor,
+        gate,
+        web_tls,
     };
     say(format_args!(
-        "rigd live: {} from {} on ws://{}/foxglove",
+        "rigd live: {} from {} on {scheme}://{}/foxglove",
         cfg.rig, cfg.url, cfg.bind
     ));
     match relay::run(&cfg, &interrupt) {
@@ -806,8 +915,20 @@ fn live(args: LiveArgs) -> ExitCode {
 
 /// Logging for the offline tools: warnings only unless `RIGD_LOG` says otherwise.
 fn init_quiet_logging() {
+    init_tool_logging("warn");
+}
+
+/// Logging for a tool that talks to Pulsar (`tail`, `recall`, `replay`): its own warnings, not
+/// the `pulsar` crate's retry lines nor the daemon's uplink telling that frames go to the spool
+/// (true of a rig, not of a tool): the tool's last line says what became of the connection.
+/// `RIGD_LOG` shows them again.
+fn init_pulsar_tool_logging() {
+    init_tool_logging("warn,pulsar=off,rigd::uplink=error");
+}
+
+fn init_tool_logging(default: &str) {
     let filter =
-        tracing_subscriber::EnvFilter::try_from_env("RIGD_LOG").unwrap_or_else(|_| "warn".into());
+        tracing_subscriber::EnvFilter::try_from_env("RIGD_LOG").unwrap_or_else(|_| default.into());
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

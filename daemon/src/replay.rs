@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::spool::snapshot::{Corrupt, Entry, SpoolSnapshot};
+use crate::spool::snapshot::{Corrupt, Entry, ReadError, SpoolSnapshot};
 use crate::spool::SpoolError;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,11 +40,22 @@ pub enum ReplayError {
     },
     #[error("{path} exists; say --force to overwrite it")]
     OutputExists { path: PathBuf },
+    #[error(
+        "--out {path}: a file is there, and --out names a directory (one file per camera frame, \
+         one per audio or serial source): give a new or empty directory, or --mcap FILE for one file"
+    )]
+    OutputNotDirectory { path: PathBuf },
+    #[error(
+        "--out {path} is not empty (it holds {holds}): the export would mix with what is there; \
+         give a new or empty directory, or --force to write into it (files of the same name are \
+         replaced, the others stay)"
+    )]
+    OutputNotEmpty { path: PathBuf, holds: String },
     #[error("{path}: {why}")]
     Unsupported { path: PathBuf, why: String },
     #[error("pulsar {url}: {why}")]
     Pulsar { url: String, why: String },
-    #[error("{path}: the spool does not record its rig ({why}); say it with --rig")]
+    #[error("{path}: the rig is unknown ({why}); say it with --rig (and --topic, --bucket-ms if the rig did not use the defaults)")]
     NoRig { path: PathBuf, why: String },
     #[error(
         "{name}/{seq} is encrypted for the fleet key: exporting needs --decrypt-key FILE (the \
@@ -69,6 +80,15 @@ pub fn readable(
     }
 }
 
+/// A record that did not read back: damage, skipped and reported (`Ok`), or a segment this user
+/// may no longer open, which stops the tool (a permission problem, exit 77, not damage).
+pub fn damage(e: ReadError) -> Result<Corrupt, ReplayError> {
+    match e {
+        ReadError::Corrupt(c) => Ok(c),
+        ReadError::Unreadable(e) => Err(ReplayError::Spool(e)),
+    }
+}
+
 impl ReplayError {
     /// A usage error (exit 2): the arguments name something that is not there.
     pub fn is_usage(&self) -> bool {
@@ -80,6 +100,8 @@ impl ReplayError {
                 | ReplayError::NoRig { .. }
                 | ReplayError::Encrypted { .. }
                 | ReplayError::OutputExists { .. }
+                | ReplayError::OutputNotDirectory { .. }
+                | ReplayError::OutputNotEmpty { .. }
         )
     }
 
@@ -111,6 +133,13 @@ pub fn rig_identity(
 ) -> Result<crate::spool::identity::RigIdentity, ReplayError> {
     let stored = snap.identity();
     let known = stored.ok().flatten();
+    if let (Err(why), Some(_)) = (stored, &rig) {
+        if topic.is_none() || bucket_ms.is_none() {
+            tracing::warn!(
+                "{why}: the topic template and bucket width are the defaults unless --topic and --bucket-ms say otherwise"
+            );
+        }
+    }
     let rig = match rig.or_else(|| known.map(|k| k.rig.clone())) {
         Some(r) => r,
         None if need_rig => {

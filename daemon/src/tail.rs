@@ -21,6 +21,11 @@ use crate::replay::progress::Interrupt;
 
 pub mod bridge;
 
+/// How long `rigd tail` and `rigd recall` try to reach the broker before they say it is
+/// unreachable (the `pulsar` crate's own retries, [`connect`], give up before this on a refused
+/// connection and say why).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// How a client of the `pulsar` crate reaches the cluster (`rigd tail`, `rigd recall`, `rigd
 /// live`): the token, the CA certificates to trust, the client certificate for mutual TLS.
 #[derive(Debug, Clone, Default)]
@@ -338,7 +343,13 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
     };
     let (builder, _bridge) = connect(&cfg.url, &cfg.access).await.map_err(perr)?;
     let pulsar: Pulsar<TokioExecutor> = tokio::select! {
-        r = builder.build() => r.map_err(|e| perr(format!("cannot connect: {e}")))?,
+        r = builder.build() => r.map_err(|e| perr(format!("the broker is unreachable ({e})")))?,
+        _ = tokio::time::sleep(CONNECT_TIMEOUT) => {
+            return Err(perr(format!(
+                "the broker is unreachable (no connection in {} s)",
+                CONNECT_TIMEOUT.as_secs()
+            )))
+        }
         _ = interrupt.wait() => return Ok(TailSummary::default()),
     };
     let subscription = format!(
@@ -450,9 +461,19 @@ pub(crate) async fn connect(
     url: &str,
     access: &Access,
 ) -> Result<(PulsarBuilder<TokioExecutor>, Option<bridge::Bridge>), String> {
+    // Reconnects within CONNECT_TIMEOUT (0.1 s doubling to 2 s, with the crate's jitter, 6
+    // times: 5 to 10 s of refused connections), then the crate gives up with the reason: an
+    // offline tool says the broker is unreachable instead of retrying for minutes.
+    let retry = pulsar::ConnectionRetryOptions {
+        min_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_secs(2),
+        max_retries: 6,
+        connection_timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
     let Some((cert, key)) = &access.tls_client else {
         return client(url, access.token.clone(), access.tls_ca.as_deref())
-            .map(|b| (b, None))
+            .map(|b| (b.with_connection_retry_options(retry), None))
             .map_err(|e| format!("--tls-ca {e}"));
     };
     if !url.starts_with("pulsar+ssl://") {
@@ -463,7 +484,8 @@ pub(crate) async fn connect(
     let tls = crate::uplink::tls_config(access.tls_ca.as_deref(), Some((cert, key)))
         .map_err(|e| format!("--tls-ca/--tls-cert-file/--tls-key-file: {e}"))?;
     let (bridge, local) = bridge::Bridge::start(url, tls).await?;
-    let mut builder = client(&local, access.token.clone(), None)?;
+    let mut builder =
+        client(&local, access.token.clone(), None)?.with_connection_retry_options(retry);
     if access.token.is_none() {
         // The certificate is the identity: the broker's TLS provider takes the role from it.
         builder = builder.with_auth(Authentication {

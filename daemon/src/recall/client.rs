@@ -45,10 +45,15 @@ pub struct RecallConfig {
 pub enum RecallError {
     #[error("{url}: {why}")]
     Pulsar { url: String, why: String },
-    #[error("no answer from the rig in {0} s (is it running and connected? the request waits on the control topic for it)")]
+    #[error("{url}: the broker is unreachable ({why}); nothing was sent to the rig")]
+    Unreachable { url: String, why: String },
+    #[error("no answer from the rig in {0} s: the request is on its control topic, where the rig reads it once it runs and is connected (is it? its web page says)")]
     Timeout(u64),
-    #[error("interrupted; the request stays with the rig (cancel it with --cancel {0})")]
-    Interrupted(String),
+    #[error("{}", match .0 {
+        Some(id) => format!("interrupted; the request stays with the rig (cancel it with --cancel {id})"),
+        None => "interrupted before the request was sent".to_string(),
+    })]
+    Interrupted(Option<String>),
 }
 
 /// Sends the request and follows it; returns the last answer seen.
@@ -115,12 +120,21 @@ async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, Rec
     let (builder, _bridge) = crate::tail::connect(&cfg.url, &cfg.access)
         .await
         .map_err(perr)?;
+    let unreachable = |why: String| RecallError::Unreachable {
+        url: cfg.url.clone(),
+        why,
+    };
+    // Connecting has a deadline of its own: --timeout is how long the rig may take to answer.
+    let connect_within = cfg.timeout.min(crate::tail::CONNECT_TIMEOUT);
+    let pulsar: Pulsar<TokioExecutor> = tokio::select! {
+        r = builder.build() => r.map_err(|e| unreachable(e.to_string()))?,
+        _ = tokio::time::sleep(connect_within) => {
+            return Err(unreachable(format!("no connection in {} s", connect_within.as_secs())))
+        }
+        _ = interrupt.wait() => return Err(RecallError::Interrupted(None)),
+    };
     let deadline = tokio::time::sleep(cfg.timeout);
     tokio::pin!(deadline);
-    let pulsar: Pulsar<TokioExecutor> = tokio::select! {
-        r = builder.build() => r.map_err(|e| perr(format!("cannot connect: {e}")))?,
-        _ = &mut deadline => return Err(RecallError::Timeout(cfg.timeout.as_secs())),
-    };
     // Subscribed before the request goes out, so no answer is missed.
     let mut answers: Consumer<Vec<u8>, TokioExecutor> = pulsar
         .consumer()
@@ -162,7 +176,7 @@ async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, Rec
         let m = tokio::select! {
             m = answers.next() => m,
             _ = &mut deadline => return Err(RecallError::Timeout(started.elapsed().as_secs())),
-            _ = interrupt.wait() => return Err(RecallError::Interrupted(id)),
+            _ = interrupt.wait() => return Err(RecallError::Interrupted(Some(id))),
         };
         let msg = match m {
             Some(Ok(m)) => m,

@@ -24,15 +24,18 @@ use crate::wire::Bucket;
 /// before it leaves a gap that is filled with silence.
 pub const GAP_TOLERANCE_NS: i64 = 2_000_000;
 
-/// Exports the planned records to `dir` (created if missing).
+/// Exports the planned records to `dir`: created if missing; an existing one must be empty
+/// unless `force` (then files of the same name are replaced and the others stay).
 pub fn export(
     snap: &SpoolSnapshot,
     plan: &[SourcePlan],
     dir: &Path,
+    force: bool,
     bucket_ms: u32,
     key: Option<&crate::seal::Decryptor>,
     interrupt: &Interrupt,
 ) -> Result<Summary, ReplayError> {
+    check_output(dir, force)?;
     std::fs::create_dir_all(dir).map_err(ReplayError::output(dir, "create directory"))?;
     let progress = Progress::new(total_bytes(plan), "export");
     let mut tally = Tally::new(plan);
@@ -50,7 +53,18 @@ pub fn export(
             progress.inc(e.len as u64);
             let frame = match snap.read(&p.source, e) {
                 Ok(f) => f,
-                Err(c) => {
+                Err(err) => {
+                    let c = match super::damage(err) {
+                        Ok(c) => c,
+                        Err(stop) => {
+                            // What was written stays readable (a WAV's header patched).
+                            if let Some(s) = sink.take() {
+                                s.finish()?;
+                            }
+                            progress.finish();
+                            return Err(stop);
+                        }
+                    };
                     progress.println(&format!("skipped corrupt {}", super::inspect::describe(&c)));
                     tally.corrupt(c);
                     continue;
@@ -78,6 +92,39 @@ pub fn export(
     }
     progress.finish();
     Ok(tally.finish(dir.display().to_string(), interrupted))
+}
+
+/// Refuses an output that is not a directory, and a non-empty one without `force`: a second
+/// export into the same directory would leave the first one's files beside its own, and nothing
+/// would tell which frames belong to which.
+fn check_output(dir: &Path, force: bool) -> Result<(), ReplayError> {
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(ReplayError::output(dir, "stat")(e)),
+        Ok(m) if !m.is_dir() => Err(ReplayError::OutputNotDirectory {
+            path: dir.to_path_buf(),
+        }),
+        Ok(_) if force => Ok(()),
+        Ok(_) => {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .map_err(ReplayError::output(dir, "read directory"))?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            if names.is_empty() {
+                return Ok(());
+            }
+            names.sort();
+            let holds = match names.len() {
+                1 => names[0].clone(),
+                n => format!("{}, ... {n} entries", names[0]),
+            };
+            Err(ReplayError::OutputNotEmpty {
+                path: dir.to_path_buf(),
+                holds,
+            })
+        }
+    }
 }
 
 /// Where one source's frames go.

@@ -26,6 +26,9 @@ pub struct Stat {
     /// The rig the spool belongs to (`rig`, `bucket-ms`, `topic`), as the daemon recorded it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rig: Option<crate::spool::identity::RigIdentity>,
+    /// Why the `RIG` file that is there could not be used (damaged, unreadable).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rig_damage: Option<String>,
     /// `index`, or `segment-scan` when the records were found by reading the segments.
     pub listing: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -61,6 +64,7 @@ pub fn stat(snap: &SpoolSnapshot) -> Stat {
     Stat {
         spool: snap.path().display().to_string(),
         rig: snap.identity().ok().flatten().cloned(),
+        rig_damage: snap.identity().err().map(str::to_string),
         listing,
         listing_note,
         sources: snap
@@ -79,8 +83,9 @@ pub fn stat(snap: &SpoolSnapshot) -> Stat {
     }
 }
 
-/// Reads every listed record and checks it.
-pub fn verify(snap: &SpoolSnapshot, interrupt: &Interrupt) -> Verify {
+/// Reads every listed record and checks it. A segment this user may no longer open is the
+/// error (a permission problem, not damage).
+pub fn verify(snap: &SpoolSnapshot, interrupt: &Interrupt) -> Result<Verify, ReplayError> {
     let stat = stat(snap);
     let total: u64 = stat.sources.iter().map(|s| s.bytes).sum();
     let progress = Progress::new(total, "verify");
@@ -93,7 +98,8 @@ pub fn verify(snap: &SpoolSnapshot, interrupt: &Interrupt) -> Verify {
                 interrupted = true;
                 break 'all;
             }
-            if let Err(c) = snap.read(source, e) {
+            if let Err(err) = snap.read(source, e) {
+                let c = super::damage(err).inspect_err(|_| progress.finish())?;
                 progress.println(&format!("corrupt: {}", describe(&c)));
                 corrupt.push(c);
             }
@@ -105,14 +111,14 @@ pub fn verify(snap: &SpoolSnapshot, interrupt: &Interrupt) -> Verify {
     progress.finish();
     // A damaged index is damage even when every record reads back: it was worked around.
     let ok = corrupt.is_empty() && !interrupted && stat.index_damage.is_none();
-    Verify {
+    Ok(Verify {
         stat,
         records_checked: records,
         bytes_checked: bytes,
         corrupt,
         interrupted,
         ok,
-    }
+    })
 }
 
 pub fn describe(c: &Corrupt) -> String {
@@ -142,15 +148,21 @@ pub fn print_stat(out: &mut impl Write, s: &Stat) -> std::io::Result<()> {
         human_bytes(bytes),
         s.quarantined
     )?;
-    match &s.rig {
-        Some(r) => writeln!(
+    match (&s.rig, &s.rig_damage) {
+        (Some(r), _) => writeln!(
             out,
             "rig {} (bucket {} ms, topic {})",
             r.rig, r.bucket_ms, r.topic
         )?,
-        None => writeln!(
+        (None, Some(why)) => writeln!(
             out,
-            "rig: not recorded in the spool (a spool from before rigd recorded it)"
+            "rig: unknown: {why}; the records do not depend on it. To republish, say the rig with \
+             --rig (and --topic, --bucket-ms if not the defaults); rigd writes the file again at \
+             its next start on this spool"
+        )?,
+        (None, None) => writeln!(
+            out,
+            "rig: not recorded in the spool (no RIG file: a spool from before rigd recorded it)"
         )?,
     }
     if let Some(damage) = &s.index_damage {

@@ -42,7 +42,7 @@ use super::{capture_order, total_bytes, ReplayError, SourcePlan, Summary, Tally}
 use crate::foxglove::{self, location_fix, log_text, protobuf_message, schema_name, LOCATION_FIX};
 use crate::nmea::{self, Fix, FixBuilder, Sentence};
 use crate::payload::Held;
-use crate::spool::snapshot::{Corrupt, Entry, SpoolSnapshot};
+use crate::spool::snapshot::{Entry, ReadError, SpoolSnapshot};
 
 /// Message encoding of the MCAP file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -353,7 +353,7 @@ fn read_ahead<'scope>(
     scope: &'scope std::thread::Scope<'scope, '_>,
     snap: &'scope SpoolSnapshot,
     plan: &'scope [SourcePlan],
-) -> std::sync::mpsc::Receiver<(usize, Entry, Result<Held, Corrupt>)> {
+) -> std::sync::mpsc::Receiver<(usize, Entry, Result<Held, ReadError>)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(READ_AHEAD);
     scope.spawn(move || {
         for (i, e) in capture_order(plan) {
@@ -444,7 +444,9 @@ fn write(
             let p = &plan[i];
             let frame = match read {
                 Ok(f) => f,
-                Err(c) => {
+                Err(err) => {
+                    // A permission problem stops the export (the file is removed: no MCAP).
+                    let c = super::damage(err)?;
                     progress.println(&format!("skipped corrupt {}", super::inspect::describe(&c)));
                     tally.corrupt(c);
                     continue;

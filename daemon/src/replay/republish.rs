@@ -159,14 +159,24 @@ async fn republish(
     let mut counts = Published::default();
     let mut moved = Instant::now();
     let mut interrupted = false;
-    let mut stalled: Option<String> = None;
+    // Why nothing moved for --timeout, and whether the producer was connected then.
+    let mut stalled: Option<(String, bool)> = None;
+    // A segment this user may no longer open: stop submitting, settle what went, then say so.
+    let mut unreadable: Option<ReplayError> = None;
 
     'records: for (i, e) in capture_order(plan) {
         let p = &plan[i];
         let sender = first_sender[i] + epochs[i].of(e.seq);
         let mut frame: Held = match snap.read(&p.source, &e) {
             Ok(f) => f,
-            Err(c) => {
+            Err(err) => {
+                let c = match super::damage(err) {
+                    Ok(c) => c,
+                    Err(stop) => {
+                        unreadable = Some(stop);
+                        break 'records;
+                    }
+                };
                 progress.println(&format!("skipped corrupt {}", super::inspect::describe(&c)));
                 tally.corrupt(c);
                 progress.inc(e.len as u64);
@@ -202,7 +212,7 @@ async fn republish(
                     if !sender.producer.is_connected() {
                         progress.set_message(format!("waiting for {}", target.url));
                         if moved.elapsed() > target.stall_timeout {
-                            stalled = Some(last_error(sender));
+                            stalled = Some((last_error(sender), false));
                             break 'records;
                         }
                     }
@@ -233,7 +243,10 @@ async fn republish(
         if waited_from.elapsed() > limit {
             if !interrupted {
                 let stuck = senders.iter().find(|l| l.acked < l.submitted);
-                stalled = Some(stuck.map(last_error).unwrap_or_default());
+                stalled = Some((
+                    stuck.map(last_error).unwrap_or_default(),
+                    stuck.is_some_and(|l| l.producer.is_connected()),
+                ));
             }
             break;
         }
@@ -249,20 +262,30 @@ async fn republish(
         counts.unacknowledged += left.len() as u64;
     }
     progress.finish();
-    if let Some(why) = stalled {
+    if let Some(e) = unreadable {
+        return Err(e);
+    }
+    if let Some((why, connected)) = stalled {
+        let secs = target.stall_timeout.as_secs();
+        let sent = match (counts.persisted, counts.already_persisted) {
+            (0, 0) => "nothing was published".to_string(),
+            (p, a) => format!("{p} frames persisted before, {a} already held"),
+        };
+        let why = match (connected, why.is_empty()) {
+            (false, true) => {
+                format!("the broker is unreachable: no connection in {secs} s (--timeout); {sent}")
+            }
+            (false, false) => {
+                format!("the broker is unreachable ({why}), for {secs} s (--timeout); {sent}")
+            }
+            (true, true) => format!("connected, but no receipt in {secs} s (--timeout); {sent}"),
+            (true, false) => {
+                format!("connected, but no receipt in {secs} s (--timeout; {why}); {sent}")
+            }
+        };
         return Err(ReplayError::Pulsar {
             url: target.url.clone(),
-            why: format!(
-                "no progress for {} s ({}); {} frames persisted, {} already held",
-                target.stall_timeout.as_secs(),
-                if why.is_empty() {
-                    "no receipts".to_string()
-                } else {
-                    why
-                },
-                counts.persisted,
-                counts.already_persisted
-            ),
+            why,
         });
     }
     let mut summary = tally.finish(target.url.clone(), interrupted);

@@ -37,13 +37,26 @@ impl RigIdentity {
 }
 
 /// The identity stored in a spool directory (`Ok(None)`: none stored, a spool from before it).
+/// `Err`, one line: a file that is there and does not parse (damaged: said so, with the first
+/// problem toml finds) or does not read.
 pub fn read(dir: &Path) -> Result<Option<RigIdentity>, String> {
-    match std::fs::read_to_string(dir.join(FILE)) {
-        Ok(text) => RigIdentity::decode(&text)
-            .map(Some)
-            .map_err(|e| format!("{}: {e}", dir.join(FILE).display())),
+    let path = dir.join(FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let parsed = std::str::from_utf8(&bytes)
+                .map_err(|_| "not UTF-8 text".to_string())
+                .and_then(|text| {
+                    toml::from_str::<RigIdentity>(text).map_err(|e| e.message().to_string())
+                });
+            parsed.map(Some).map_err(|why| {
+                format!(
+                    "{} is damaged ({why}): it is not the rig identity rigd writes there",
+                    path.display()
+                )
+            })
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", dir.join(FILE).display())),
+        Err(e) => Err(format!("{}: {e}", path.display())),
     }
 }
 
@@ -76,8 +89,16 @@ mod tests {
             ..id
         };
         write(&Os, dir.path(), &other).unwrap();
-        assert_eq!(read(dir.path()).unwrap(), Some(other));
+        assert_eq!(read(dir.path()).unwrap(), Some(other.clone()));
         std::fs::write(dir.path().join(FILE), "rig = 3").unwrap();
-        assert!(read(dir.path()).is_err());
+        let err = read(dir.path()).unwrap_err();
+        assert!(err.contains("RIG is damaged"), "{err}");
+        std::fs::write(dir.path().join(FILE), b"\x00\xff garbage\n\n").unwrap();
+        let err = read(dir.path()).unwrap_err();
+        assert!(err.contains("is damaged (not UTF-8 text)"), "{err}");
+        assert!(!err.contains('\n'), "one line: {err}");
+        // A damaged file is rewritten at the daemon's next open.
+        write(&Os, dir.path(), &other).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), Some(other));
     }
 }

@@ -56,6 +56,17 @@ pub struct Corrupt {
     pub reason: String,
 }
 
+/// Why a record was not read back.
+#[derive(Debug)]
+pub enum ReadError {
+    /// Its bytes are damaged, cut short or gone.
+    Corrupt(Corrupt),
+    /// This user may not open its segment (the file's mode or owner changed after the view
+    /// opened, when every segment was checked): a permission problem, not damage
+    /// ([`SpoolError::Unreadable`]).
+    Unreadable(SpoolError),
+}
+
 pub struct SpoolSnapshot {
     path: PathBuf,
     _lock: Option<File>,
@@ -218,17 +229,11 @@ impl SpoolSnapshot {
     }
 
     /// Reads and checks one record: checksum, and that it is the record the listing names.
-    pub fn read(&self, source: &str, entry: &Entry) -> Result<Held, Corrupt> {
-        let corrupt = |reason: String| Corrupt {
-            source: Some(source.to_string()),
-            seq: Some(entry.seq),
-            segment: entry.segment,
-            offset: entry.offset,
-            reason,
-        };
+    pub fn read(&self, source: &str, entry: &Entry) -> Result<Held, ReadError> {
+        let corrupt = |reason: String| ReadError::Corrupt(corrupt(source, entry, reason));
         let file = self
             .segment_file(entry.segment)
-            .map_err(|e| corrupt(format!("cannot open segment: {e}")))?;
+            .map_err(|e| self.unopened(source, entry, e))?;
         let mut buf = vec![0u8; entry.len as usize];
         file.read_exact_at(&mut buf, entry.offset).map_err(|e| {
             corrupt(format!(
@@ -243,6 +248,18 @@ impl SpoolSnapshot {
                 f.source, f.seq, entry.seq
             ))),
             Ok(f) => Ok(f),
+        }
+    }
+
+    /// A segment that did not open: a permission problem, or damage (it is gone).
+    fn unopened(&self, source: &str, entry: &Entry, e: std::io::Error) -> ReadError {
+        if super::denied(&e) {
+            ReadError::Unreadable(SpoolError::Unreadable {
+                path: self.segment_path(entry.segment),
+                source: e,
+            })
+        } else {
+            ReadError::Corrupt(corrupt(source, entry, format!("cannot open segment: {e}")))
         }
     }
 
@@ -514,6 +531,16 @@ impl SpoolSnapshot {
     }
 }
 
+fn corrupt(source: &str, entry: &Entry, reason: String) -> Corrupt {
+    Corrupt {
+        source: Some(source.to_string()),
+        seq: Some(entry.seq),
+        segment: entry.segment,
+        offset: entry.offset,
+        reason,
+    }
+}
+
 /// Opens the private copy of the index. sled panics on some damaged files instead of returning
 /// an error: a panic is damage too.
 fn open_copy(path: &Path) -> Result<sled::Db, String> {
@@ -657,9 +684,42 @@ mod tests {
         // The index still lists it; reading it reports the damage.
         let snap = SpoolSnapshot::open(dir.path(), false).unwrap();
         let e = snap.entries("a")[2];
-        let err = snap.read("a", &e).unwrap_err();
+        let Err(ReadError::Corrupt(err)) = snap.read("a", &e) else {
+            panic!("a damaged record reads as corrupt");
+        };
         assert_eq!(err.seq, Some(2));
         assert!(err.reason.contains("magic"), "{}", err.reason);
+    }
+
+    #[test]
+    fn a_segment_made_unreadable_after_open_is_a_permission_problem_not_damage() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        spool_with(dir.path(), &[frame("a", 0, b"x"), frame("a", 1, b"y")]);
+        let snap = SpoolSnapshot::open(dir.path(), false).unwrap();
+        let e = snap.entries("a")[0];
+        let path = snap.segment_path(e.segment);
+        // As the read sees it (root reads a 0000 file anyway, so the error is also made here).
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let Err(ReadError::Unreadable(SpoolError::Unreadable { path: p, .. })) =
+            Err::<(), _>(snap.unopened("a", &e, denied))
+        else {
+            panic!("EACCES is a permission problem");
+        };
+        assert_eq!(p, path);
+        let gone = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(matches!(
+            snap.unopened("a", &e, gone),
+            ReadError::Corrupt(Corrupt { seq: Some(0), .. })
+        ));
+        // A mode changed after the view opened, for a user the mode binds.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o000)).unwrap();
+        if std::fs::File::open(&path).is_err() {
+            assert!(matches!(
+                snap.read("a", &e),
+                Err(ReadError::Unreadable(SpoolError::Unreadable { .. }))
+            ));
+        }
     }
 
     #[test]
