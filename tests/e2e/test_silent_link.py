@@ -67,7 +67,7 @@ def test_frozen_broker_then_sigterm_stops_in_bound_and_loses_nothing(broker, tmp
             held = []
             for _ in range(200):
                 c = socket.create_connection(("127.0.0.1", d.port), timeout=5)
-                c.sendall(b"GET /api/status HTTP/1.1\r\nHost: rig\r\n")
+                c.sendall(b"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\n")
                 held.append(c)
             time.sleep(max(0.0, 15 - (time.time() - t0)))
             t_term = time.time()

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness import ROOT, Rigd, consume, free_port, unique
 
-TOKEN = "field-tech-7f3a"
+TOKEN = "field-tech-7f3a-2c91"
 ARTIFACTS = ROOT / "tests" / "artifacts"
 
 SOURCES = """
@@ -289,7 +289,7 @@ def test_hostile_requests_are_bounded(tmp_path):
         # At most 32 live streams; the 33rd gets 503 and the API stays responsive.
         for _ in range(32):
             s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
-            s.sendall(b"GET /api/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert b"200 OK" in s.recv(4096)
             streams.append(s)
         code, body = request(d, "GET", "/api/stream")

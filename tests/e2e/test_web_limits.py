@@ -35,7 +35,7 @@ path = "spool"
 bind = "127.0.0.1:{WEB_PORT}"
 """
 
-HALF_HEAD = b"GET / HTTP/1.1\r\nHost: x\r\n"
+HALF_HEAD = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 
 
 def open_fds(d: Rigd) -> int:
@@ -75,7 +75,7 @@ def test_200_half_open_connections_neither_block_the_api_nor_hold_sigterm(tmp_pa
         t0 = time.monotonic()
         for _ in range(200):
             held.append(connect(d, HALF_HEAD))
-        stream = connect(d, b"GET /api/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        stream = connect(d, b"GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert b"200 OK" in stream.recv(4096)
         held.append(stream)
         # The API answers at once while they are held (the cap makes room by closing the

@@ -156,9 +156,11 @@ impl SharedPeerSlots {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A slot for `peer` (None: a request without a peer, which only a test makes: not
-    /// counted), or Err(the share) when it holds its share already.
+    /// A slot for `peer`, or Err(the share) when it holds its share already. Not counted: a
+    /// request without a peer (which only a test makes) and loopback, which is not one peer but
+    /// everyone reaching the rig through it (technicians' SSH tunnels, the rig's own tools).
     pub fn take(&self, peer: Option<IpAddr>) -> Result<PeerSlot, usize> {
+        let peer = peer.filter(|ip| !is_loopback(*ip));
         if let Some(ip) = peer {
             let mut slots = self.lock();
             if !slots.take(ip) {
@@ -169,6 +171,16 @@ impl SharedPeerSlots {
             slots: self.clone(),
             peer,
         })
+    }
+}
+
+/// 127.0.0.0/8, ::1, and IPv4 loopback as a dual-stack listener sees it.
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(v6.is_loopback(), |v4| v4.is_loopback()),
+        IpAddr::V4(v4) => v4.is_loopback(),
     }
 }
 
@@ -264,5 +276,19 @@ mod tests {
         s.give_back(a);
         s.give_back(a);
         assert_eq!(s.held_by(a), 0);
+    }
+
+    #[test]
+    fn loopback_is_everyone_on_the_rig_and_not_counted() {
+        let shared = SharedPeerSlots::new(1);
+        let held: Vec<_> = ["127.0.0.1", "::1", "::ffff:127.0.0.1", "127.0.0.1"]
+            .into_iter()
+            .map(|l| shared.take(Some(ip(l))).expect("loopback is not one peer"))
+            .collect();
+        let lan = shared.take(Some(ip("10.0.0.8"))).unwrap();
+        assert_eq!(shared.take(Some(ip("10.0.0.8"))).err(), Some(1));
+        drop(lan);
+        assert!(shared.take(Some(ip("10.0.0.8"))).is_ok());
+        drop(held);
     }
 }
