@@ -60,8 +60,14 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the manual page (roff, for `man -l -`) on stdout.
-    Man,
+    /// Print the manual page (roff, for `man -l -`) on stdout, or write every page (rigd.1 and
+    /// one per subcommand it names, rigd-run.1 ...) to a directory.
+    Man {
+        /// Write rigd.1 and a page per subcommand here (created if missing) instead; the
+        /// Debian package ships them (docs/SYSTEMD.md).
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
 }
 
 /// How an offline tool reaches a Pulsar cluster (`rigd tail`, `rigd recall`, `rigd replay
@@ -162,12 +168,8 @@ struct LiveArgs {
     /// Clients served at once; the next one is refused (503).
     #[arg(long, value_name = "N", default_value_t = 4)]
     max_clients: usize,
-    /// File holding the Pulsar token.
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
-    /// CA certificates (PEM) for a pulsar+ssl:// URL (default: the Mozilla roots).
-    #[arg(long, value_name = "FILE")]
-    tls_ca: Option<PathBuf>,
+    #[command(flatten)]
+    client: PulsarClientArgs,
     /// The fleet's RSA private key (PEM): frames of a rig with end-to-end encryption are
     /// decrypted with it. Without it they are skipped and counted. With it, a --bind that is not
     /// loopback needs --web-tls-cert-file: decrypted frames never cross a network in clear.
@@ -341,8 +343,8 @@ fn read_token(path: Option<&PathBuf>) -> Result<Option<String>, ExitCode> {
 enum SpoolCommand {
     /// Per source: records, bytes, first and last capture time; quarantined records.
     Stat(SpoolArgs),
-    /// Read every record back and check it: exit 1 when any is corrupt, 77 when a file of the
-    /// spool cannot be read by this user (a permission problem, not damage).
+    /// Read every record back and check it: exit 1 when any is corrupt or the index is damaged,
+    /// 77 when a file of the spool cannot be read by this user (a permission problem, not damage).
     Verify(SpoolArgs),
 }
 
@@ -527,9 +529,14 @@ pub fn main() -> ExitCode {
                 .err()
                 .unwrap_or(ExitCode::SUCCESS)
         }
-        Command::Man => {
+        Command::Man { out_dir } => {
+            // Without `help` as a subcommand: every page the main one names exists.
+            let cli = <Cli as clap::CommandFactory>::command().disable_help_subcommand(true);
+            if let Some(dir) = out_dir {
+                return man_pages(cli, &dir);
+            }
             let mut out = Vec::new();
-            let man = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            let man = clap_mangen::Man::new(cli);
             if let Err(e) = man.render(&mut out) {
                 say(format_args!("rigd: cannot render the manual page: {e}"));
                 return ExitCode::from(1);
@@ -573,6 +580,30 @@ pub fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `rigd man --out-dir DIR`: rigd.1 and a page per subcommand, recursively (rigd-spool-stat.1);
+/// the paths written on stdout.
+fn man_pages(cli: clap::Command, dir: &std::path::Path) -> ExitCode {
+    use std::io::Write;
+    let written = std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(cli, dir));
+    if let Err(e) = written {
+        say(format_args!(
+            "rigd: cannot write the manual pages to {}: {e}",
+            dir.display()
+        ));
+        return ExitCode::from(1);
+    }
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    pages.retain(|p| p.extension().is_some_and(|x| x == "1"));
+    pages.sort();
+    let mut out = std::io::stdout().lock();
+    let listed = pages
+        .iter()
+        .try_for_each(|p| writeln!(out, "{}", p.display()));
+    output(listed).err().unwrap_or(ExitCode::SUCCESS)
 }
 
 /// Exit code and message for an offline tool's error.
@@ -855,8 +886,8 @@ fn live(args: LiveArgs) -> ExitCode {
         Err(code) => return code,
     };
     let scheme = if web_tls.is_some() { "wss" } else { "ws" };
-    let token = match read_token(args.token_file.as_ref()) {
-        Ok(t) => t,
+    let access = match args.client.access(&args.pulsar) {
+        Ok(a) => a,
         Err(code) => return code,
     };
     let decryptor = match decryptor(args.decrypt_key.as_deref()) {
@@ -870,8 +901,7 @@ fn live(args: LiveArgs) -> ExitCode {
         rig: args.rig,
         topic: args.topic,
         sources: args.sources,
-        token,
-        tls_ca: args.tls_ca,
+        access,
         bind: args.bind,
         max_clients: args.max_clients,
         decryptor,

@@ -5,6 +5,7 @@ pipeline progresses, STOPPING on SIGTERM) to a NOTIFY_SOCKET the test binds."""
 from __future__ import annotations
 
 import ctypes
+import gzip
 import os
 import re
 import shutil
@@ -88,9 +89,12 @@ def test_debian_package_contents_and_config(tmp_path):
     binary = Path(rigd_bin()).resolve()
     target = binary.parent.parent
     t0 = time.time()
-    # under the lock tests/vm/vehicle.sh takes too: cargo-deb stages in target/debian for both
-    out = subprocess.run(["flock", str(target / ".cargo-deb.lock"), "cargo", "deb", "-p", "rigd", "--no-build",
-                          "--fast", "--strip", "-o", str(tmp_path)],
+    # under the lock tests/vm/vehicle.sh takes too: cargo-deb stages in target/debian for both; the
+    # manual pages it ships come from the binary first (daemon/Cargo.toml, docs/SYSTEMD.md)
+    man = ROOT / "target/man"
+    out = subprocess.run(["flock", str(target / ".cargo-deb.lock"), "sh", "-c",
+                          f'rm -rf "{man}" && "{binary}" man --out-dir "{man}" >/dev/null && '
+                          f'cargo deb -p rigd --no-build --fast --strip -o "{tmp_path}"'],
                          cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "CARGO_TARGET_DIR": str(target)})
     assert out.returncode == 0, out.stderr
@@ -103,8 +107,14 @@ def test_debian_package_contents_and_config(tmp_path):
     files = {line.split()[-1].lstrip(".") for line in listing.splitlines() if not line.startswith("d")}
     for f in ["/usr/bin/rigd", "/usr/lib/systemd/system/rigd.service", "/usr/lib/sysusers.d/rigd.conf",
               "/usr/lib/tmpfiles.d/rigd.conf", "/lib/udev/rules.d/60-rigd-ptp.rules", "/etc/rigd/rigd.toml",
-              "/usr/share/doc/rigd/SYSTEMD.md"]:
+              "/usr/share/doc/rigd/SYSTEMD.md", "/usr/share/doc/rigd/docs/UPLINK.md",
+              "/usr/share/man/man1/rigd.1.gz", "/usr/share/man/man1/rigd-run.1.gz",
+              "/usr/share/man/man1/rigd-spool-verify.1.gz"]:
         assert f in files, f"{f} missing from the package:\n{listing}"
+    # Every doc the README links to (docs/X.md beside README.md).
+    for md in (ROOT / "docs").glob("*.md"):
+        assert f"/usr/share/doc/rigd/docs/{md.name}" in files, md.name
+
 
     ctl = tmp_path / "control"
     subprocess.run(["dpkg-deb", "-e", str(deb), str(ctl)], check=True)
@@ -120,6 +130,14 @@ def test_debian_package_contents_and_config(tmp_path):
     # config, the unit verifies against the packaged binary, sysusers creates the user.
     root = tmp_path / "root"
     subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    # A page for every page a manual page names (`rigd man` names rigd-run(1) ...; issue 47).
+    man1 = root / "usr/share/man/man1"
+    named = set()
+    for page in man1.glob("*.1.gz"):
+        named |= set(re.findall(r"(rigd(?:\\-[a-z]+)+)\(1\)", gzip.decompress(page.read_bytes()).decode()))
+    assert {"rigd\\-run", "rigd\\-spool\\-verify"} <= named, named
+    for name in named:
+        assert (man1 / (name.replace("\\-", "-") + ".1.gz")).exists(), name
     chk = subprocess.run([str(root / "usr/bin/rigd"), "check", "--config", str(root / "etc/rigd/rigd.toml")],
                          capture_output=True, text=True)
     assert chk.returncode == 0, chk.stdout + chk.stderr

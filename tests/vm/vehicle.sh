@@ -61,8 +61,9 @@ if [ "$ARCH" != amd64 ] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
 fi
 
 # 1. Base image (cached): minimal Debian with systemd, a kernel (its vivid.ko and snd-aloop.ko are
-# what the guest loads), alsa-utils for the test tone, curl to read rigd's status inside the guest.
-GUEST_PKGS=socat,alsa-utils,curl
+# what the guest loads), alsa-utils for the test tone, curl to read rigd's status inside the guest,
+# man-db to read the package's manual pages as an operator would.
+GUEST_PKGS=socat,alsa-utils,curl,man-db
 if [ ! -f "$BASE/.done" ]; then
   # The mirror the host's apt uses (no host named here).
   MIRROR=$(grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -1 || true)
@@ -133,8 +134,13 @@ if [ -z "$DEB" ] || [ "$RELEASE" -nt "$DEB" ]; then
   fi
   log "building the package"
   mkdir -p "$WORK/deb"
-  (cd daemon && flock "$ROOT/target/.cargo-deb.lock" cargo deb -p rigd --no-build --fast --strip \
-    ${CARGO_TARGET:+--target "$CARGO_TARGET"} -o "$WORK/deb" >&2)
+  # The manual pages it ships come from the host's binary (the same source; for arm64 the cross
+  # build cannot run here), written first, under the same lock (daemon/Cargo.toml).
+  [ -x "$ROOT/target/release/rigd" ] || cargo build --release --locked -p rigd >&2
+  # shellcheck disable=SC2016
+  (cd daemon && flock "$ROOT/target/.cargo-deb.lock" sh -c 'rm -rf "$1/target/man" &&
+    "$1/target/release/rigd" man --out-dir "$1/target/man" >/dev/null && shift && exec "$@"' sh "$ROOT" \
+    cargo deb -p rigd --no-build --fast --strip ${CARGO_TARGET:+--target "$CARGO_TARGET"} -o "$WORK/deb" >&2)
   DEB=$(ls -t "$WORK"/deb/rigd_*_"$ARCH".deb | head -1)
 fi
 
@@ -299,6 +305,18 @@ CHECK="service active"
 active=$(guest 'systemctl is-active rigd' 30 || true); log "systemctl is-active: $active"
 check grep -q '^active' <<<"$active"
 log "status: $(guest 'systemctl show -p StatusText --value rigd' 30 || true)"
+
+CHECK="the package's manual pages and docs: man rigd-run, a page for every one rigd(1) names, docs/UPLINK.md"
+man_ok() {
+  # `rigd\-run(1)` in roff: every page the main page names is found by man; the README's
+  # docs/*.md links resolve beside it.
+  guest 'man -w rigd-run && man rigd-run 2>/dev/null | grep -q "Run the daemon" &&
+    test -f /usr/share/doc/rigd/docs/UPLINK.md && test -f /usr/share/doc/rigd/README.md &&
+    n=0 && for p in $(zcat /usr/share/man/man1/rigd.1.gz | grep -o "^rigd.-[a-z.-]*(1)" | sed "s/[\\]//g; s/(1)//"); do
+      if man -w "$p" >/dev/null; then n=$((n + 1)); else echo "no page $p"; n=-99; fi; done &&
+    echo "man-ok $n pages"' 60 | tee /dev/stderr | grep -Eq 'man-ok ([5-9]|[1-9][0-9]) pages'
+}
+check man_ok
 
 CHECK="frames of vivid, snd-aloop and the UART reach the host's broker (Python consumer)"
 check python3 "$VM/judge.py" arrived "$NS" "$RIG" "${SOURCES[@]}" --timeout 120

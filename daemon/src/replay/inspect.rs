@@ -221,7 +221,10 @@ pub fn print_verify(out: &mut impl Write, v: &Verify) -> std::io::Result<()> {
         writeln!(out, "  corrupt: {}", describe(c))?;
     }
     if v.stat.index_damage.is_some() {
-        writeln!(out, "verify: the index is damaged (see above)")?;
+        writeln!(
+            out,
+            "verify: FAILED: the index is damaged (see above; exit 1); rigd rebuilds it from the segments at its next start on this spool"
+        )?;
     }
     Ok(())
 }
