@@ -65,8 +65,9 @@ pub struct RelayConfig {
     pub topic: String,
     /// Sources to serve; empty: every topic of the rig, found as they appear.
     pub sources: Vec<String>,
-    pub token: Option<String>,
-    pub tls_ca: Option<std::path::PathBuf>,
+    /// The token and TLS files towards the broker (a client certificate through
+    /// [`crate::tail::bridge`]).
+    pub access: crate::tail::Access,
     pub bind: SocketAddr,
     pub max_clients: usize,
     /// The fleet's private key (`--decrypt-key`): encrypted frames are decrypted; without it they
@@ -165,8 +166,21 @@ async fn serve(cfg: &RelayConfig, interrupt: &Interrupt) -> Result<RelaySummary,
     ));
     tracing::info!(bind = %cfg.bind, rig = %cfg.rig, "rigd live: serving the live view at /foxglove");
 
-    let builder = crate::tail::client(&cfg.url, cfg.token.clone(), cfg.tls_ca.as_deref())
+    // A client certificate goes through the bridge (kept for as long as the relay serves);
+    // without one, the crate's own connection and its reconnects, as the relay always had.
+    let (builder, _bridge) = if cfg.access.tls_client.is_some() {
+        crate::tail::connect(&cfg.url, &cfg.access)
+            .await
+            .map_err(perr)?
+    } else {
+        let b = crate::tail::client(
+            &cfg.url,
+            cfg.access.token.clone(),
+            cfg.access.tls_ca.as_deref(),
+        )
         .map_err(|e| perr(format!("--tls-ca {e}")))?;
+        (b, None)
+    };
     let result = async {
         let pulsar: Pulsar<TokioExecutor> = tokio::select! {
             r = builder.build() => r.map_err(|e| perr(format!("cannot connect: {e}")))?,
