@@ -22,5 +22,6 @@ pub use clock::{
 };
 pub use frame::{Frame, Media, Modality};
 pub use source::{
-    AudioLevel, FrameSink, SinkClosed, Source, SourceError, SourceHealth, SourceState, StopFlag,
+    AudioLevel, FrameSink, SeqJump, SinkClosed, Source, SourceError, SourceHealth, SourceState,
+    StopFlag,
 };

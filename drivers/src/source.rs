@@ -247,6 +247,57 @@ impl AudioLevel {
 #[error("frame pipeline closed")]
 pub struct SinkClosed;
 
+/// A jump of a source's numbering asked for while it captures (the daemon's uplink found the
+/// broker holding sequence ids of the source's producer name above every number this spool handed
+/// out: a wiped spool). Asked once; the sink applies it before its next frame and says where.
+#[derive(Debug)]
+pub struct SeqJump {
+    by: AtomicU64,
+    at: AtomicU64,
+}
+
+impl Default for SeqJump {
+    fn default() -> Self {
+        SeqJump {
+            by: AtomicU64::new(0),
+            at: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl SeqJump {
+    /// Asks the numbering to skip `by` numbers before the next frame; false when a jump was asked
+    /// already (there is one per run).
+    pub fn ask(&self, by: u64) -> bool {
+        by > 0
+            && self
+                .by
+                .compare_exchange(0, by, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// The jump asked for (0: none).
+    pub fn by(&self) -> u64 {
+        self.by.load(Ordering::Acquire)
+    }
+
+    /// The first number the jump skipped (frames below it were numbered before it, frames at or
+    /// past it + `by` after it); None until the sink applied it.
+    pub fn at(&self) -> Option<u64> {
+        Some(self.at.load(Ordering::Acquire)).filter(|&at| at != u64::MAX)
+    }
+
+    /// The sink numbers its next frame `next`: how far to skip first (once; called by the sink).
+    pub fn apply(&self, next: u64) -> u64 {
+        let by = self.by.load(Ordering::Acquire);
+        if by == 0 || self.at.load(Ordering::Relaxed) != u64::MAX {
+            return 0;
+        }
+        self.at.store(next, Ordering::Release);
+        by
+    }
+}
+
 /// Where a source puts its frames. Assigns the per-source sequence number.
 #[derive(Debug)]
 pub struct FrameSink {
@@ -254,6 +305,7 @@ pub struct FrameSink {
     next_seq: u64,
     tx: mpsc::Sender<Frame>,
     health: Arc<SourceHealth>,
+    jump: Option<Arc<SeqJump>>,
 }
 
 impl FrameSink {
@@ -269,7 +321,14 @@ impl FrameSink {
             next_seq: first_seq,
             tx,
             health,
+            jump: None,
         }
+    }
+
+    /// Numbering that jumps when `jump` asks ([`SeqJump`]).
+    pub fn with_jump(mut self, jump: Arc<SeqJump>) -> Self {
+        self.jump = Some(jump);
+        self
     }
 
     pub fn source(&self) -> &Arc<str> {
@@ -287,6 +346,9 @@ impl FrameSink {
     /// Hands one frame to the pipeline; blocks while the pipeline applies backpressure.
     pub fn emit(&mut self, stamp: Stamp, media: Media, payload: Bytes) -> Result<(), SinkClosed> {
         let len = payload.len() as u64;
+        if let Some(j) = &self.jump {
+            self.next_seq += j.apply(self.next_seq);
+        }
         let frame = Frame {
             source: self.source.clone(),
             seq: self.next_seq,

@@ -127,9 +127,36 @@ struct Request<'a> {
     said: (Counts, Counts),
 }
 
+/// A request's producer, closed however its upload ends: [`Closing::close`] on the paths out of
+/// [`Request::source`], and should the future be dropped mid-way, its `Drop` closes it on the
+/// runtime (bounded by the producer's grace).
+struct Closing(Option<TopicProducer>);
+
+impl Closing {
+    fn get(&mut self) -> &mut TopicProducer {
+        self.0.as_mut().expect("open until closed")
+    }
+
+    async fn close(&mut self) {
+        if let Some(p) = self.0.take() {
+            drop(p.close().await);
+        }
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                drop(rt.spawn(async move { drop(p.close().await) }));
+            }
+        }
+    }
+}
+
 /// One source's producer for the request, and what it holds.
 struct Sender {
-    producer: TopicProducer,
+    producer: Closing,
     acks: mpsc::UnboundedReceiver<Ack>,
     /// Submitted, no receipt yet.
     outstanding: HashMap<u64, u64>,
@@ -184,7 +211,6 @@ impl<'a> Request<'a> {
     ) -> Result<End, SpoolError> {
         let recall = self.recall.clone();
         let source: Arc<str> = self.p.upload.sources[i].as_str().into();
-        let (from, to, force) = (self.p.upload.from, self.p.upload.to, self.p.upload.force);
         let mut cfg = (recall.producer)(&source);
         cfg.producer_name =
             crate::wire::recall_producer_name(&recall.rig, &source, &self.p.upload.id);
@@ -197,10 +223,37 @@ impl<'a> Request<'a> {
         cfg.fresh = self.p.sent.frames == 0;
         let (tx, acks) = mpsc::unbounded_channel();
         let mut tx_out = Sender {
-            producer: TopicProducer::spawn(cfg, tx, shutdown.clone()),
+            producer: Closing(Some(TopicProducer::spawn(cfg, tx, shutdown.clone()))),
             acks,
             outstanding: HashMap::new(),
         };
+        // The producer is closed on every path out, a spool or store error's too: left open, its
+        // session would hold the request's producer name on the shared connection and every retry
+        // of the request would be refused (ProducerBusy), forever (issue 46.4).
+        let end = self.pump(i, &source, &mut tx_out, shutdown).await;
+        let Sender {
+            mut producer,
+            mut acks,
+            mut outstanding,
+        } = tx_out;
+        // What is left without a receipt stays in the spool (sent again on resume, deduplicated).
+        producer.close().await;
+        // Receipts that came while closing count.
+        self.receipts(i, &mut acks, &mut outstanding);
+        end
+    }
+
+    /// Sends source `i`'s frames of the range through `tx_out` until the range is done, a cancel
+    /// or shutdown, or the spool fails.
+    async fn pump(
+        &mut self,
+        i: usize,
+        source: &Arc<str>,
+        tx_out: &mut Sender,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<End, SpoolError> {
+        let recall = self.recall.clone();
+        let (from, to, force) = (self.p.upload.from, self.p.upload.to, self.p.upload.force);
         let mut queue: VecDeque<Entry> = VecDeque::new();
         let mut ready: VecDeque<Held> = VecDeque::new();
         let mut cursor = 0u64;
@@ -221,7 +274,7 @@ impl<'a> Request<'a> {
                 self.said = (self.p.sent, self.total);
             }
             // Frames a replaced producer gave back (a topic found partitioned) go first.
-            for f in tx_out.producer.refresh().await.into_iter().rev() {
+            for f in tx_out.producer.get().refresh().await.into_iter().rev() {
                 ready.push_front(f);
             }
             // The next frame: one handed back, or the next entries of the range, read a run at
@@ -247,7 +300,7 @@ impl<'a> Request<'a> {
             if let Some(mut frame) = frame {
                 let (seq, len) = (frame.seq, frame.payload.len() as u64);
                 loop {
-                    match tx_out.producer.try_submit(frame) {
+                    match tx_out.producer.get().try_submit(frame) {
                         Ok(()) => {
                             // Counted as the spool holds it, as `total` is.
                             let len = lens.remove(&seq).map_or(len, u64::from);
@@ -262,7 +315,7 @@ impl<'a> Request<'a> {
                                 break;
                             }
                             tokio::select! {
-                                _ = tx_out.producer.room() => {}
+                                _ = tx_out.producer.get().room() => {}
                                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                                 _ = shutdown.changed() => {}
                             }
@@ -313,15 +366,6 @@ impl<'a> Request<'a> {
                 _ = shutdown.changed() => {}
             }
         };
-        let Sender {
-            producer,
-            mut acks,
-            mut outstanding,
-        } = tx_out;
-        // What is left without a receipt stays in the spool (sent again on resume, deduplicated).
-        drop(producer.close().await);
-        // Receipts that came while closing count.
-        self.receipts(i, &mut acks, &mut outstanding);
         Ok(end)
     }
 

@@ -67,8 +67,14 @@ impl Link {
     /// Closes the producer on the broker and waits for its answer (bounded), so that the next
     /// producer under the same name on this connection is not refused as a duplicate. A close
     /// the broker does not answer in time ends the connection.
+    ///
+    /// The channel is detached first, its queued frames dropped (none is begun: the writer takes
+    /// a frame whole; the window holds them all): the close is a control command, written before
+    /// any frame, and a SEND of this producer after it would make the broker close the whole
+    /// connection ("producer is not ready"), every other producer on it failing (issue 46.2).
     pub async fn close(mut self) {
         self.open = false;
+        self.conn.detach(self.producer_id, None);
         let id = self.conn.next_id();
         let r = self
             .conn
@@ -602,5 +608,146 @@ async fn connected(
         if stream.read_buf(rest).await? == 0 {
             return Err(LinkError::Closed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pulsar::proto::{CommandSend, MessageMetadata};
+
+    /// A SEND of `bytes` for producer `producer_id`.
+    fn send(producer_id: u64, sequence_id: u64, bytes: usize) -> bytes::Bytes {
+        let cmd = BaseCommand {
+            r#type: Type::Send as i32,
+            send: Some(CommandSend {
+                producer_id,
+                sequence_id,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let metadata = MessageMetadata {
+            producer_name: "rigd-van-cam".into(),
+            sequence_id,
+            ..Default::default()
+        };
+        let mut out = BytesMut::new();
+        codec::encode_send(&cmd, &metadata, &vec![7u8; bytes], &mut out);
+        out.freeze()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_producer_closed_by_rigd_sends_nothing_after_its_close_producer() {
+        // Issue 46.2: the close of a producer rigd gives up on (a SEND_ERROR it reconnects on) went
+        // out as a control command, ahead of the SENDs still queued on the producer's channel. The
+        // broker then saw a SEND for a producer it had removed and closed the whole connection,
+        // every other producer on it included. Its queued frames are dropped first now: nothing of
+        // it follows the close on the wire.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let rig = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut broker, _) = listener.accept().await.unwrap();
+        let socket = rustix::io::dup(&rig).unwrap();
+        let pool = Pool::new(None);
+        let dialed = Dialed {
+            stream: Box::new(rig),
+            socket,
+            addr: addr.to_string(),
+            max_message_size: 5 << 20,
+            token: Token::None,
+            rest: BytesMut::new(),
+        };
+        let conn = pool
+            .connection("b".into(), async { Ok(dialed) })
+            .await
+            .unwrap();
+        let attach = || conn.attach(Arc::new(AtomicUsize::new(0)), Arc::new(|| {}));
+        let (closed, other) = (attach().unwrap(), attach().unwrap());
+        let (closed_id, other_id) = (closed.id, other.id);
+        // The broker reads nothing yet: the socket fills and frames stay queued on the channel.
+        for seq in 0..48 {
+            conn.push(closed_id, send(closed_id, seq, 1 << 20)).unwrap();
+        }
+        conn.push(other_id, send(other_id, 0, 1000)).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(conn.progress(closed_id).1 > 0, "frames still queued");
+        let link = Link {
+            max_message_size: 5 << 20,
+            producer_id: closed_id,
+            conn: conn.clone(),
+            channel: closed,
+            out: BytesMut::new(),
+            request_timeout: Duration::from_secs(3),
+            open: true,
+        };
+        let close = tokio::spawn(link.close());
+        // The broker reads everything the rig writes until the close comes, then answers it.
+        let mut buf = BytesMut::new();
+        let mut seen = Vec::new();
+        let mut close_request = None;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while close_request.is_none() {
+            let n = tokio::time::timeout_at(deadline, broker.read_buf(&mut buf))
+                .await
+                .expect("the close reaches the broker")
+                .unwrap();
+            assert!(n > 0, "the connection ended");
+            while let Some(f) = codec::decode_frame(&mut buf).unwrap() {
+                if let Some(c) = &f.cmd.close_producer {
+                    close_request = Some((c.producer_id, c.request_id));
+                }
+                seen.push(f.cmd);
+            }
+        }
+        let (producer_id, request_id) = close_request.unwrap();
+        assert_eq!(producer_id, closed_id);
+        // Whatever the socket still holds comes next.
+        let mut after = Vec::new();
+        while let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(500), broker.read_buf(&mut buf)).await
+        {
+            if n == 0 {
+                break;
+            }
+            while let Some(f) = codec::decode_frame(&mut buf).unwrap() {
+                after.push(f.cmd);
+            }
+        }
+        let sends_after: Vec<u64> = after
+            .iter()
+            .filter_map(|c| c.send.as_ref())
+            .filter(|s| s.producer_id == closed_id)
+            .map(|s| s.sequence_id)
+            .collect();
+        assert!(
+            sends_after.is_empty(),
+            "SENDs of the closed producer after its CLOSE_PRODUCER: {sends_after:?}"
+        );
+        // The close is a request: answered, it returns and the connection serves the others.
+        let mut success = BytesMut::new();
+        codec::encode_command(
+            &BaseCommand {
+                r#type: Type::Success as i32,
+                success: Some(pulsar::proto::CommandSuccess {
+                    request_id,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            &mut success,
+        );
+        broker.write_all(&success).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), close)
+            .await
+            .expect("the close returns once answered")
+            .unwrap();
+        assert!(conn.failure().is_none(), "the connection still serves");
+        let other_sent = seen
+            .iter()
+            .chain(&after)
+            .filter_map(|c| c.send.as_ref())
+            .any(|s| s.producer_id == other_id);
+        assert!(other_sent, "the other producer's frame went out");
     }
 }

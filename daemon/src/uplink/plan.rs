@@ -47,6 +47,68 @@ impl BrokerLast {
     }
 }
 
+/// A source's numbering in this process, shared by its producers and its capture (issue 46.3):
+/// frames numbered at or past `first` were numbered by this run, so no earlier run of this spool
+/// sent them. A broker whose last sequence id for a producer name is at or past `first` holds ids
+/// this spool never handed out (the spool was wiped, or another rig runs under this id): judged
+/// against it, every new frame would be acked `AlreadyPersisted` unsent, and sent, the broker's
+/// deduplication would drop it. The numbering jumps past it, as the Java client numbers from the
+/// broker's last id + 1 ([`jump_past`]); frames numbered before the jump go out under ids shifted
+/// by the same amount ([`Numbering::id_seq`]), so ids stay unique and increasing.
+#[derive(Debug, Clone)]
+pub struct Numbering {
+    /// The first number this run handed out (the spool's next at open).
+    pub first: u64,
+    /// Shared with the source's capture ([`rigd_drivers::FrameSink::with_jump`]).
+    pub jump: std::sync::Arc<rigd_drivers::SeqJump>,
+    /// The topic/producer names whose first creation in this process was judged: a producer
+    /// created again under a name later finds this run's own ids there, not a conflict.
+    judged: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+impl Numbering {
+    pub fn new(first: u64, jump: std::sync::Arc<rigd_drivers::SeqJump>) -> Self {
+        Numbering {
+            first,
+            jump,
+            judged: Default::default(),
+        }
+    }
+
+    /// The capture sequence frame `seq`'s Pulsar sequence ids are made of: shifted by the jump
+    /// when it was numbered by this run before the jump, its own otherwise.
+    pub fn id_seq(&self, seq: u64) -> u64 {
+        let by = self.jump.by();
+        if by == 0 || seq < self.first || self.jump.at().is_some_and(|at| seq >= at) {
+            return seq;
+        }
+        seq + by
+    }
+
+    /// A producer `key` (topic and name) was created and the broker named `broker_last`: at the
+    /// key's first creation in this process, the jump this asks for (see [`jump_past`]), if it
+    /// is the one asked (None: no conflict, judged before, or a jump asked already).
+    pub fn judge(&self, key: &str, broker_last: Option<BrokerLast>) -> Option<u64> {
+        let first_time = self
+            .judged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_string());
+        if !first_time || self.jump.by() != 0 {
+            return None;
+        }
+        let by = jump_past(self.first, broker_last?)?;
+        self.jump.ask(by).then_some(by)
+    }
+}
+
+/// How far a run that numbers from `first` must jump so that its frames' ids are above the
+/// broker's last id for the producer (None: they are already). Pure.
+pub fn jump_past(first: u64, broker_last: BrokerLast) -> Option<u64> {
+    let last = capture_seq(broker_last.sequence_id);
+    (last >= first).then(|| last + 1 - first)
+}
+
 /// Whether the first producer creation of a process reads the topic's last entry ([`super::probe`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Probe {
@@ -120,8 +182,12 @@ pub fn resend(
             first: last_chunk + 1,
         }
     } else {
+        // After the last generation the ids stay its own, under a new uuid, as [`again`] does
+        // in one process: exact for a broker that deduplicates last chunks only (`last` is below
+        // this frame's last chunk here). A restart that found a partial last generation refused
+        // the frame (issue 46).
         Resend::From {
-            generation: last_generation.max(generation) + 1,
+            generation: (last_generation.max(generation) + 1).min(MAX_GENERATION),
             first: 0,
         }
     }
@@ -187,6 +253,69 @@ pub fn again(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_broker_holding_ids_past_this_runs_first_number_makes_the_numbering_jump_past_them() {
+        // Issue 46.3: a wiped spool numbers from 0 again; the broker's last id for the name is
+        // frame 499's (an earlier spool's). The run's frames go out above it, in capture order.
+        let jump = std::sync::Arc::new(rigd_drivers::SeqJump::default());
+        let n = Numbering::new(0, jump.clone());
+        let broker = BrokerLast::id(sequence_id(499, 0, 0));
+        let last = Some(broker);
+        assert_eq!(jump_past(0, broker), Some(500));
+        assert_eq!(jump_past(500, broker), None, "the spool's own history");
+        assert_eq!(n.id_seq(3), 3, "no jump asked yet");
+        assert_eq!(n.judge("t/rigd-van-gps", last), Some(500));
+        // Frames numbered before the sink applied it: shifted past the broker's id.
+        assert_eq!(n.id_seq(0), 500);
+        assert_eq!(n.id_seq(41), 541);
+        // The sink applies it at its next frame, 42: that frame is numbered 542.
+        assert_eq!(jump.apply(42), 500);
+        assert_eq!(jump.apply(542), 0, "once");
+        assert_eq!(jump.at(), Some(42));
+        assert_eq!(n.id_seq(41), 541);
+        assert_eq!(n.id_seq(542), 542, "numbered after the jump: its own");
+        // Every id of the run above the broker's, increasing with capture order.
+        let ids: Vec<u64> = (0..42).chain(542..600).map(|s| n.id_seq(s)).collect();
+        assert!(ids[0] > 499 && ids.windows(2).all(|w| w[0] < w[1]));
+        // Judged once per name: created again, the name holds this run's own ids.
+        let now_last = Some(BrokerLast::id(sequence_id(560, 0, 0)));
+        assert_eq!(n.judge("t/rigd-van-gps", now_last), None);
+        assert_eq!(jump.by(), 500);
+        // A spool that numbered past what the broker holds: nothing to do.
+        let own = Numbering::new(1000, std::sync::Arc::default());
+        assert_eq!(own.judge("t/x", last), None);
+        assert_eq!(own.judge("t/y", None), None);
+        assert_eq!(own.id_seq(1200), 1200);
+        // An earlier run's frames (below `first`) keep their ids whatever was asked.
+        let later = Numbering::new(100, std::sync::Arc::default());
+        assert_eq!(later.judge("t/z", last), Some(400));
+        assert_eq!(later.id_seq(99), 99);
+        assert_eq!(later.id_seq(100), 500);
+    }
+
+    #[test]
+    fn a_restart_that_finds_a_partial_last_generation_sends_the_frame_whole_under_it() {
+        // Issue 46: a frame cut 7 times in one run, then a restart that finds chunks 0 and 1 of
+        // its last generation: there is no next one, and the frame was refused ("resent too
+        // many times") though nothing of it was whole at the broker.
+        let partial = sequence_id(9, MAX_GENERATION, 1);
+        let whole_again = Resend::From {
+            generation: MAX_GENERATION,
+            first: 0,
+        };
+        assert_eq!(
+            resend(9, 0, 3, Some(BrokerLast::id(partial)), false),
+            whole_again
+        );
+        let told = BrokerLast {
+            sequence_id: partial,
+            chunks: Some(3),
+        };
+        assert_eq!(resend(9, 0, 3, Some(told), false), whole_again);
+        // Its last chunk id is above what the broker holds: not deduplicated away.
+        assert!(sequence_id(9, MAX_GENERATION, 2) > partial);
+    }
 
     #[test]
     fn a_restart_reads_the_chunk_count_of_the_broker_s_last_id_as_well() {

@@ -92,6 +92,9 @@ pub struct ProducerConfig {
     pub pool: Arc<Pool>,
     /// Added to every message's properties (a recall's `recall=<id>`).
     pub properties: Vec<(String, String)>,
+    /// A live lane's numbering in this run, shared with its capture (None: the offline tools,
+    /// recall): a broker holding ids of the name past it makes it jump ([`super::plan::Numbering`]).
+    pub numbering: Option<super::plan::Numbering>,
 }
 
 impl ProducerConfig {
@@ -122,6 +125,7 @@ impl ProducerConfig {
             partition: false,
             pool: Pool::new(None),
             properties: Vec::new(),
+            numbering: None,
         }
     }
 
@@ -303,6 +307,7 @@ impl Producer {
                     .as_ref()
                     .map(|b| super::budget::bytes_ahead(b.rate())),
                 properties: cfg.properties.clone(),
+                numbering: cfg.numbering.clone(),
             },
             now,
         );
@@ -335,6 +340,7 @@ impl Producer {
                 created: false,
                 budget: cfg.budget.clone(),
                 fresh: cfg.fresh,
+                numbering: cfg.numbering.clone(),
             }
             .run(),
         );
@@ -422,6 +428,7 @@ struct Session {
     created: bool,
     budget: Option<Arc<Budget>>,
     fresh: bool,
+    numbering: Option<super::plan::Numbering>,
 }
 
 impl Session {
@@ -479,6 +486,15 @@ impl Session {
                         };
                     }
                     self.created = true;
+                    if let Some(n) = &self.numbering {
+                        let key = format!("{} {}", self.setup.topic, self.setup.producer_name);
+                        if let Some(by) = n.judge(&key, broker_last) {
+                            tracing::warn!(topic = %self.setup.topic, producer = %self.setup.producer_name,
+                                broker_last_sequence_id = ?broker_last.map(|b| b.sequence_id),
+                                first_seq = n.first, jump = by,
+                                "the broker holds sequence ids of this producer name past every number this spool handed out (a wiped or new spool under a rig id that published before, or another rig under this id): they are not this spool's frames; numbering jumps past them, frames captured since the start go out above them");
+                        }
+                    }
                     since_life = None;
                     backoff.reset();
                     owner_backoff.reset();

@@ -62,6 +62,9 @@ pub struct WindowConfig {
     pub max_chunk_bytes: Option<usize>,
     /// Added to every message's properties (a recall's `recall=<id>`).
     pub properties: Vec<(String, String)>,
+    /// The source's numbering in this run (a live lane's producers; None: ids are the seqs):
+    /// frames numbered before a jump go out under shifted ids ([`plan::Numbering`]).
+    pub numbering: Option<plan::Numbering>,
 }
 
 /// What became of a submitted frame.
@@ -133,6 +136,10 @@ enum State {
 
 struct Message {
     frame: Held,
+    /// The capture sequence its ids are made of ([`plan::Numbering::id_seq`]), and its last
+    /// frame's (a batch's highest; the frame's own otherwise).
+    id_seq: u64,
+    last_id_seq: u64,
     /// The other frames of a batch message, after `frame` (empty when not a batch).
     batch: Vec<Held>,
     envelope: Envelope,
@@ -164,7 +171,7 @@ struct Message {
 
 impl Message {
     fn sequence_id(&self, chunk: usize) -> u64 {
-        plan::sequence_id(self.frame.seq, self.generation, chunk)
+        plan::sequence_id(self.id_seq, self.generation, chunk)
     }
 
     fn frames(&self) -> usize {
@@ -184,7 +191,7 @@ impl Message {
     fn owns(&self, id: u64) -> bool {
         let first = self.sequence_id(0);
         let last = match self.batch.last() {
-            Some(f) => plan::sequence_id(f.seq, 0, 0),
+            Some(_) => plan::sequence_id(self.last_id_seq, 0, 0),
             None => self.sequence_id(self.chunks.len().saturating_sub(1)),
         };
         (first..=last).contains(&id)
@@ -220,7 +227,13 @@ pub struct Window {
     /// No new frames: shutting down.
     closing: bool,
     terminated: Option<String>,
+    /// The sequence ids of the chunked messages refused last ([`REFUSED_IDS`] of them): the
+    /// SEND_ERRORs of their other chunks are theirs.
+    refused_ids: VecDeque<std::ops::RangeInclusive<u64>>,
 }
+
+/// Chunked messages whose refusals are remembered (their chunks' errors come within a window).
+const REFUSED_IDS: usize = 64;
 
 impl Window {
     pub fn new(cfg: WindowConfig, now: Instant) -> Self {
@@ -239,6 +252,7 @@ impl Window {
             last_progress: now,
             closing: false,
             terminated: None,
+            refused_ids: VecDeque::new(),
         }
     }
 
@@ -285,7 +299,7 @@ impl Window {
                 continue;
             }
             match plan::again(
-                m.frame.seq,
+                m.id_seq,
                 m.generation,
                 m.chunks.len(),
                 m.receipts,
@@ -425,8 +439,9 @@ impl Window {
             return Ok(());
         }
         let size = len + envelope_size(&envelope);
+        let id_seq = self.id_seq(frame.seq);
         let known = matches!(
-            plan::resend(frame.seq, 0, 1, self.broker_last, false),
+            plan::resend(id_seq, 0, 1, self.broker_last, false),
             plan::Resend::Done
         );
         let batch_limit = self.batch_limit(session.max_message_size);
@@ -506,7 +521,7 @@ impl Window {
             self.push_done(frame, envelope, Outcome::Refused(why), now);
             return Ok(());
         }
-        let generation = match plan::resend(frame.seq, 0, chunks.len(), self.broker_last, false) {
+        let generation = match plan::resend(id_seq, 0, chunks.len(), self.broker_last, false) {
             plan::Resend::Done => {
                 self.push_done(frame, envelope, Outcome::AlreadyPersisted, now);
                 return Ok(());
@@ -520,6 +535,8 @@ impl Window {
         };
         self.messages.push_back(Message {
             frame,
+            id_seq,
+            last_id_seq: id_seq,
             batch: Vec::new(),
             envelope,
             generation,
@@ -569,9 +586,12 @@ impl Window {
         let envelope = self.envelope(&frame);
         let (compression, wire) = crate::payload::compress(self.cfg.compression, &frame.payload);
         let chunks = crate::payload::cut(wire.len(), self.chunk_limit(max_message_size, &envelope));
+        let id_seq = self.id_seq(frame.seq);
         Message {
             uncompressed: frame.payload.len(),
             frame,
+            id_seq,
+            last_id_seq: id_seq,
             batch: Vec::new(),
             envelope,
             generation: 0,
@@ -588,6 +608,11 @@ impl Window {
         }
     }
 
+    /// The capture sequence frame `seq`'s ids are made of ([`plan::Numbering::id_seq`]).
+    fn id_seq(&self, seq: u64) -> u64 {
+        self.cfg.numbering.as_ref().map_or(seq, |n| n.id_seq(seq))
+    }
+
     fn max_chunk(&self, max_message_size: usize) -> usize {
         max_message_size.saturating_sub(CHUNK_HEADROOM).max(2048)
     }
@@ -602,8 +627,11 @@ impl Window {
     }
 
     fn push_done(&mut self, frame: Held, envelope: Envelope, outcome: Outcome, now: Instant) {
+        let id_seq = self.id_seq(frame.seq);
         self.messages.push_back(Message {
             frame,
+            id_seq,
+            last_id_seq: id_seq,
             batch: Vec::new(),
             envelope,
             generation: 0,
@@ -664,17 +692,22 @@ impl Window {
             batch::push(
                 &mut raw,
                 &envelope,
-                plan::sequence_id(first.seq, 0, 0),
+                plan::sequence_id(self.id_seq(first.seq), 0, 0),
                 &first.payload,
             );
             for (f, e) in &rest {
-                batch::push(&mut raw, e, plan::sequence_id(f.seq, 0, 0), &f.payload);
+                let id = plan::sequence_id(self.id_seq(f.seq), 0, 0);
+                batch::push(&mut raw, e, id, &f.payload);
             }
             raw.freeze()
         };
         let (compression, wire) = crate::payload::compress(self.cfg.compression, &raw);
+        let id_seq = self.id_seq(first.seq);
+        let last_id_seq = rest.last().map_or(id_seq, |(f, _)| self.id_seq(f.seq));
         self.messages.push_back(Message {
             frame: first,
+            id_seq,
+            last_id_seq,
             batch: rest.into_iter().map(|(f, _)| f).collect(),
             envelope,
             generation: 0,
@@ -729,7 +762,10 @@ impl Window {
         let i = m.written;
         let n = m.chunks.len();
         let seq_id = m.sequence_id(i);
-        let highest = m.batch.last().map(|f| plan::sequence_id(f.seq, 0, 0));
+        let highest = m
+            .batch
+            .last()
+            .map(|_| plan::sequence_id(m.last_id_seq, 0, 0));
         let mut metadata = MessageMetadata {
             producer_name: self.cfg.producer_name.clone(),
             sequence_id: seq_id,
@@ -864,11 +900,24 @@ impl Window {
                     .iter_mut()
                     .find(|m| m.sending() && m.owns(sequence_id))
                 else {
+                    // Every chunk written of a refused frame is refused on its own (issue 46.6):
+                    // the first made it Refused, the others name a frame already refused, in
+                    // the queue or acked since. Not a reason to reconnect.
+                    if self.refused_ids.iter().any(|r| r.contains(&sequence_id)) {
+                        return OnSendError::Refused;
+                    }
                     return OnSendError::Reconnect(format!(
                         "send error for unknown sequence id {sequence_id}: {what}"
                     ));
                 };
                 m.state = State::Done(Outcome::Refused(format!("the broker refused it: {what}")));
+                if m.chunks.len() > 1 {
+                    let ids = m.sequence_id(0)..=m.sequence_id(m.chunks.len() - 1);
+                    if self.refused_ids.len() >= REFUSED_IDS {
+                        self.refused_ids.pop_front();
+                    }
+                    self.refused_ids.push_back(ids);
+                }
                 self.sending -= 1;
                 self.complete_front(now);
                 OnSendError::Refused

@@ -23,6 +23,7 @@ fn cfg() -> WindowConfig {
         run: 1,
         properties: Vec::new(),
         max_chunk_bytes: None,
+        numbering: None,
     }
 }
 
@@ -967,4 +968,116 @@ fn a_batch_of_one_is_the_frames_own_bytes_not_a_copy() {
         assert_eq!(meta.num_messages_in_batch, None);
         assert_eq!(payload, &f.payload);
     }
+}
+
+#[test]
+fn every_chunk_of_a_refused_frame_is_matched_to_it_not_answered_with_a_reconnect() {
+    // Issue 46.6: a chunked frame refused with NotAllowedError (a shadow topic refuses every
+    // SEND) gets one SEND_ERROR per chunk written. The first makes the frame Refused; the others
+    // must find it too, whether it is still in the queue (behind an unanswered frame) or already
+    // acked, and never be answered Reconnect.
+    let t0 = Instant::now();
+    let mut c = cfg();
+    c.batch.max_messages = 1;
+    let mut w = connected(c, t0, None);
+    w.submit(frame(0, 1000, 1), t0).unwrap();
+    w.submit(frame(1, 12 * MB, 2), t0).unwrap();
+    w.submit(frame(2, 12 * MB, 3), t0).unwrap();
+    w.submit(frame(3, 1000, 4), t0).unwrap();
+    let ids = write_all(&mut w, t0);
+    assert_eq!(ids.len(), 1 + 3 + 3 + 1);
+    let not_allowed = ServerError::NotAllowedError as i32;
+    // Frame 1's chunks are refused while frame 0 still waits for its receipt: frame 1 stays in
+    // the queue, done.
+    for &id in &ids[1..4] {
+        let r = w.on_send_error(
+            id,
+            not_allowed,
+            "Cannot send messages to a shadow topic",
+            t0,
+        );
+        assert_eq!(r, OnSendError::Refused, "chunk id {id}");
+    }
+    w.on_receipt(ids[0], t0).unwrap();
+    assert_eq!(acks(&mut w).iter().map(|a| a.0).collect::<Vec<_>>(), [0, 1]);
+    // Frame 2's first chunk is refused; it is acked at once (nothing before it), so its other
+    // chunks' errors come for a frame the window no longer holds.
+    let r = w.on_send_error(ids[4], not_allowed, "shadow", t0);
+    assert_eq!(r, OnSendError::Refused);
+    let a = acks(&mut w);
+    assert!(matches!(&a[..], [(2, Outcome::Refused(_))]), "{a:?}");
+    for &id in &ids[5..7] {
+        let r = w.on_send_error(id, not_allowed, "shadow", t0);
+        assert_eq!(
+            r,
+            OnSendError::Refused,
+            "chunk id {id} of a frame already acked refused"
+        );
+    }
+    // The frame after them goes on as usual.
+    w.on_receipt(ids[7], t0).unwrap();
+    assert_eq!(acks(&mut w), vec![(3, Outcome::Persisted)]);
+    // A NotAllowedError for an id nobody ever sent is still a protocol fault.
+    assert!(matches!(
+        w.on_send_error(plan::sequence_id(99, 0, 0), not_allowed, "?", t0),
+        OnSendError::Reconnect(_)
+    ));
+}
+
+#[test]
+fn a_wiped_spools_frames_are_not_judged_by_another_spools_ids_and_go_out_above_them() {
+    // Issue 46.3: the spool was wiped, numbering restarts at 0, and the broker's last id for the
+    // name is frame 499's. Judged against it every frame would be acked AlreadyPersisted unsent;
+    // sent under its own id the broker's deduplication would drop it. The session judges the
+    // name at its creation and the numbering jumps: this window sends them above 499.
+    let t0 = Instant::now();
+    let jump = Arc::new(rigd_drivers::SeqJump::default());
+    let numbering = plan::Numbering::new(0, jump.clone());
+    let mut c = cfg();
+    c.batch.max_messages = 1;
+    c.numbering = Some(numbering.clone());
+    let last = plan::BrokerLast::id(plan::sequence_id(499, 0, 0));
+    assert_eq!(numbering.judge("t rigd-van-cam", Some(last)), Some(500));
+    let mut w = Window::new(c, t0);
+    w.connected(1, 5 * MB, Some(last), t0);
+    for seq in 0..3 {
+        w.submit(frame(seq, 1000, seq as i64), t0).unwrap();
+    }
+    assert!(acks(&mut w).is_empty(), "nothing judged stored");
+    // The capture applies the jump at its next frame (3): numbered 503 from there.
+    assert_eq!(jump.apply(3), 500);
+    w.submit(frame(503, 1000, 4), t0).unwrap();
+    let ids = write_all(&mut w, t0);
+    let want: Vec<u64> = [500, 501, 502, 503]
+        .iter()
+        .map(|&s| plan::sequence_id(s, 0, 0))
+        .collect();
+    assert_eq!(ids, want);
+    for id in ids {
+        w.on_receipt(id, t0).unwrap();
+    }
+    // Acked under their own seqs (the lane's and the spool's numbers).
+    assert_eq!(
+        acks(&mut w),
+        [0, 1, 2, 503].map(|s| (s, Outcome::Persisted)).to_vec()
+    );
+    // A batch of frames numbered before the jump answers to its shifted ids as well.
+    let mut c = cfg();
+    c.numbering = Some(numbering);
+    let mut w = Window::new(c, t0);
+    w.connected(1, 5 * MB, Some(last), t0);
+    for seq in 1..4 {
+        w.submit(frame(seq, 100, 9), t0).unwrap();
+    }
+    w.close();
+    let ids = write_all(&mut w, t0);
+    // Frame 1 alone (nothing came just before it), then 2 and 3 in one batch.
+    assert_eq!(
+        ids,
+        [plan::sequence_id(501, 0, 0), plan::sequence_id(502, 0, 0)]
+    );
+    for id in ids {
+        w.on_receipt(id, t0).unwrap();
+    }
+    assert_eq!(acks(&mut w).len(), 3);
 }
