@@ -415,3 +415,42 @@ mod level_tests {
         assert!((half.peak - 0.5).abs() < 1e-6);
     }
 }
+
+#[cfg(test)]
+mod jump_tests {
+    use super::*;
+    use crate::ClockState;
+
+    #[test]
+    fn a_jump_asked_while_capturing_skips_numbers_once_before_the_next_frame() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let jump = Arc::new(SeqJump::default());
+        let mut sink =
+            FrameSink::new(Arc::from("gps"), 0, tx, Arc::default()).with_jump(jump.clone());
+        let stamp = Stamp {
+            ns: 1,
+            state: ClockState::Unsynced,
+        };
+        let mut emit = |sink: &mut FrameSink| {
+            sink.emit(
+                stamp,
+                Media::Serial { text: true },
+                Bytes::from_static(b"$GPRMC"),
+            )
+            .unwrap();
+        };
+        emit(&mut sink);
+        emit(&mut sink);
+        assert!(jump.ask(500));
+        assert!(!jump.ask(7), "one jump per run");
+        assert_eq!(jump.at(), None, "not applied before the next frame");
+        emit(&mut sink);
+        emit(&mut sink);
+        let seqs: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|f| f.seq)
+            .collect();
+        assert_eq!(seqs, [0, 1, 502, 503]);
+        assert_eq!(jump.at(), Some(2));
+        assert_eq!(sink.next_seq(), 504);
+    }
+}
