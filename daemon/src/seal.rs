@@ -108,6 +108,12 @@ fn read_pem(path: &Path) -> Result<String, String> {
 /// Reads an RSA public key: SubjectPublicKeyInfo (`BEGIN PUBLIC KEY`, what `openssl rsa -pubout`
 /// writes and the clients read) or PKCS#1 (`BEGIN RSA PUBLIC KEY`).
 pub fn public_key(pem: &str) -> Result<RsaPublicKey, String> {
+    if pem.contains("PRIVATE KEY-----") {
+        return Err(
+            "this is a private key: it must not be on a rig (whoever reads it there decrypts every frame of the fleet); give the fleet's public key (`openssl rsa -in fleet.key.pem -pubout -out fleet.pub.pem`) and keep the private key with the consumers"
+                .to_string(),
+        );
+    }
     RsaPublicKey::from_public_key_pem(pem)
         .or_else(|_| RsaPublicKey::from_pkcs1_pem(pem))
         .map_err(|e| {
@@ -116,6 +122,25 @@ pub fn public_key(pem: &str) -> Result<RsaPublicKey, String> {
                  RSA-wrapped data keys only, so rigd encrypts for RSA keys"
             )
         })
+}
+
+/// The smallest fleet key accepted: NIST has disallowed RSA below 2048 bits since 2013, and a
+/// 1024-bit key is within reach of a well-funded attacker for every frame it ever wrapped.
+pub const MIN_RSA_BITS: usize = 2048;
+
+/// Reads the fleet's public key from `path` as [`public_key`] and refuses one below
+/// [`MIN_RSA_BITS`]; the message names the file.
+pub fn load_public_key(path: &Path) -> Result<RsaPublicKey, String> {
+    use rsa::traits::PublicKeyParts;
+    let public = public_key(&read_pem(path)?).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bits = public.n().bits();
+    if bits < MIN_RSA_BITS {
+        return Err(format!(
+            "{}: a {bits}-bit RSA key: at least {MIN_RSA_BITS} bits are needed (shorter keys can be factored; every frame encrypted for it would be readable); make a new fleet key (`openssl genrsa -out fleet.key.pem 3072`)",
+            path.display()
+        ));
+    }
+    Ok(public)
 }
 
 /// Reads an RSA private key: PKCS#8 (`BEGIN PRIVATE KEY`) or PKCS#1 (`BEGIN RSA PRIVATE KEY`).
@@ -134,8 +159,7 @@ fn aes_key(bytes: &[u8]) -> Result<LessSafeKey, String> {
 impl Encryptor {
     /// Loads the fleet's public key from `path`; `name` is the key name consumers look it up by.
     pub fn load(path: &Path, name: &str, rotation: Duration) -> Result<Self, String> {
-        let public =
-            public_key(&read_pem(path)?).map_err(|e| format!("{}: {e}", path.display()))?;
+        let public = load_public_key(path)?;
         Self::new(public, name, rotation)
     }
 
@@ -598,5 +622,27 @@ mod tests {
         let err = public_key("-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\n-----END PUBLIC KEY-----\n")
             .unwrap_err();
         assert!(err.contains("RSA"), "{err}");
+    }
+
+    #[test]
+    fn issue_47_a_private_key_or_a_short_one_is_refused_in_words() {
+        use rsa::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
+        let (public, private) = keys();
+        let dir = tempfile::tempdir().unwrap();
+        let priv_pem = private.to_pkcs8_pem(LineEnding::LF).unwrap();
+        let err = public_key(&priv_pem).unwrap_err();
+        assert!(
+            err.starts_with("this is a private key: it must not be on a rig")
+                && !err.contains("expecting"),
+            "{err}"
+        );
+        let short = dir.path().join("fleet-1024.pub.pem");
+        std::fs::write(&short, public.to_public_key_pem(LineEnding::LF).unwrap()).unwrap();
+        let err = load_public_key(&short).unwrap_err();
+        assert!(
+            err.contains("a 1024-bit RSA key: at least 2048 bits"),
+            "{err}"
+        );
+        assert!(Encryptor::load(&short, "k", Duration::from_secs(60)).is_err());
     }
 }

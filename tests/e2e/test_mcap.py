@@ -28,7 +28,7 @@ pynmea2 = pytest.importorskip("pynmea2")
 pytestmark = pytest.mark.xdist_group("mcap")  # one worker builds the module's spool once
 
 RIG = "van-28"
-TOKEN = "mcap-test-token"
+TOKEN = "mcap-test-token-0123"  # 16 characters at least (issue 47)
 FOXGLOVE = {"foxglove.CompressedImage", "foxglove.RawAudio", "foxglove.LocationFix", "foxglove.Log"}
 
 

@@ -359,13 +359,13 @@ def test_a_marker_uploads_exactly_the_window_around_it(broker, tmp_path):
     """A technician's marker with 5 s before and 5 s after (POST /api/events): the window
     [mark - 5 s, mark + 5 s) of the on-request camera arrives, exactly the spool's frames of it,
     the part after the marker as it is captured."""
-    (tmp_path / "web.token").write_text("tok-recall\n")
+    (tmp_path / "web.token").write_text("tok-recall-0123456789\n")
     with running(tmp_path, "rm", web_extra=f'token-file = "{tmp_path / "web.token"}"') as (ns, rig, d, op):
         d.wait_for(lambda s: s.get("recall", {}).get("connected"), timeout=60, what="recall connected")
         time.sleep(7)
         req = urllib.request.Request(d.url("/api/events"), method="POST", data=json.dumps(
             {"note": "hard brake", "upload": {"before_s": 5, "after_s": 5}}).encode(),
-            headers={"Authorization": "Bearer tok-recall", "Content-Type": "application/json"})
+            headers={"Authorization": "Bearer tok-recall-0123456789", "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=10) as r:
             assert r.status == 201
             marked = json.loads(r.read())

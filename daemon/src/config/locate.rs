@@ -86,7 +86,8 @@ impl Written {
         problems
             .into_iter()
             .map(|p| {
-                let path = p.split(": ").next().unwrap_or("");
+                let path = p.strip_prefix("warning: ").unwrap_or(&p);
+                let path = path.split(": ").next().unwrap_or("");
                 let mut at = path.split([' ', ',']).next().unwrap_or("");
                 let mut line = self.line_of(at);
                 // A key left at its default is not written; its table may be.
@@ -118,19 +119,39 @@ impl Written {
         };
         let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
         match self.path_at(line) {
-            Some(path) => self.at(Some(line), &format!("{path}: {msg}")),
+            Some(path) => self.at(Some(line), &format!("{path}: {}", with_range(path, &msg))),
             None => self.at(Some(line), &msg),
         }
     }
 }
 
-/// Deserializes the file, reporting every unknown key and wrongly typed value in one run (see
-/// [`every_error`]); a syntax error alone is reported as it is.
-pub(super) fn read_file(text: &str, written: &Written) -> Result<File, Vec<String>> {
-    if let Err(e) = text.parse::<toml::Table>() {
-        return Err(vec![written.toml_error(&e, text)]);
+/// Reads the top-level table `name` of the document alone (every other key skipped), so that a
+/// mistake elsewhere does not hide this table's; errors keep the document's spans.
+pub(super) fn read_table<T: serde::de::DeserializeOwned>(
+    text: &str,
+    name: &str,
+) -> Result<Option<T>, toml::de::Error> {
+    use serde::de::{MapAccess, Visitor};
+    use std::marker::PhantomData;
+    struct Document<'n, T>(&'n str, PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Document<'_, T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a config document")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<T>, A::Error> {
+            let mut found = None;
+            while let Some(key) = map.next_key::<String>()? {
+                if key == self.0 {
+                    found = Some(map.next_value::<T>()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
     }
-    every_error(text, written, toml::from_str::<File>)
+    serde::Deserializer::deserialize_map(toml::Deserializer::new(text), Document(name, PhantomData))
 }
 
 /// Runs `parse` on `text`, and after each error (serde stops at the first) again on a working
@@ -144,12 +165,21 @@ pub(super) fn every_error<T>(
 ) -> Result<T, Vec<String>> {
     let mut work = text.to_string();
     let mut errors: Vec<String> = Vec::new();
+    // Keys whose line was blanked: a required one is then "missing", which the user did not write.
+    let mut blanked: Vec<String> = Vec::new();
     for _ in 0..64 {
         let e = match parse(&work) {
             Ok(value) if errors.is_empty() => return Ok(value),
             Ok(_) => break,
             Err(e) => e,
         };
+        if blanked
+            .iter()
+            .any(|k| e.message().starts_with(&format!("missing field `{k}`")))
+        {
+            // serde says "missing" once the table's other keys are read: nothing more to find.
+            break;
+        }
         let line = written.toml_error(&e, &work);
         if errors.last() == Some(&line) {
             break;
@@ -163,12 +193,49 @@ pub(super) fn every_error<T>(
         if written_line.is_empty() || written_line.starts_with('[') {
             break;
         }
+        if let Some((k, _)) = written_line.split_once('=') {
+            blanked.push(k.trim().trim_matches(['"', '\'']).to_string());
+        }
         work.replace_range(start..end, "");
         if work.parse::<toml::Table>().is_err() {
             break;
         }
     }
     Err(errors)
+}
+
+/// serde's "expected u8" with what the key accepts: "expected a whole number from 0 (first) to 9"
+/// for a priority, "from 0 to 255" for any other u8 (a user writes numbers, not Rust types).
+pub(super) fn with_range(path: &str, msg: &str) -> String {
+    let key = path.rsplit('.').next().unwrap_or(path);
+    let own = match key {
+        "priority" => Some("0 (first) to 9"),
+        "data-bits" => Some("5 to 8"),
+        "stop-bits" => Some("1 to 2"),
+        "jpeg-quality" => Some("1 to 100"),
+        "announce-receipt-timeout" => Some("2 to 255"),
+        "log-sync-interval" | "log-announce-interval" | "log-min-delay-req-interval" => {
+            Some("-7 to 4 (log2 seconds)")
+        }
+        _ => None,
+    };
+    for (ty, range) in [
+        ("u8", "0 to 255"),
+        ("u16", "0 to 65535"),
+        ("u32", "0 to 4294967295"),
+        ("u64", "0 to 18446744073709551615"),
+        ("usize", "0 to 18446744073709551615"),
+        ("i8", "-128 to 127"),
+        ("i64", "-9223372036854775808 to 9223372036854775807"),
+    ] {
+        if let Some(head) = msg.strip_suffix(&format!("expected {ty}")) {
+            return format!(
+                "{head}expected a whole number from {}",
+                own.unwrap_or(range)
+            );
+        }
+    }
+    msg.to_string()
 }
 
 /// serde's "unknown field `max-byts`, expected one of `path`, `max-bytes`, ..." (and the same for

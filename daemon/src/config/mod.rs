@@ -98,31 +98,61 @@ pub struct Config {
     pub web: WebConfig,
     /// Where each key was written, to name the line in messages.
     written: Written,
+    /// The index in the file of each of `sources` (a table that could not be read is left out,
+    /// and the others keep their names: `source[2]` stays `source[2]`).
+    source_index: Vec<usize>,
+    /// The file has no `[[source]]` table at all ([`Config::rig_problems`]).
+    sourceless: bool,
+    /// Tables that could not be read, their defaults standing in ([`Config::examine`]).
+    unread: Vec<&'static str>,
 }
 
-/// The file as written. `[[source]]` tables are read twice: here only for their `kind`, then each
-/// as the struct of its kind from the same text ([`read_source`]), so that an error inside one
-/// names its index, key and line (serde's internally tagged enums buffer a table and lose all three).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct File {
-    rig: Option<RigConfig>,
-    #[serde(default)]
-    clock: ClockConfig,
-    #[serde(default)]
-    source: Vec<SourceHead>,
-    #[serde(default)]
-    pulsar: PulsarConfig,
-    #[serde(default)]
-    spool: SpoolConfig,
-    #[serde(default)]
-    web: WebConfig,
+/// What `rigd check` finds in a config: the config when every table could be read, and every
+/// problem and every warning in one run, each a line naming the file, the line and the key.
+#[derive(Debug)]
+pub struct Examined {
+    pub config: Option<Config>,
+    /// `origin:line: key: what is wrong`.
+    pub problems: Vec<String>,
+    /// `origin:line: warning: key: what to know`.
+    pub warnings: Vec<String>,
+    /// Every problem is the host's and may go away (exit 75 from `run`).
+    transient: bool,
 }
 
-/// The first pass's view of a `[[source]]`: its kind only (the other keys are read by kind).
+impl Examined {
+    /// The config when it has no problem, else the error `run` reports.
+    pub fn into_result(self) -> Result<Config, ConfigError> {
+        match self.config {
+            Some(c) if self.problems.is_empty() => Ok(c),
+            _ if self.transient => Err(ConfigError::Host {
+                problems: self.problems,
+            }),
+            _ => Err(ConfigError::Invalid {
+                problems: self.problems,
+            }),
+        }
+    }
+}
+
+/// The file's top-level tables, for unknown ones only: each table is read on its own
+/// ([`read_table`], [`read_source`]) so that a mistake in one leaves every other readable and
+/// checked in the same run.
 #[derive(Deserialize)]
-struct SourceHead {
-    kind: Option<String>,
+#[serde(deny_unknown_fields)]
+struct Tables {
+    #[serde(rename = "rig")]
+    _rig: Option<IgnoredAny>,
+    #[serde(rename = "clock")]
+    _clock: Option<IgnoredAny>,
+    #[serde(rename = "source")]
+    _source: Option<Vec<IgnoredAny>>,
+    #[serde(rename = "pulsar")]
+    _pulsar: Option<IgnoredAny>,
+    #[serde(rename = "spool")]
+    _spool: Option<IgnoredAny>,
+    #[serde(rename = "web")]
+    _web: Option<IgnoredAny>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -179,67 +209,167 @@ impl Config {
         origin: &str,
         more: impl FnOnce(&Config) -> Vec<HostProblem>,
     ) -> Result<Self, ConfigError> {
-        let invalid = |problems| ConfigError::Invalid { problems };
+        Self::examine(text, origin, more, |_| Vec::new()).into_result()
+    }
+
+    /// As [`Config::load_with`], with the warnings too (`rigd check`): see [`Config::examine`].
+    pub fn examine_file(
+        path: &Path,
+        more: impl FnOnce(&Config) -> Vec<HostProblem>,
+        warn: impl FnOnce(&Config) -> Vec<String>,
+    ) -> Result<Examined, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Self::examine(
+            &text,
+            &path.display().to_string(),
+            more,
+            warn,
+        ))
+    }
+
+    /// Every problem and every warning of config text in one run. Each top-level table and each
+    /// `[[source]]` is read on its own, so a mistake in one (a wrong type, an unknown key) leaves
+    /// the others read and checked: their values ([`Config::problems`]), the host's
+    /// (`more`, [`crate::preflight`]) and the warnings (`warn` and [`Config::warnings`]). What
+    /// is said of a table that could not be read is left out (its defaults stood in for it).
+    pub fn examine(
+        text: &str,
+        origin: &str,
+        more: impl FnOnce(&Config) -> Vec<HostProblem>,
+        warn: impl FnOnce(&Config) -> Vec<String>,
+    ) -> Examined {
         let written = Written::scan(text, origin);
-        let file: File = read_file(text, &written).map_err(invalid)?;
+        let failed = |problems| Examined {
+            config: None,
+            problems,
+            warnings: Vec::new(),
+            transient: false,
+        };
+        let document = match text.parse::<toml::Table>() {
+            Ok(t) => t,
+            Err(e) => return failed(vec![written.toml_error(&e, text)]),
+        };
+        // Ok: `key: problem` still to be located; Err: a toml error's line, located already.
         let mut problems: Vec<Result<String, String>> = Vec::new();
+        if let Err(lines) = every_error(text, &written, toml::from_str::<Tables>) {
+            problems.extend(lines.into_iter().map(Err));
+        }
+        // The tables that could not be read: what is said of their stand-in defaults is not said.
+        let mut unread: Vec<&str> = Vec::new();
+        let rig: Option<RigConfig> = read_each(text, &written, "rig", &mut problems, &mut unread);
+        let clock: Option<ClockConfig> =
+            read_each(text, &written, "clock", &mut problems, &mut unread);
+        let pulsar: Option<PulsarConfig> =
+            read_each(text, &written, "pulsar", &mut problems, &mut unread);
+        let spool: Option<SpoolConfig> =
+            read_each(text, &written, "spool", &mut problems, &mut unread);
+        let web: Option<WebConfig> = read_each(text, &written, "web", &mut problems, &mut unread);
+        let heads: Vec<Option<&toml::Value>> = match document.get("source") {
+            Some(toml::Value::Array(tables)) => tables.iter().map(|t| t.get("kind")).collect(),
+            _ => Vec::new(),
+        };
         let mut sources = Vec::new();
-        for (i, head) in file.source.iter().enumerate() {
-            match head.kind.as_deref() {
+        let mut source_index = Vec::new();
+        for (i, head) in heads.iter().enumerate() {
+            match head.map(|k| k.as_str()) {
                 None => problems.push(Ok(format!(
                     "source[{i}]: missing field `kind` (one of {})",
                     SOURCE_KINDS.join(", ")
                 ))),
-                Some(kind) if !SOURCE_KINDS.contains(&kind) => problems.push(Ok(format!(
+                Some(None) => problems.push(Ok(format!(
+                    "source[{i}].kind: must be a string, one of {}",
+                    SOURCE_KINDS.join(", ")
+                ))),
+                Some(Some(kind)) if !SOURCE_KINDS.contains(&kind) => problems.push(Ok(format!(
                     "source[{i}].kind: unknown kind `{kind}` (one of {})",
                     SOURCE_KINDS.join(", ")
                 ))),
-                Some(kind) => match every_error(text, &written, |t| read_source(t, i, kind)) {
-                    Ok(s) => sources.push(s),
-                    Err(lines) => problems.extend(lines.into_iter().map(Err)),
-                },
+                Some(Some(kind)) => {
+                    match every_error(text, &written, |t| read_source(t, i, kind)) {
+                        Ok(s) => {
+                            sources.push(s);
+                            source_index.push(i);
+                        }
+                        Err(lines) => problems.extend(lines.into_iter().map(Err)),
+                    }
+                }
             }
         }
-        if file.rig.is_none() {
+        if rig.is_none() && !unread.contains(&"rig") {
             problems.insert(
                 0,
                 Ok("rig: missing table [rig] (every config needs one, with id = \"...\")".into()),
             );
+            unread.push("rig");
         }
-        // Ok: `key: problem` still to be located; Err: a toml error's line, located already.
-        let problems: Vec<String> = problems
+        let mut lines: Vec<String> = problems
             .into_iter()
             .map(|p| p.map_or_else(|done| done, |p| written.lines(vec![p]).remove(0)))
             .collect();
-        let (Some(rig), true) = (file.rig, problems.is_empty()) else {
-            return Err(invalid(problems));
-        };
+        let complete = lines.is_empty();
         let config = Config {
-            rig,
-            clock: file.clock,
+            rig: rig.unwrap_or_else(|| RigConfig {
+                id: "unread".into(),
+                bucket_ms: default_bucket_ms(),
+                worker_threads: default_worker_threads(),
+            }),
+            clock: clock.unwrap_or_default(),
             sources,
-            pulsar: file.pulsar,
-            spool: file.spool,
-            web: file.web,
+            pulsar: pulsar.unwrap_or_default(),
+            spool: spool.unwrap_or_default(),
+            web: web.unwrap_or_default(),
             written,
+            source_index,
+            sourceless: heads.is_empty(),
+            unread: unread.clone(),
         };
-        let mut problems = config.problems();
-        let host = more(&config);
-        let transient = host.iter().all(|p| matches!(p, HostProblem::NotReady(_)));
-        let host: Vec<String> = host
+        // `rig.bucket-ms: ...` is the rig table's; `source[1].fps: ...` a source's (those that
+        // could not be read are not in `config.sources`).
+        let said = |p: &String| {
+            let table = p.split(['.', ':', '[', ' ']).next().unwrap_or("");
+            !unread.contains(&table)
+        };
+        let own: Vec<String> = config.problems().into_iter().filter(said).collect();
+        let host: Vec<HostProblem> = more(&config)
             .into_iter()
-            .map(|p| match p {
-                HostProblem::Config(p) | HostProblem::NotReady(p) => p,
-            })
+            .filter(|p| said(&p.text().to_string()))
             .collect();
-        if problems.is_empty() && transient && !host.is_empty() {
-            return Err(ConfigError::Host {
-                problems: config.written.lines(host),
-            });
+        let transient = complete
+            && own.is_empty()
+            && !host.is_empty()
+            && host.iter().all(|p| matches!(p, HostProblem::NotReady(_)));
+        let mut found = own;
+        found.extend(host.into_iter().map(|p| match p {
+            HostProblem::Config(p) | HostProblem::NotReady(p) => p,
+        }));
+        lines.extend(config.written.lines(found));
+        // In file order (what names no line, the file as a whole, first), as an editor goes.
+        let line_no = |l: &String| -> usize {
+            l.strip_prefix(origin)
+                .and_then(|r| r.strip_prefix(':'))
+                .and_then(|r| r.split(':').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        lines.sort_by_key(line_no);
+        let mut warnings = config.warnings();
+        warnings.extend(warn(&config));
+        let warnings = warnings
+            .into_iter()
+            .filter(said)
+            .map(|w| format!("warning: {w}"))
+            .collect::<Vec<_>>();
+        let mut warnings = config.written.lines(warnings);
+        warnings.sort_by_key(line_no);
+        Examined {
+            config: complete.then_some(config),
+            problems: lines,
+            warnings,
+            transient,
         }
-        problems.extend(host);
-        config.check(problems)?;
-        Ok(config)
     }
 
     /// `Ok` without problems, else the problems (`key: problem`, from [`Config::problems`] or
@@ -275,7 +405,7 @@ impl Config {
         self.clock.problems(&mut p);
         let mut seen = std::collections::HashSet::new();
         for (i, s) in self.sources.iter().enumerate() {
-            let key = format!("source[{i}]");
+            let key = self.source_key(i);
             s.problems(&mut p, &key, self.pulsar.max_frame_bytes.0);
             if !seen.insert(s.id()) {
                 p.push(format!("{key}.id: `{}` is used by another source", s.id()));
@@ -297,6 +427,51 @@ impl Config {
         self.spool.problems(&mut p);
         self.web.problems(&mut p);
         p
+    }
+
+    /// What `check` says without refusing the config (`key: what to know`), from the config
+    /// alone; the host's are [`crate::preflight::warnings`].
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        self.web.warnings(&mut w);
+        if self.pulsar.url.is_none() {
+            for (i, s) in self.sources.iter().enumerate() {
+                if s.head().upload == Upload::OnRequest {
+                    w.push(format!(
+                        "{}.upload: \"on-request\" without [pulsar] url: no recall can ever reach this rig, so `{}`'s frames are only kept and evicted (retain-age / retain-bytes), never uploaded",
+                        self.source_key(i),
+                        s.id()
+                    ));
+                }
+            }
+        }
+        w
+    }
+
+    /// What a config that parses must still have to run a rig: a source (the library's own
+    /// configs, in tests, may have none; `run` and `check` refuse a file without one, through
+    /// [`crate::preflight`]).
+    pub fn rig_problems(&self) -> Vec<String> {
+        if self.sourceless {
+            vec![format!(
+                "source: no [[source]] table: a rig captures nothing without one (add [[source]] with id = \"...\" and kind = one of {})",
+                SOURCE_KINDS.join(", ")
+            )]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Whether table `name` (`web`, `spool`, ...) was read from the file, not stood in for by its
+    /// defaults because it could not be read: the host checks skip what the file did not say
+    /// (the default web port of a `[web]` with a typo is no port of this rig).
+    pub fn was_read(&self, name: &str) -> bool {
+        !self.unread.contains(&name)
+    }
+
+    /// How messages name `sources[i]`: `source[N]`, N its index in the file.
+    pub fn source_key(&self, i: usize) -> String {
+        format!("source[{}]", self.source_index.get(i).copied().unwrap_or(i))
     }
 
     /// The config with every default filled in, as TOML that `rigd check` accepts and reads
@@ -350,6 +525,21 @@ impl Config {
     }
 }
 
+/// Reads table `name` with [`read_table`]; its errors go to `problems` and its name to `unread`.
+fn read_each<T: serde::de::DeserializeOwned>(
+    text: &str,
+    written: &Written,
+    name: &'static str,
+    problems: &mut Vec<Result<String, String>>,
+    unread: &mut Vec<&'static str>,
+) -> Option<T> {
+    every_error(text, written, |t| read_table(t, name)).unwrap_or_else(|lines| {
+        problems.extend(lines.into_iter().map(Err));
+        unread.push(name);
+        None
+    })
+}
+
 /// Reads a token file (`pulsar.token-file`, `web.token-file`, `--token-file`): its content without
 /// surrounding whitespace; a file that cannot be read or holds nothing is an error, which names it.
 pub fn read_token(path: &Path) -> Result<String, String> {
@@ -395,12 +585,6 @@ fn both(p: &mut Vec<String>, a: (&str, bool), b: (&str, bool), why: &str) {
 fn no_nul(p: &mut Vec<String>, key: &str, v: &str) {
     if v.contains('\0') {
         p.push(format!("{key}: contains a NUL byte"));
-    }
-}
-
-fn positive(p: &mut Vec<String>, key: &str, name: &str, v: f64) {
-    if !(v.is_finite() && v > 0.0) {
-        p.push(format!("{key}.{name}: {v} must be a positive number"));
     }
 }
 

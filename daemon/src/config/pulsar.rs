@@ -189,6 +189,15 @@ impl PulsarConfig {
                 }
                 Ok(true) => {}
             }
+            for e in crate::service::Endpoint::parse_service(url).unwrap_or_default() {
+                if e.port == 0 {
+                    p.push(format!(
+                        "pulsar.url: `{}` has port 0, which no broker listens on (the uplink would retry forever); leave the port out for {}",
+                        e.host,
+                        if e.tls { "6651" } else { "6650" }
+                    ));
+                }
+            }
         }
         let mut rest = self.topic.as_str();
         while let Some(open) = rest.find('{') {

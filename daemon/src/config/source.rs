@@ -686,10 +686,7 @@ impl V4lSourceConfig {
                 p.push(format!("{key}.{name}: {v} must be even"));
             }
         }
-        positive(p, key, "fps", self.fps);
-        if self.fps > 1000.0 {
-            p.push(format!("{key}.fps: {} is above 1000", self.fps));
-        }
+        rate(p, key, "fps", self.fps, FPS);
         if self.formats.is_empty() {
             p.push(format!("{key}.formats: must name at least one format"));
         }
@@ -711,6 +708,22 @@ impl V4lSourceConfig {
                 self.jpeg_quality
             ));
         }
+    }
+}
+
+/// A camera's frames per second: one every 100 s (a slow-link test's 0.05 is inside) to 1000.
+const FPS: (f64, f64, &str) = (0.01, 1000.0, "frames per second");
+/// A synthetic serial source's sentences per second.
+const RATE_HZ: (f64, f64, &str) = (0.01, 10_000.0, "sentences per second");
+
+/// A rate (per second) must be a number in `range` (low, high, unit): `fps = 1e-9` is one frame
+/// in 31 years, a typo rather than a setting, and the message says what is allowed.
+fn rate(p: &mut Vec<String>, key: &str, name: &str, v: f64, range: (f64, f64, &str)) {
+    let (low, high, unit) = range;
+    if !(v.is_finite() && (low..=high).contains(&v)) {
+        p.push(format!(
+            "{key}.{name}: {v} is outside the allowed range {low} to {high} ({unit})"
+        ));
     }
 }
 
@@ -775,10 +788,7 @@ impl SourceConfig {
         }
         match self {
             SourceConfig::SyntheticCamera(c) => {
-                positive(p, key, "fps", c.fps);
-                if c.fps > 1000.0 {
-                    p.push(format!("{key}.fps: {} is above 1000", c.fps));
-                }
+                rate(p, key, "fps", c.fps, FPS);
                 for (name, v) in [("width", c.width), ("height", c.height)] {
                     if v == 0 || v > 16_384 {
                         p.push(format!("{key}.{name}: {v} must be between 1 and 16384"));
@@ -808,16 +818,20 @@ impl SourceConfig {
                         c.channels
                     ));
                 }
-                positive(p, key, "tone-hz", c.tone_hz);
+                let nyquist = c.sample_rate as f64 / 2.0;
+                rate(
+                    p,
+                    key,
+                    "tone-hz",
+                    c.tone_hz,
+                    (1.0, nyquist, "hertz, below half the sample rate"),
+                );
             }
             SourceConfig::Serial(c) => c.problems(p, key),
             SourceConfig::Alsa(c) => c.problems(p, key),
             SourceConfig::V4l(c) => c.problems(p, key),
             SourceConfig::SyntheticSerial(c) => {
-                positive(p, key, "rate-hz", c.rate_hz);
-                if c.rate_hz > 10_000.0 {
-                    p.push(format!("{key}.rate-hz: {} is above 10000", c.rate_hz));
-                }
+                rate(p, key, "rate-hz", c.rate_hz, RATE_HZ);
             }
         }
     }

@@ -84,7 +84,7 @@ fn negative_rate_names_the_key() {
     );
     assert_eq!(
         p,
-        vec!["t.toml:6: source[0].rate-hz: -5 must be a positive number"]
+        vec!["t.toml:6: source[0].rate-hz: -5 is outside the allowed range 0.01 to 10000 (sentences per second)"]
     );
 }
 
@@ -270,7 +270,7 @@ fn every_message_names_the_table_index_key_and_line() {
         (format!("{rig}[pulsar]\nmax-in-flight-bytes = -1\n"), vec!["t.toml:4: pulsar.max-in-flight-bytes:"]),
         (format!("{rig}[[source]]\nid = \"x\"\nkind = \"lidar\"\n"), vec!["t.toml:5: source[0].kind: unknown kind `lidar`"]),
         (format!("{rig}[[source]]\nid = \"x\"\n"), vec!["t.toml:3: source[0]: missing field `kind`"]),
-        (format!("{rig}{cam}{cam}[[source]]\nkind = \"serial\"\n"), vec!["t.toml:9: source[2]: missing field `id`"]),
+        (format!("{rig}{cam}{cam}[[source]]\nkind = \"serial\"\n"), vec!["t.toml:7: source[1].id: `c` is used by another source", "t.toml:9: source[2]: missing field `id`"]),
         (format!("{rig}[[source]]\nid = \"g\"\nkind = \"serial\"\ndevice = \"/dev/ttyS0\"\nparity = \"weird\"\n"), vec!["t.toml:7: source[0].parity:"]),
         (format!("{rig}{cam}fsp = 3\n"), vec!["t.toml:6: source[0].fsp: unknown field"]),
         (format!("{rig}{cam}format = \"h264\"\n"), vec!["t.toml:6: source[0].format: unknown variant `h264`, expected `mjpeg` or `yuyv`"]),
@@ -497,6 +497,230 @@ fn worker_threads_default_to_two_and_zero_is_refused() {
     assert!(
         p.iter()
             .any(|l| l.contains("rig.worker-threads: 0 must be between 1 and 64")),
+        "{p:?}"
+    );
+}
+
+/// `rigd check`'s view: every problem (with the rig's own, [`Config::rig_problems`]) and every
+/// warning of the config alone.
+fn examined(text: &str) -> Examined {
+    Config::examine(
+        text,
+        "t.toml",
+        |c| {
+            c.rig_problems()
+                .into_iter()
+                .map(HostProblem::Config)
+                .collect()
+        },
+        |_| Vec::new(),
+    )
+}
+
+const RIG: &str = "[rig]\nid = \"a\"\n[[source]]\nid = \"g\"\nkind = \"synthetic-serial\"\n";
+
+#[test]
+fn issue_47_an_empty_allow_from_is_refused() {
+    let p = problems(&format!("{RIG}[web]\nallow-from = []\n"));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with("t.toml:7: web.allow-from: an empty list refuses every client"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn issue_47_an_open_network_among_narrow_ones_is_a_warning_and_alone_it_is_a_choice() {
+    for open in ["0.0.0.0/0", "::/0"] {
+        let e = examined(&format!(
+            "{RIG}[web]\nallow-from = [\"10.0.0.0/8\", \"{open}\"]\n"
+        ));
+        assert!(e.problems.is_empty(), "{:?}", e.problems);
+        assert_eq!(e.warnings.len(), 1, "{:?}", e.warnings);
+        assert!(
+            e.warnings[0].starts_with("t.toml:7: warning: web.allow-from: ")
+                && e.warnings[0].contains(&format!("{open} admits every address"))
+                && e.warnings[0].contains("10.0.0.0/8 restrict nothing"),
+            "{:?}",
+            e.warnings
+        );
+    }
+    let e = examined(&format!(
+        "{RIG}[web]\nallow-from = [\"0.0.0.0/0\", \"::/0\"]\n"
+    ));
+    assert!(e.warnings.is_empty() && e.problems.is_empty(), "{e:?}");
+}
+
+#[test]
+fn issue_47_port_0_in_the_pulsar_url_is_refused() {
+    for url in [
+        "pulsar://broker:0",
+        "pulsar://a:6650,b:0",
+        "pulsar+ssl://broker:0",
+    ] {
+        let p = problems(&format!("{RIG}[pulsar]\nurl = \"{url}\"\n"));
+        assert_eq!(p.len(), 1, "{url}: {p:?}");
+        assert!(
+            p[0].starts_with("t.toml:7: pulsar.url: `") && p[0].contains("has port 0"),
+            "{p:?}"
+        );
+    }
+    assert!(problems(&format!("{RIG}[pulsar]\nurl = \"pulsar://broker\"\n")).is_empty());
+}
+
+#[test]
+fn issue_47_on_request_without_a_broker_is_a_warning() {
+    let text = "[rig]\nid = \"a\"\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\nupload = \"on-request\"\n";
+    let e = examined(text);
+    assert!(e.problems.is_empty(), "{:?}", e.problems);
+    assert_eq!(e.warnings.len(), 1, "{:?}", e.warnings);
+    assert!(
+        e.warnings[0].starts_with(
+            "t.toml:6: warning: source[0].upload: \"on-request\" without [pulsar] url"
+        ),
+        "{:?}",
+        e.warnings
+    );
+    let e = examined(&format!("{text}[pulsar]\nurl = \"pulsar://broker:6650\"\n"));
+    assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+}
+
+#[test]
+fn issue_47_a_config_without_a_source_is_refused() {
+    let e = examined("[rig]\nid = \"a\"\n");
+    assert_eq!(e.problems.len(), 1, "{:?}", e.problems);
+    assert!(
+        e.problems[0].starts_with("t.toml: source: no [[source]] table"),
+        "{:?}",
+        e.problems
+    );
+    assert!(e.into_result().is_err());
+    // Sources that could not be read are not "no source".
+    let e = examined(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\nfps = \"x\"\n",
+    );
+    assert_eq!(e.problems.len(), 1, "{:?}", e.problems);
+    assert!(
+        e.problems[0].starts_with("t.toml:6: source[0].fps"),
+        "{:?}",
+        e.problems
+    );
+}
+
+#[test]
+fn issue_47_absurd_rates_are_refused_with_the_allowed_range() {
+    let cam = "[rig]\nid = \"a\"\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\n";
+    for (extra, want) in [
+        ("fps = 1e-9", "t.toml:6: source[0].fps: 0.000000001 is outside the allowed range 0.01 to 1000 (frames per second)"),
+        ("fps = 5000", "t.toml:6: source[0].fps: 5000 is outside the allowed range 0.01 to 1000"),
+        ("fps = nan", "t.toml:6: source[0].fps: NaN is outside the allowed range"),
+    ] {
+        let p = problems(&format!("{cam}{extra}\n"));
+        assert!(p.len() == 1 && p[0].starts_with(want), "{extra}: {p:?}");
+    }
+    let p = problems("[rig]\nid = \"a\"\n[[source]]\nid = \"v\"\nkind = \"v4l\"\nfps = 1e-9\n");
+    assert!(
+        p[0].contains("source[0].fps") && p[0].contains("0.01 to 1000"),
+        "{p:?}"
+    );
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"g\"\nkind = \"synthetic-serial\"\nrate-hz = 1e-9\n",
+    );
+    assert!(
+        p[0].contains("source[0].rate-hz") && p[0].contains("0.01 to 10000"),
+        "{p:?}"
+    );
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"m\"\nkind = \"synthetic-audio\"\ntone-hz = 30000\n",
+    );
+    assert!(
+        p[0].contains("source[0].tone-hz") && p[0].contains("1 to 24000"),
+        "{p:?}"
+    );
+    // A slow link's test camera (one frame every 20 s) is a rate in range.
+    assert!(problems(&format!("{cam}fps = 0.05\n")).is_empty());
+}
+
+#[test]
+fn issue_47_every_problem_and_every_warning_in_one_run() {
+    // A wrong type in [web], a value out of range in [spool], a broken source and a sound one
+    // with a value out of range, and a warning: before, only the [web] line was said (a table
+    // that did not parse hid the rest) and warnings waited for a clean config.
+    let text = "[rig]\nid = \"a\"\n\
+        [[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\nwidth = \"wide\"\n\
+        [[source]]\nid = \"d\"\nkind = \"synthetic-camera\"\nfps = 0\nupload = \"on-request\"\n\
+        [spool]\nfsync-ms = 0\n\
+        [web]\nbind = 8088\n";
+    let e = examined(text);
+    let want = [
+        "t.toml:15: web.bind: invalid type",
+        "t.toml:6: source[0].width: invalid type",
+        "t.toml:10: source[1].fps: 0 is outside",
+        "t.toml:13: spool.fsync-ms: 0 must be between",
+    ];
+    assert_eq!(e.problems.len(), want.len(), "{:#?}", e.problems);
+    for w in want {
+        assert!(
+            e.problems.iter().any(|p| p.starts_with(w)),
+            "{w}: {:#?}",
+            e.problems
+        );
+    }
+    assert_eq!(e.warnings.len(), 1, "{:?}", e.warnings);
+    assert!(
+        e.warnings[0].starts_with("t.toml:11: warning: source[1].upload"),
+        "{:?}",
+        e.warnings
+    );
+    assert!(e.config.is_none());
+}
+
+#[test]
+fn issue_47_an_out_of_range_integer_says_the_range() {
+    let cam = "[rig]\nid = \"a\"\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\n";
+    let p = problems(&format!("{cam}priority = -1\n"));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with("t.toml:6: source[0].priority: invalid value: integer `-1`, expected a whole number from 0 (first) to 9"),
+        "{p:?}"
+    );
+    let p = problems("[rig]\nid = \"a\"\n[clock]\ndomain = 300\n");
+    assert_eq!(
+        p,
+        vec!["t.toml:4: clock.domain: invalid value: integer `300`, expected a whole number from 0 to 255"]
+    );
+    assert!(!p[0].contains("u8"));
+}
+
+#[test]
+fn issue_47_a_wrongly_typed_required_key_is_not_also_missing() {
+    let p = problems("[rig]\nid = \"a\"\n[[source]]\nid = 7\nkind = \"synthetic-camera\"\n");
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with("t.toml:4: source[0].id: invalid type: integer `7`, expected a string"),
+        "{p:?}"
+    );
+    let p = problems("[rig]\nid = 7\n");
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(p[0].starts_with("t.toml:2: rig.id: invalid type"), "{p:?}");
+    // A key that is really missing is still said.
+    let p = problems("[rig]\nid = \"a\"\n[[source]]\nkind = \"synthetic-camera\"\n");
+    assert!(p[0].contains("missing field `id`"), "{p:?}");
+}
+
+#[test]
+fn issue_47_a_source_after_a_broken_one_keeps_its_index() {
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\nwidth = \"x\"\n\
+         [[source]]\nid = \"d\"\nkind = \"synthetic-camera\"\nwidth = 0\n",
+    );
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(
+        p[0].starts_with("t.toml:6: source[0].width: invalid type"),
+        "{p:?}"
+    );
+    assert!(
+        p[1].starts_with("t.toml:10: source[1].width: 0 must be"),
         "{p:?}"
     );
 }

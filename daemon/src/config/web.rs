@@ -23,6 +23,15 @@ pub struct WebConfig {
     /// 0 turns the live view off.
     #[serde(default = "default_max_live_clients")]
     pub max_live_clients: u32,
+    /// Names the rig answers to in `Host` besides its addresses, `localhost`, its hostname and
+    /// `hostname.local` (a DNS name technicians use for it); others get 421, so that DNS
+    /// rebinding cannot make an attacker's page same-origin with the rig (`rigd_web::site`).
+    #[serde(default)]
+    pub server_names: Vec<String>,
+    /// Origins of other sites whose pages may use the rig (`https://app.foxglove.dev` for
+    /// Foxglove's web app); a browser request from any other page is refused (403).
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
 }
 
 /// Most live-view clients a rig may be asked to serve: each may hold its queue's bytes.
@@ -45,6 +54,8 @@ impl Default for WebConfig {
             tls_key_file: None,
             allow_from: None,
             max_live_clients: default_max_live_clients(),
+            server_names: Vec::new(),
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -59,6 +70,16 @@ impl WebConfig {
                 nets.iter().filter_map(|n| n.parse().ok()).collect(),
             ),
         }
+    }
+}
+
+impl WebConfig {
+    /// The names and pages the rig answers (see `server_names`, `allowed_origins`): this host's
+    /// own names added; entries that do not parse are [`Config::problems`].
+    pub fn site_policy(&self) -> Result<rigd_web::site::SitePolicy, String> {
+        let mut names = rigd_web::site::this_host_names();
+        names.extend(self.server_names.iter().cloned());
+        rigd_web::site::SitePolicy::new(&names, &self.allowed_origins)
     }
 }
 
@@ -91,10 +112,52 @@ impl WebConfig {
                 rigd_web::live::CLIENT_QUEUE_BYTES >> 20
             ));
         }
+        for name in &self.server_names {
+            if let Err(e) = rigd_web::site::SitePolicy::new(std::slice::from_ref(name), &[]) {
+                p.push(format!("web.server-names: {e}"));
+            }
+        }
+        for origin in &self.allowed_origins {
+            if let Err(e) = rigd_web::site::Origin::parse(origin) {
+                p.push(format!("web.allowed-origins: {e}"));
+            }
+        }
         for net in self.allow_from.iter().flatten() {
             if let Err(e) = net.parse::<rigd_web::access::Cidr>() {
                 p.push(format!("web.allow-from: {e}"));
             }
+        }
+        if self.allow_from.as_ref().is_some_and(Vec::is_empty) {
+            p.push(
+                "web.allow-from: an empty list refuses every client (403), loopback and /healthz included; leave the key out for the private networks, or name the networks that may connect"
+                    .to_string(),
+            );
+        }
+    }
+
+    /// What `check` says of `[web]` without refusing it: a network that admits every address
+    /// beside narrower ones (the narrower ones then restrict nothing, which is rarely what
+    /// was meant; `["0.0.0.0/0", "::/0"]` alone is a choice, and said nowhere).
+    pub(super) fn warnings(&self, w: &mut Vec<String>) {
+        let nets: Vec<rigd_web::access::Cidr> = self
+            .allow_from
+            .iter()
+            .flatten()
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        let (open, narrow): (Vec<rigd_web::access::Cidr>, Vec<rigd_web::access::Cidr>) = nets
+            .into_iter()
+            .partition(|n| n.to_string().ends_with("/0"));
+        if !open.is_empty() && !narrow.is_empty() {
+            let open: Vec<String> = open.iter().map(ToString::to_string).collect();
+            let narrow: Vec<String> = narrow.iter().map(ToString::to_string).collect();
+            w.push(format!(
+                "web.allow-from: {} admits every address, so the page and the API are open to everyone who can reach {} and the narrower {} restrict nothing; remove {} to keep only those networks",
+                open.join(" and "),
+                self.bind,
+                narrow.join(", "),
+                open.join(" and ")
+            ));
         }
     }
 }

@@ -62,6 +62,114 @@ pub fn validity(der: &[u8]) -> Option<(i64, i64)> {
     Some((time(t1, &der[s1..e1])?, time(t2, &der[s2..e2])?))
 }
 
+/// The X.509 version of a DER certificate (1, 2 or 3): v1 has no `[0] version` field.
+pub fn version(der: &[u8]) -> Option<u8> {
+    let (_, cert, _) = tlv(der, 0)?;
+    let (_, tbs, _) = tlv(der, cert)?;
+    let (tag, start, _) = tlv(der, tbs)?;
+    if tag != 0xa0 {
+        return Some(1);
+    }
+    let (int, v, end) = tlv(der, start)?;
+    (int == 0x02 && end == v + 1).then(|| der[v] + 1)
+}
+
+/// Which file of a certificate and its key a problem is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairFile {
+    Cert,
+    Key,
+    /// Each file is fine alone; they do not belong together.
+    Both,
+}
+
+/// What is wrong with a certificate chain (PEM) and its private key (PEM) as a TLS identity
+/// (the rig's client certificate, the web server's), in words an operator can act on: which
+/// file, and what to do. None when rustls would take them.
+pub fn pair_problem(cert: &Path, key: &Path) -> Option<(PairFile, String)> {
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let holds = |path: &Path, what: &str| {
+        std::fs::read_to_string(path).is_ok_and(|t| t.contains(&format!("{what}-----")))
+    };
+    let chain = match CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+    {
+        Ok(chain) => chain,
+        Err(e) => return Some((PairFile::Cert, format!("{}: {e}", cert.display()))),
+    };
+    let Some(first) = chain.first() else {
+        let why = if holds(cert, "PRIVATE KEY") {
+            "holds a private key, not a certificate (are tls-cert-file and tls-key-file swapped?)"
+        } else {
+            "no certificate in it (a PEM `-----BEGIN CERTIFICATE-----` block)"
+        };
+        return Some((PairFile::Cert, format!("{}: {why}", cert.display())));
+    };
+    match version(first) {
+        Some(3) => {}
+        Some(v) => {
+            return Some((
+                PairFile::Cert,
+                format!(
+                    "{}: an X.509 version {v} certificate: TLS accepts only version 3 certificates (with extensions) as an identity; issue a v3 one (`openssl req -x509` and `openssl x509 -req -extfile FILE` make v3)",
+                    cert.display()
+                ),
+            ))
+        }
+        None => {
+            return Some((
+                PairFile::Cert,
+                format!(
+                    "{}: the first certificate is not valid DER (a damaged or truncated PEM block)",
+                    cert.display()
+                ),
+            ))
+        }
+    }
+    let key_der = match PrivateKeyDer::from_pem_file(key) {
+        Ok(k) => k,
+        Err(e) => {
+            let why = if holds(key, "CERTIFICATE") {
+                "holds a certificate, not a private key (are tls-cert-file and tls-key-file swapped?)".to_string()
+            } else if holds(key, "PUBLIC KEY") {
+                "holds a public key: TLS needs the private key the certificate was issued for"
+                    .to_string()
+            } else if matches!(e, rustls_pki_types::pem::Error::NoItemsFound) {
+                "no private key in it (a PEM `BEGIN PRIVATE KEY`, `BEGIN RSA PRIVATE KEY` or `BEGIN EC PRIVATE KEY` block)".to_string()
+            } else {
+                e.to_string()
+            };
+            return Some((PairFile::Key, format!("{}: {why}", key.display())));
+        }
+    };
+    let provider = rustls::crypto::ring::default_provider();
+    match rustls::sign::CertifiedKey::from_der(chain, key_der, &provider) {
+        Ok(_) => None,
+        Err(rustls::Error::InconsistentKeys(_)) => Some((
+            PairFile::Both,
+            format!(
+                "{} and {} do not match: the key is not the one the certificate was issued for (is the key the certificate's? give the pair that belongs together)",
+                cert.display(),
+                key.display()
+            ),
+        )),
+        Err(e) => Some((
+            PairFile::Key,
+            format!(
+                "{}: a private key rustls cannot use ({e}); RSA (2048 bits or more), ECDSA P-256/P-384 and Ed25519 keys are",
+                key.display()
+            ),
+        )),
+    }
+}
+
+/// Why the certificate at `path` (its first, the end entity) is not valid at `now` (seconds since
+/// the Unix epoch): expired or not yet valid; `what` names it ("the client certificate") and `by`
+/// who refuses it then ("the broker").
+pub fn dates_problem(path: &Path, what: &str, by: &str, now: i64) -> Option<String> {
+    ClientCert::read(path).dated(what, by, now)
+}
+
 /// The rig's client certificate as read once at start (a renewal is a restart): its path and,
 /// when its first certificate parses, its validity.
 #[derive(Debug, Clone)]
@@ -86,17 +194,21 @@ impl ClientCert {
     /// Why it cannot identify the rig at `now` (seconds since the Unix epoch): expired, or not
     /// yet valid; None when within its validity or unreadable (loading it at start says so).
     fn invalid_at(&self, now: i64) -> Option<String> {
+        self.dated("the client certificate", "the broker", now)
+    }
+
+    fn dated(&self, what: &str, by: &str, now: i64) -> Option<String> {
         let (not_before, not_after) = self.validity?;
         let date = |t: i64| crate::civil::format(t * 1_000_000_000);
         if now > not_after {
             Some(format!(
-                "{}: the client certificate expired at {}: the broker refuses it; install a renewed one",
+                "{}: {what} expired at {}: {by} refuses it; install a renewed one",
                 self.path.display(),
                 date(not_after)
             ))
         } else if now < not_before {
             Some(format!(
-                "{}: the client certificate is valid only from {} (is the rig's clock right?)",
+                "{}: {what} is valid only from {} (is the rig's clock right?)",
                 self.path.display(),
                 date(not_before)
             ))
@@ -183,6 +295,28 @@ mod tests {
         assert!(policy_refusal(true, e).is_none());
         assert!(policy_refusal(false, Some("connection refused")).is_none());
         assert!(policy_refusal(false, None).is_none());
+    }
+
+    #[test]
+    fn issue_47_the_certificate_version_is_read() {
+        // SEQUENCE { SEQUENCE (tbs) { [0] { INTEGER 2 } ... } }: v3.
+        let v3 = [0x30, 0x07, 0x30, 0x05, 0xa0, 0x03, 0x02, 0x01, 0x02];
+        assert_eq!(version(&v3), Some(3));
+        // No [0]: the tbs starts with the serial number, v1.
+        let v1 = [0x30, 0x05, 0x30, 0x03, 0x02, 0x01, 0x07];
+        assert_eq!(version(&v1), Some(1));
+        assert_eq!(version(&[0x30]), None);
+        let expired = ClientCert {
+            path: "web.pem".into(),
+            validity: Some((0, 1_000)),
+        };
+        let why = expired
+            .dated("the web certificate", "a browser", 2_000)
+            .unwrap();
+        assert!(
+            why.contains("the web certificate expired") && why.contains("a browser refuses it"),
+            "{why}"
+        );
     }
 
     #[test]
