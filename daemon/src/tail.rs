@@ -343,11 +343,15 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
     };
     let (builder, _bridge) = connect(&cfg.url, &cfg.access).await.map_err(perr)?;
     let pulsar: Pulsar<TokioExecutor> = tokio::select! {
-        r = builder.build() => r.map_err(|e| perr(format!("the broker is unreachable ({e})")))?,
+        r = builder.build() => r.map_err(|e| perr(format!(
+            "the broker is unreachable ({e}){}",
+            unreachable_hint(&cfg.url, &cfg.access)
+        )))?,
         _ = tokio::time::sleep(CONNECT_TIMEOUT) => {
             return Err(perr(format!(
-                "the broker is unreachable (no connection in {} s)",
-                CONNECT_TIMEOUT.as_secs()
+                "the broker is unreachable (no connection in {} s){}",
+                CONNECT_TIMEOUT.as_secs(),
+                unreachable_hint(&cfg.url, &cfg.access)
             )))
         }
         _ = interrupt.wait() => return Ok(TailSummary::default()),
@@ -451,6 +455,17 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
     summary.late = asm.late;
     let _ = consumer.close().await;
     Ok(summary)
+}
+
+/// What to add to "the broker is unreachable": over TLS without a client certificate, a broker
+/// that requires one closes the handshake, which the `pulsar` crate reports only as a connection
+/// error.
+pub(crate) fn unreachable_hint(url: &str, access: &Access) -> &'static str {
+    if url.starts_with("pulsar+ssl://") && access.tls_client.is_none() {
+        "; if it requires a client certificate (mutual TLS), give --tls-cert-file and --tls-key-file"
+    } else {
+        ""
+    }
 }
 
 /// A client of the `pulsar` crate for `url` with `access`. With a client certificate (which the

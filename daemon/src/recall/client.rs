@@ -6,7 +6,7 @@ use futures::StreamExt;
 use pulsar::consumer::{ConsumerOptions, InitialPosition};
 use pulsar::message::proto::command_subscribe::SubType;
 use pulsar::{Consumer, Pulsar, TokioExecutor};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::protocol::{Answer, State};
 use crate::replay::progress::{Interrupt, Progress};
@@ -45,8 +45,12 @@ pub struct RecallConfig {
 pub enum RecallError {
     #[error("{url}: {why}")]
     Pulsar { url: String, why: String },
-    #[error("{url}: the broker is unreachable ({why}); nothing was sent to the rig")]
-    Unreachable { url: String, why: String },
+    #[error("{url}: the broker is unreachable ({why}); nothing was sent to the rig{hint}")]
+    Unreachable {
+        url: String,
+        why: String,
+        hint: &'static str,
+    },
     #[error("no answer from the rig in {0} s: the request is on its control topic, where the rig reads it once it runs and is connected (is it? its web page says)")]
     Timeout(u64),
     #[error("{}", match .0 {
@@ -123,6 +127,7 @@ async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, Rec
     let unreachable = |why: String| RecallError::Unreachable {
         url: cfg.url.clone(),
         why,
+        hint: crate::tail::unreachable_hint(&cfg.url, &cfg.access),
     };
     // Connecting has a deadline of its own: --timeout is how long the rig may take to answer.
     let connect_within = cfg.timeout.min(crate::tail::CONNECT_TIMEOUT);
@@ -171,11 +176,10 @@ async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, Rec
     }
     let mut bar: Option<Progress> = None;
     let mut last: Option<Answer> = None;
-    let started = Instant::now();
     loop {
         let m = tokio::select! {
             m = answers.next() => m,
-            _ = &mut deadline => return Err(RecallError::Timeout(started.elapsed().as_secs())),
+            _ = &mut deadline => return Err(RecallError::Timeout(cfg.timeout.as_secs())),
             _ = interrupt.wait() => return Err(RecallError::Interrupted(Some(id))),
         };
         let msg = match m {
