@@ -39,11 +39,12 @@ pub struct Backlog {
 impl Backlog {
     /// `spooled_from`: the first seq an earlier run left in the spool (it drains first);
     /// `next_seq`: the source's next capture sequence (in `always` mode what an earlier run
-    /// left is durable, so everything below it may go).
-    pub fn new(mode: SpoolMode, spooled_from: Option<u64>, next_seq: u64) -> Self {
+    /// left is durable, so everything below it may go). None: the spool could not say; then
+    /// nothing goes until [`Backlog::earlier_run_below`] or a durable commit says how far.
+    pub fn new(mode: SpoolMode, spooled_from: Option<u64>, next_seq: Option<u64>) -> Self {
         let publish_below = match (mode, spooled_from) {
             (SpoolMode::OnOutage, _) => u64::MAX,
-            (SpoolMode::Always, Some(_)) => next_seq,
+            (SpoolMode::Always, Some(_)) => next_seq.unwrap_or(0),
             (SpoolMode::Always, None) => 0,
         };
         Backlog {
@@ -91,6 +92,12 @@ impl Backlog {
         if let (SpoolMode::Always, Some(e)) = (self.mode, epoch) {
             self.appended.push_back((e, seq));
         }
+    }
+
+    /// Every seq below `seq` is an earlier run's (this run's first capture took `seq`): in
+    /// `always` mode those are durable, so they may be published.
+    pub fn earlier_run_below(&mut self, seq: u64) {
+        self.publish_below = self.publish_below.max(seq);
     }
 
     /// The spool's durable epoch moved: appends of earlier epochs may be published.
@@ -149,7 +156,7 @@ mod tests {
 
     #[test]
     fn on_outage_goes_live_until_the_uplink_refuses_then_drains_in_order_before_going_live_again() {
-        let mut b = Backlog::new(SpoolMode::OnOutage, None, 0);
+        let mut b = Backlog::new(SpoolMode::OnOutage, None, Some(0));
         assert_eq!(b.route(true), Route::Live);
         assert_eq!(b.route(false), Route::Spool, "paused or no uplink");
         // Frame 3 is refused (link down): 3, 4, 5 spool; 6 too, though the link is back.
@@ -170,7 +177,7 @@ mod tests {
 
     #[test]
     fn an_earlier_runs_backlog_drains_first() {
-        let b = Backlog::new(SpoolMode::OnOutage, Some(40), 100);
+        let b = Backlog::new(SpoolMode::OnOutage, Some(40), Some(100));
         assert!(b.active());
         assert_eq!(b.route(true), Route::Spool);
         assert_eq!(b.drain_from(), Some(40));
@@ -178,7 +185,7 @@ mod tests {
 
     #[test]
     fn always_mode_publishes_only_what_a_commit_made_durable_and_stays_on_the_spool() {
-        let mut b = Backlog::new(SpoolMode::Always, None, 0);
+        let mut b = Backlog::new(SpoolMode::Always, None, Some(0));
         assert_eq!(b.route(true), Route::Spool);
         b.spooled(0, Some(1));
         b.spooled(1, Some(1));
@@ -195,14 +202,14 @@ mod tests {
         b.caught_up();
         assert!(b.active(), "always mode never goes live");
         // What an earlier run left (committed before its end) may go at once.
-        let b = Backlog::new(SpoolMode::Always, Some(5), 9);
+        let b = Backlog::new(SpoolMode::Always, Some(5), Some(9));
         assert_eq!(b.drain_from(), Some(5));
         assert!(b.may_publish(8) && !b.may_publish(9));
     }
 
     #[test]
     fn acks_remove_only_what_was_handed_over_from_the_spool_and_never_skip_ahead() {
-        let mut b = Backlog::new(SpoolMode::OnOutage, Some(10), 20);
+        let mut b = Backlog::new(SpoolMode::OnOutage, Some(10), Some(20));
         for s in 10..13 {
             b.handed_over(s);
         }

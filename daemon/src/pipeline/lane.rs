@@ -117,8 +117,9 @@ pub struct Lane {
     epochs: Epochs,
     older: Vec<Epoch>,
     live: Epoch,
-    /// The next capture sequence (what a split starts at).
-    next_seq: u64,
+    /// The next capture sequence (what a split starts at); None until known: the spool could
+    /// not say at open and no frame was captured yet (no split meanwhile).
+    next_seq: Option<u64>,
 }
 
 /// What the spool held for the source when the lane opened.
@@ -130,8 +131,10 @@ pub struct Opening<'a> {
     /// The persisted epoch starts; None when they could not be read (then no producer opens:
     /// publishing under the wrong name could lose frames).
     pub persisted: Option<&'a [u64]>,
-    /// The source's next capture sequence.
-    pub next_seq: u64,
+    /// The source's next capture sequence; None when the spool could not say (then in
+    /// `always` mode nothing spooled goes until this run's first capture or commit tells what
+    /// is durable, and no split is made before a frame is numbered).
+    pub next_seq: Option<u64>,
 }
 
 impl Lane {
@@ -220,7 +223,13 @@ impl Lane {
     /// Frame `seq` was captured. `admitted`: its number is below the durable floor (else
     /// dropped); `paused`: a technician paused publishing.
     pub fn captured(&mut self, seq: u64, admitted: bool, paused: bool) -> Capture {
-        self.next_seq = self.next_seq.max(seq + 1);
+        if self.next_seq.is_none() {
+            // This run's first frame: every seq below it is an earlier run's, durable.
+            for e in self.older.iter_mut().chain(std::iter::once(&mut self.live)) {
+                e.order.earlier_run_below(seq);
+            }
+        }
+        self.next_seq = Some(self.next_seq.map_or(seq + 1, |n| n.max(seq + 1)));
         if !admitted {
             return Capture::Drop;
         }
@@ -263,7 +272,7 @@ impl Lane {
             }
         }
         let live_up = self.live.producer && !paused && link(self.live.start).connected;
-        if self.live.producer
+        let due = self.live.producer
             && split_due(SplitCheck {
                 drain: self.drain,
                 mode: self.mode,
@@ -271,11 +280,10 @@ impl Lane {
                 outage: self.live.outage,
                 connected: live_up,
                 open: self.open_epochs(),
-            })
-        {
-            return vec![Action::PersistEpoch {
-                start: self.next_seq,
-            }];
+            });
+        // A split starts at the next capture sequence: not before it is known.
+        if let (true, Some(start)) = (due, self.next_seq) {
+            return vec![Action::PersistEpoch { start }];
         }
         if paused {
             return Vec::new();
@@ -307,7 +315,7 @@ impl Lane {
             self.live.outage = false;
             return Vec::new();
         }
-        let backlog = Backlog::new(self.mode, None, start);
+        let backlog = Backlog::new(self.mode, None, Some(start));
         let mut old = std::mem::replace(&mut self.live, Epoch::new(start, true, backlog));
         old.end = Some(start);
         old.outage = false;

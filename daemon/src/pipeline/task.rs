@@ -156,7 +156,16 @@ impl LaneTask {
 
     /// Opens the lane on what the spool holds, and its producers.
     fn open(&self, producers: &mut Producers) -> Lane {
-        let next_seq = disk(|| self.spool.next_seq(&self.source)).unwrap_or(u64::MAX);
+        // Unknown when the spool cannot say: the lane then waits for this run's first frame
+        // (`always`: never hands over a frame before its commit; no split before a number).
+        let next_seq = match disk(|| self.spool.next_seq(&self.source)) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::error!(source = %self.source, error = %e,
+                    "spool: cannot read the source's next sequence number; spooled frames wait for the first frame captured");
+                None
+            }
+        };
         let persisted = match disk(|| self.spool.epochs(&self.source)) {
             Ok(p) => Some(p),
             Err(e) => {

@@ -24,6 +24,10 @@ pub(super) struct Capacity {
     free_bytes: AtomicU64,
     /// Held by a drop-oldest: one at a time.
     dropping: Mutex<()>,
+    /// Tests: the filesystem's free space as this says, not as statvfs does (a disk filled by
+    /// other files, without mounting one).
+    #[cfg(test)]
+    pub(super) free_probe: Mutex<Option<Box<dyn Fn() -> u64 + Send + Sync>>>,
 }
 
 impl Capacity {
@@ -36,6 +40,8 @@ impl Capacity {
             index_bytes: AtomicU64::new(0),
             free_bytes: AtomicU64::new(u64::MAX),
             dropping: Mutex::new(()),
+            #[cfg(test)]
+            free_probe: Mutex::new(None),
         }
     }
 
@@ -46,6 +52,12 @@ impl Capacity {
     /// Reads free space for the reserve; called periodically, not per frame. Also measures the
     /// index's size on disk, which counts in `max-bytes`.
     pub(super) fn refresh(&self) {
+        #[cfg(test)]
+        if let Some(free) = self.free_probe.lock().unwrap().as_ref().map(|f| f()) {
+            self.free_bytes.store(free, Ordering::Relaxed);
+            self.index_bytes.store(0, Ordering::Relaxed);
+            return;
+        }
         if let Ok(st) = rustix::fs::statvfs(&self.root) {
             self.free_bytes
                 .store(st.f_bavail.saturating_mul(st.f_frsize), Ordering::Relaxed);
@@ -66,10 +78,21 @@ impl Capacity {
     /// `free-reserve`, but never below [`INDEX_HEADROOM`]: the index must always have room to
     /// record drops and removals (a sled that hit ENOSPC fails every later write of the run).
     pub(super) fn full(&self, segment_bytes: u64, incoming: u64) -> bool {
+        self.full_after_freeing(segment_bytes, incoming, 0)
+    }
+
+    /// [`Capacity::full`] once `freed` bytes of the segments are deleted (they leave the
+    /// spool's size and come back as free space): whether dropping them would still leave no
+    /// room for `incoming`.
+    pub(super) fn full_after_freeing(&self, segment_bytes: u64, incoming: u64, freed: u64) -> bool {
         let reserve = self.free_reserve.max(INDEX_HEADROOM);
         let index = self.index_bytes().min(self.max_bytes / 2);
-        segment_bytes + index + incoming > self.max_bytes
-            || self.free_bytes.load(Ordering::Relaxed) < reserve.saturating_add(incoming)
+        let free = self
+            .free_bytes
+            .load(Ordering::Relaxed)
+            .saturating_add(freed);
+        segment_bytes.saturating_sub(freed) + index + incoming > self.max_bytes
+            || free < reserve.saturating_add(incoming)
     }
 
     /// Held while a drop-oldest makes room: a lane that waited for another's drop finds the

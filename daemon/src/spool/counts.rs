@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::drops::{Drops, Loss};
+use super::drops::{Dropped, Drops, Loss};
 use super::SourceSpoolStats;
 
 /// Why a record's entry left the index.
@@ -18,8 +18,9 @@ use super::SourceSpoolStats;
 pub(super) enum Gone {
     /// The broker's receipt came.
     Acked,
-    /// A capacity drop, a technician's clear, or a write that never reached the disk.
-    Dropped,
+    /// A capacity drop, a technician's clear, or a write that never reached the disk (logged
+    /// as what it was).
+    Dropped(Dropped),
     /// It cannot be read back (checksum, I/O error, not the record the index names).
     Quarantined,
     /// Its source's retention let it go (`retain-age`, `retain-bytes` of an on-request source).
@@ -186,8 +187,8 @@ impl Counts {
         stats.popped.fetch_add(1, Ordering::Relaxed);
         match gone {
             Gone::Acked => {}
-            Gone::Dropped => {
-                self.lost(source, Loss::Oldest);
+            Gone::Dropped(why) => {
+                self.lost(source, why.into());
                 self.recent_drops().note(source, seq);
             }
             Gone::Quarantined => {

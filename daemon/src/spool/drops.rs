@@ -22,10 +22,42 @@ pub enum Loss {
     Oldest,
     /// `when-full = drop-oldest` with only the segment being written left: this frame instead.
     NoRoom,
+    /// `when-full = drop-oldest`, but dropping every sealed segment would still leave no room
+    /// (the filesystem is filled by other files): the held records are kept, this frame goes.
+    NotEnough,
+    /// `when-full = drop-oldest` while the index on disk cannot be opened: the held records are
+    /// kept (this run's temporary index cannot record their deletion), this frame goes.
+    IndexAway,
     /// Its number is at or past the durable sequence floor, which could not be moved.
     Floor,
     /// The write failed.
     WriteFailed(String),
+    /// A technician cleared the source's spool (web UI).
+    Cleared,
+    /// The final commit failed: the frame was still in the write buffer and never reached the
+    /// disk.
+    Unwritten,
+}
+
+/// Why a record already stored left the index unsent ([`super::counts::Gone::Dropped`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dropped {
+    /// `when-full = drop-oldest` made room with its segment.
+    Oldest,
+    /// A technician's clear.
+    Cleared,
+    /// The final commit could not write it.
+    Unwritten,
+}
+
+impl From<Dropped> for Loss {
+    fn from(d: Dropped) -> Loss {
+        match d {
+            Dropped::Oldest => Loss::Oldest,
+            Dropped::Cleared => Loss::Cleared,
+            Dropped::Unwritten => Loss::Unwritten,
+        }
+    }
 }
 
 impl Loss {
@@ -37,12 +69,30 @@ impl Loss {
                 "spool full: nothing older left to drop, this frame dropped (when-full = drop-oldest)"
                     .into()
             }
+            Loss::NotEnough => {
+                "spool full: dropping every record held would still leave no room (the filesystem is filled by other files); held records kept, this frame dropped (when-full = drop-oldest)"
+                    .into()
+            }
+            Loss::IndexAway => {
+                "spool full: held records are kept while the index cannot be opened (no space); this frame dropped (when-full = drop-oldest)"
+                    .into()
+            }
             Loss::Floor => {
                 "spool: the sequence floor (SEQ) cannot be moved past this frame's number; frame dropped"
                     .into()
             }
             Loss::WriteFailed(e) => format!("spool write failed: {e}").into(),
+            Loss::Cleared => "spool: records cleared by a technician (clear action)".into(),
+            Loss::Unwritten => {
+                "spool: the final commit failed; frames still in the write buffer never reached the disk"
+                    .into()
+            }
         }
+    }
+
+    /// Lost to a fault or a full spool (ERROR), or by a technician's choice (WARN).
+    fn unwanted(&self) -> bool {
+        !matches!(self, Loss::Cleared)
     }
 }
 
@@ -58,16 +108,25 @@ impl Drops {
         stats.dropped.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
-        match logged.get_mut(source) {
-            Some((at, pending)) if now.duration_since(*at) < LOG_EVERY => *pending += 1,
+        let dropped = match logged.get_mut(source) {
+            Some((at, pending)) if now.duration_since(*at) < LOG_EVERY => {
+                *pending += 1;
+                return;
+            }
             Some((at, pending)) => {
-                tracing::error!(source = %source, dropped = *pending + 1, "{}", loss.why());
+                let n = *pending + 1;
                 (*at, *pending) = (now, 0);
+                n
             }
             None => {
-                tracing::error!(source = %source, dropped = 1, "{}", loss.why());
                 logged.insert(source.clone(), (now, 0));
+                1
             }
+        };
+        if loss.unwanted() {
+            tracing::error!(source = %source, dropped, "{}", loss.why());
+        } else {
+            tracing::warn!(source = %source, dropped, "{}", loss.why());
         }
     }
 }

@@ -48,13 +48,12 @@ impl Spool {
             .map(|v| i64::from_le_bytes(v.as_ref().try_into().unwrap_or_default())))
     }
 
-    /// Notes that a frame of `source` captured at `capture_ns` left the spool unsent.
+    /// Notes that a frame of `source` captured at `capture_ns` left the spool unsent. The note
+    /// only moves forward, in one atomic step of the index: a retention and a drop-oldest
+    /// noting at once never put back an older time (a recall of the frames between would then
+    /// not be answered `partial`).
     pub(super) fn note_lost(&self, source: &str, capture_ns: i64) -> Result<(), SpoolError> {
-        if self.lost_through(source)?.is_some_and(|t| t >= capture_ns) {
-            return Ok(());
-        }
-        self.index
-            .meta_insert(&lost_key(source), &capture_ns.to_le_bytes())
+        self.index.meta_raise(&lost_key(source), capture_ns)
     }
 
     /// A sled tree of recall's own in the spool's index (durable with [`Spool::flush_index`]).

@@ -140,6 +140,8 @@ pub(super) struct Index {
     /// Why the index was rebuilt from the segments at open (it did not cover them), or found
     /// damaged since.
     damage: Mutex<Option<String>>,
+    /// The index on disk could not be opened (no space): this one is in memory, gone at exit.
+    temporary: bool,
 }
 
 impl Index {
@@ -153,6 +155,7 @@ impl Index {
             source,
         };
         let index_path = path.join("index");
+        let mut temporary = false;
         let db = match open_index(&index_path) {
             Ok(db) => db,
             Err(IndexOpen::Busy(source)) => return Err(SpoolError::Index { path, source }),
@@ -160,7 +163,8 @@ impl Index {
             // works on a temporary one rebuilt from the segments (in memory).
             Err(IndexOpen::NoRoom(e)) => {
                 tracing::error!(spool = %path.display(), error = %e,
-                    "spool index cannot be opened (no space or resources); left as it is, this run uses a temporary index rebuilt from the segments");
+                    "spool index cannot be opened (no space or resources); left as it is, this run uses a temporary index rebuilt from the segments and deletes no segment (held records stay held)");
+                temporary = true;
                 sled::Config::new()
                     .temporary(true)
                     .cache_capacity(16 << 20)
@@ -195,7 +199,14 @@ impl Index {
             trees: Mutex::default(),
             pending: Mutex::default(),
             damage: Mutex::new(None),
+            temporary,
         })
+    }
+
+    /// This run works on a temporary index (the one on disk could not be opened): what it
+    /// records is gone at exit, the index on disk stays as the last run left it.
+    pub(super) fn temporary(&self) -> bool {
+        self.temporary
     }
 
     fn ix(&self) -> impl Fn(sled::Error) -> SpoolError + '_ {
@@ -942,8 +953,18 @@ impl Index {
         self.meta.get(key).map_err(self.ix())
     }
 
-    pub(super) fn meta_insert(&self, key: &str, value: &[u8]) -> Result<(), SpoolError> {
-        self.meta.insert(key, value).map(drop).map_err(self.ix())
+    /// Raises the i64 (little-endian) at `key` of `meta` to `value`, never lowers it: one
+    /// compare-and-swap loop of sled's, so two callers at once keep the higher.
+    pub(super) fn meta_raise(&self, key: &str, value: i64) -> Result<(), SpoolError> {
+        self.meta
+            .fetch_and_update(key, |old| {
+                let old = old
+                    .and_then(|v| <[u8; 8]>::try_from(v).ok())
+                    .map(i64::from_le_bytes);
+                Some(old.map_or(value, |o| o.max(value)).to_le_bytes().to_vec())
+            })
+            .map(drop)
+            .map_err(self.ix())
     }
 
     /// A tree of the index's database by name (not a source's: those are `i:{source}`).

@@ -102,7 +102,7 @@ use capacity::Capacity;
 use counts::{Counts, Gone};
 pub(crate) use disk::Disk;
 use disk::{libc_errno, transient, Os};
-use drops::Loss;
+use drops::{Dropped, Loss};
 use epochs::Epochs;
 use floor::Floor;
 pub use held::Entry;
@@ -182,6 +182,14 @@ pub enum Appended {
     /// Not stored: a frame of the spool that drop-oldest dropped (and counted) while the uplink
     /// held it, handed back without a receipt.
     DroppedEarlier,
+}
+
+/// What a drop-oldest did for an append ([`Spool::drop_oldest_segment`]).
+enum Room {
+    /// Dropped this many records (0: the room was there, made by another lane's drop).
+    Made(u64),
+    /// Dropped nothing: the frame goes instead, lost for this reason.
+    Not(Loss),
 }
 
 /// The spool: its parts, each owning its state, and the rules that span them.
@@ -312,6 +320,10 @@ impl Spool {
             durable,
             path,
         };
+        if spool.index.temporary() {
+            // What survives this run is the index on disk, which cannot hear of a deletion.
+            spool.segments.keep_files();
+        }
         let recovery = Recovery {
             root: &spool.path,
             index: &spool.index,
@@ -596,9 +608,9 @@ impl Spool {
                 return Ok(Appended::DroppedNewest);
             }
             match self.drop_oldest_segment(len)? {
-                Some(n) => dropped += n,
-                None => {
-                    self.counts.lost(&frame.source, Loss::NoRoom);
+                Room::Made(n) => dropped += n,
+                Room::Not(why) => {
+                    self.counts.lost(&frame.source, why);
                     return Ok(Appended::DroppedNoRoom);
                 }
             }
@@ -612,7 +624,7 @@ impl Spool {
             }
             // The failed write was the buffer's flush as well as this record.
             match self.drop_oldest_segment(len + WRITE_BUFFER as u64)? {
-                Some(n) if n > 0 => dropped += n,
+                Room::Made(n) if n > 0 => dropped += n,
                 _ => return Err(e),
             }
             self.write_record(frame, &head, len)?;
@@ -643,22 +655,40 @@ impl Spool {
         self.capacity.full(self.segments.bytes(), incoming)
     }
 
-    /// Drops every record of the oldest sealed segment (drop-oldest); returns how many, or None
-    /// when only the segment being written is left. The records are found in the index, not by
-    /// reading the segment: a segment that cannot be opened (EMFILE, EIO) is dropped all the same,
-    /// and every record the index lists in it is counted as dropped, once. Drops are one at a
-    /// time: a lane that waited for another's drop finds the space it made (`incoming`).
-    fn drop_oldest_segment(&self, incoming: u64) -> Result<Option<u64>, SpoolError> {
+    /// Drops every record of the oldest sealed segment (drop-oldest) and returns how many, when
+    /// that is a step towards room for `incoming` bytes; otherwise drops nothing and says why.
+    /// Held records are deleted only for room that is then used: not when only the segment being
+    /// written is left, not when dropping every sealed segment would still leave no room (a
+    /// filesystem filled by other files, below `free-reserve` even without the spool), not
+    /// while the index on disk cannot be opened (this run's temporary index cannot record the
+    /// deletion). The records are found in the index, not by reading the segment: a segment that
+    /// cannot be opened (EMFILE, EIO) is dropped all the same, and every record the index lists
+    /// in it is counted as dropped, once. Drops are one at a time: a lane that waited for
+    /// another's drop finds the space it made (`incoming`).
+    fn drop_oldest_segment(&self, incoming: u64) -> Result<Room, SpoolError> {
         let _one = self.capacity.one_drop_at_a_time();
         self.refresh_free_space();
         if !self.full(incoming) {
-            return Ok(Some(0));
+            return Ok(Room::Made(0));
         }
-        let Some(id) = self.segments.lock().oldest_sealed() else {
-            return Ok(None);
+        if self.index.temporary() {
+            return Ok(Room::Not(Loss::IndexAway));
+        }
+        let (oldest, sealed) = {
+            let segs = self.segments.lock();
+            (segs.oldest_sealed(), segs.sealed_bytes())
         };
+        let Some(id) = oldest else {
+            return Ok(Room::Not(Loss::NoRoom));
+        };
+        if self
+            .capacity
+            .full_after_freeing(self.segments.bytes(), incoming, sealed)
+        {
+            return Ok(Room::Not(Loss::NotEnough));
+        }
         let Some(victims) = self.index.in_segment(id)? else {
-            return Ok(None);
+            return Ok(Room::Not(Loss::NoRoom));
         };
         let mut n = 0;
         let mut lost: std::collections::HashMap<Arc<str>, i64> = Default::default();
@@ -667,7 +697,7 @@ impl Spool {
             if let Some(loc) = self.index.unindex(&source, seq)? {
                 // The segment is deleted below, not released record by record.
                 self.counts
-                    .count_out(&source, seq, loc.len as u64, Gone::Dropped);
+                    .count_out(&source, seq, loc.len as u64, Gone::Dropped(Dropped::Oldest));
                 let t = lost.entry(source.clone()).or_insert(i64::MIN);
                 *t = (*t).max(loc.capture_ns);
                 n += 1;
@@ -690,7 +720,7 @@ impl Spool {
             records = n,
             "spool full: dropped the oldest segment (when-full = drop-oldest)"
         );
-        Ok(Some(n))
+        Ok(Room::Made(n))
     }
 
     /// A record that left the index is counted out ([`Counts::count_out`]) and, unless the
@@ -856,7 +886,7 @@ impl Spool {
     pub fn clear_source(&self, source: &Arc<str>) -> Result<u64, SpoolError> {
         let gone = self.index.clear(source)?;
         for (seq, loc) in &gone {
-            self.count_out(source, *seq, *loc, Gone::Dropped);
+            self.count_out(source, *seq, *loc, Gone::Dropped(Dropped::Cleared));
         }
         self.counts.set_oldest(source, None);
         Ok(gone.len() as u64)
@@ -871,8 +901,12 @@ impl Spool {
         let lost = self.index.take_unwritten(id, flushed);
         for (source, seq, loc) in &lost {
             // Their segment stays (it is the one being written).
-            self.counts
-                .count_out(source, *seq, loc.len as u64, Gone::Dropped);
+            self.counts.count_out(
+                source,
+                *seq,
+                loc.len as u64,
+                Gone::Dropped(Dropped::Unwritten),
+            );
         }
         lost.len() as u64
     }

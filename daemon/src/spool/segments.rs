@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rigd_drivers::Frame;
@@ -130,6 +130,8 @@ pub(super) struct Segments {
     state: Mutex<State>,
     /// Bytes the segments count in the spool's size (the sum of [`State::charged`]).
     bytes: AtomicU64,
+    /// No segment file is deleted in this run ([`Segments::keep_files`]).
+    keep: AtomicBool,
 }
 
 impl Segments {
@@ -142,7 +144,15 @@ impl Segments {
             size,
             state: Mutex::default(),
             bytes: AtomicU64::new(0),
+            keep: AtomicBool::new(false),
         }
+    }
+
+    /// From now on no segment file is deleted, emptied or not: the index that survives this run
+    /// (the one on disk, which could not be opened) cannot record a deletion, and would name
+    /// records whose segment is gone, or, once the id is used again, other records' bytes.
+    pub(super) fn keep_files(&self) {
+        self.keep.store(true, Ordering::Relaxed);
     }
 
     pub(super) fn lock(&self) -> Locked<'_> {
@@ -420,6 +430,18 @@ impl Locked<'_> {
         self.st.info.keys().copied().find(|id| Some(*id) != active)
     }
 
+    /// Bytes the segments other than the one being written count in the spool's size: what
+    /// dropping every one of them would free.
+    pub(super) fn sealed_bytes(&self) -> u64 {
+        let active = self.st.writer.as_ref().map(|w| w.id);
+        self.st
+            .charged
+            .iter()
+            .filter(|(id, _)| Some(**id) != active)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// Per segment: its live records.
     pub(super) fn live(&self) -> Vec<(u64, u64)> {
         self.st
@@ -487,7 +509,8 @@ impl Locked<'_> {
     /// fsyncs the directory after its deletions ([`Segments::sync_dir`]).
     pub(super) fn delete(&mut self, id: u64) -> bool {
         let st = &mut *self.st;
-        if st.writer.as_ref().is_some_and(|w| w.id == id) {
+        if st.writer.as_ref().is_some_and(|w| w.id == id) || self.segs.keep.load(Ordering::Relaxed)
+        {
             return false;
         }
         st.info.remove(&id);

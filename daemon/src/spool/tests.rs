@@ -1854,3 +1854,159 @@ fn a_commit_is_due_only_when_it_has_something_to_make_durable() {
     spool.remove(&cam, 2).unwrap();
     assert!(spool.commit_due(every));
 }
+
+/// What `f` logs, as the daemon writes it (fmt, no colours).
+fn logged(f: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let out = buf.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || out.clone())
+        .finish();
+    tracing::subscriber::with_default(sub, f);
+    let text = buf.0.lock().unwrap().clone();
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[test]
+fn a_cleared_source_and_a_failed_final_commit_are_logged_as_what_they_are() {
+    // Issue 46: every `Gone::Dropped` was logged "spool full: dropped the oldest frames
+    // (when-full = drop-oldest)", a technician's clear and a failed final commit included.
+    let dir = tempfile::tempdir().unwrap();
+    let gps: Arc<str> = "gps".into();
+    let spool = Spool::open(&cfg(dir.path())).unwrap();
+    for seq in 0..3 {
+        spool.append(&frame("gps", seq, 10)).unwrap();
+    }
+    let log = logged(|| assert_eq!(spool.clear_source(&gps).unwrap(), 3));
+    assert!(log.contains("cleared"), "{log}");
+    assert!(!log.contains("spool full"), "{log}");
+    assert_eq!(spool.stats(&gps).dropped.load(Ordering::Relaxed), 3);
+    drop(spool);
+
+    // The final commit cannot write the buffer (ENOSPC): the frame never reached the disk.
+    #[derive(Clone, Default)]
+    struct Full(Arc<std::sync::atomic::AtomicBool>);
+    impl Disk for Full {
+        fn sync_data(&self, file: &File) -> std::io::Result<()> {
+            file.sync_data()
+        }
+        fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+            File::open(dir)?.sync_all()
+        }
+        fn write_at(&self, file: &File, buf: &[u8], offset: u64) -> std::io::Result<usize> {
+            if self.0.load(Ordering::Relaxed) {
+                return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+            }
+            file.write_at(buf, offset)
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let full = Full::default();
+    let spool = Spool::open_with(&cfg(dir.path()), Box::new(full.clone())).unwrap();
+    spool.append(&frame("gps", 0, 10)).unwrap();
+    full.0.store(true, Ordering::Relaxed);
+    let log = logged(|| spool.close().unwrap());
+    assert_eq!(
+        spool.stats(&gps).dropped.load(Ordering::Relaxed),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("final commit failed"), "{log}");
+    assert!(!log.contains("spool full"), "{log}");
+}
+
+#[test]
+fn lost_through_never_moves_back_when_retention_and_drop_oldest_note_at_once() {
+    // Issue 46: `note_lost` read the note and wrote it back without a lock; a drop-oldest and
+    // a retention noting at once could put back an older time, and a recall of the frames in
+    // between would not be answered partial.
+    let dir = tempfile::tempdir().unwrap();
+    let spool = Spool::open(&cfg(dir.path())).unwrap();
+    let threads = 4i64;
+    let rounds = 3000i64;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let spool = &spool;
+            s.spawn(move || {
+                for i in 0..rounds {
+                    let at = i * threads + t;
+                    spool.note_lost("cam", at).unwrap();
+                    let now = spool.lost_through("cam").unwrap().unwrap();
+                    assert!(now >= at, "lost-through went back below {at} to {now}");
+                }
+            });
+        }
+    });
+    assert_eq!(
+        spool.lost_through("cam").unwrap(),
+        Some(rounds * threads - 1)
+    );
+}
+
+/// A spool of 30 records of 100 kB in 1 MiB segments (two sealed, one being written) on a
+/// filesystem another file has filled: `other_free` bytes free beside what deleting the spool's
+/// segments gives back.
+fn spool_on_a_filled_disk(dir: &Path, other_free: u64) -> Arc<Spool> {
+    let mut c = cfg(dir);
+    c.max_bytes = ByteSize(8 << 20); // 1 MiB segments
+    let spool = Spool::open(&c).unwrap();
+    for seq in 0..30 {
+        spool.append(&frame("cam", seq, 100_000)).unwrap();
+    }
+    spool.commit().unwrap();
+    let held = spool.segments.bytes();
+    let weak = Arc::downgrade(&spool);
+    *spool.capacity.free_probe.lock().unwrap() = Some(Box::new(move || {
+        let now = weak.upgrade().map_or(0, |s| s.segments.bytes());
+        other_free + held.saturating_sub(now)
+    }));
+    spool.refresh_free_space();
+    spool
+}
+
+#[test]
+fn drop_oldest_deletes_nothing_when_dropping_everything_held_would_not_make_room() {
+    // Issue 46.8: another file fills the filesystem below the reserve (4 MiB at least) by more
+    // than the spool holds: drop-oldest deleted every sealed segment, found no room, dropped the
+    // frame as well, and went on so with every frame: all that was held lost, nothing bought.
+    let dir = tempfile::tempdir().unwrap();
+    let spool = spool_on_a_filled_disk(dir.path(), 1 << 20);
+    let cam: Arc<str> = "cam".into();
+    assert_eq!(
+        spool.append(&frame("cam", 30, 100_000)).unwrap(),
+        Appended::DroppedNoRoom
+    );
+    assert_eq!(seqs(&spool, "cam"), (0..30).collect::<Vec<_>>(), "held");
+    assert_eq!(segment_files(dir.path()).len(), 3);
+    let stats = spool.stats(&cam);
+    assert_eq!(
+        stats.dropped.load(Ordering::Relaxed),
+        1,
+        "only the new frame"
+    );
+    assert_eq!(stats.records.load(Ordering::Relaxed), 30);
+    assert!(drops::Loss::NotEnough.why().contains("held records kept"));
+    drop(spool);
+
+    // Where dropping the oldest segment does make room, it goes, and the frame is stored in it.
+    let dir = tempfile::tempdir().unwrap();
+    let spool = spool_on_a_filled_disk(dir.path(), 3584 << 10);
+    assert_eq!(
+        spool.append(&frame("cam", 30, 100_000)).unwrap(),
+        Appended::StoredDroppingOldest(10)
+    );
+    assert_eq!(seqs(&spool, "cam"), (10..31).collect::<Vec<_>>());
+}

@@ -65,7 +65,7 @@ impl World {
                     drain,
                     uplink: true,
                     persisted: Some(&[]),
-                    next_seq: 0,
+                    next_seq: Some(0),
                 },
                 |_| None,
             )
@@ -113,7 +113,7 @@ impl World {
                 drain: self.drain,
                 uplink: true,
                 persisted: Some(&self.persisted),
-                next_seq: self.next,
+                next_seq: Some(self.next),
             },
             |from| spool.range(from..).next().copied(),
         );
@@ -472,6 +472,63 @@ fn a_number_past_the_floor_is_dropped_and_nothing_else() {
     assert!(w.dropped.contains(&0));
     assert_eq!(w.producers[&0].window, [1]);
     w.check();
+}
+
+#[test]
+fn a_lane_opened_without_the_next_seq_hands_over_nothing_before_its_commit() {
+    // Issue 46: when the spool could not say the next seq, the task opened the lane with
+    // `u64::MAX`: in `always` mode every spooled frame, this run's too, could be handed over
+    // before its commit was durable; in `on-outage` mode a split was persisted at u64::MAX.
+    let up = |_| Link {
+        connected: true,
+        held: 0,
+    };
+    let earlier: BTreeSet<u64> = (5..9).collect();
+    let open = |mode| {
+        Lane::open(
+            Opening {
+                mode,
+                drain: Drain::LiveFirst,
+                uplink: true,
+                persisted: Some(&[]),
+                next_seq: None,
+            },
+            |from| earlier.range(from..).next().copied(),
+        )
+        .0
+    };
+    let mut lane = open(SpoolMode::Always);
+    assert_eq!(lane.captured(9, true, false), Capture::Spool);
+    lane.spooled(9, Some(3), false, up(0));
+    // Commit 3 is not durable yet: the earlier run's frames (durable) go, frame 9 waits.
+    assert_eq!(
+        lane.poll(3, false, up),
+        vec![Action::Drain { start: 0, from: 5 }]
+    );
+    for seq in 5..9 {
+        assert_eq!(lane.offer(0, seq), Offer::Hand, "{seq}");
+        lane.handed_over(0, seq);
+    }
+    assert_eq!(lane.offer(0, 9), Offer::NotDurable, "before its commit");
+    assert_eq!(lane.poll(3, false, up), vec![]);
+    assert_eq!(
+        lane.poll(4, false, up),
+        vec![Action::Drain { start: 0, from: 9 }]
+    );
+    assert_eq!(lane.offer(0, 9), Offer::Hand);
+
+    // on-outage: the earlier run's backlog drains; a split waits for a known number.
+    let mut lane = open(SpoolMode::OnOutage);
+    assert_eq!(
+        lane.poll(0, false, up),
+        vec![Action::Drain { start: 0, from: 5 }]
+    );
+    assert_eq!(lane.captured(9, true, false), Capture::Spool);
+    lane.spooled(9, None, false, up(0));
+    assert_eq!(
+        lane.poll(0, false, up),
+        vec![Action::PersistEpoch { start: 10 }]
+    );
 }
 
 proptest! {
