@@ -214,6 +214,15 @@ pub(super) fn with_range(path: &str, msg: &str) -> String {
         "stop-bits" => Some("1 to 2"),
         "jpeg-quality" => Some("1 to 100"),
         "announce-receipt-timeout" => Some("2 to 255"),
+        "width" | "height" => Some("1 to 16384"),
+        "sample-rate" => Some("8000 to 384000"),
+        "channels" => Some("1 to 32"),
+        "baud" => Some("50 to 4000000"),
+        "buffers" => Some("2 to 32"),
+        "bucket-ms" => Some("1 to 60000"),
+        "fsync-ms" => Some("1 to 60000"),
+        "worker-threads" => Some("1 to 64"),
+        "max-live-clients" => Some("0 to 16"),
         "log-sync-interval" | "log-announce-interval" | "log-min-delay-req-interval" => {
             Some("-7 to 4 (log2 seconds)")
         }

@@ -690,6 +690,17 @@ fn issue_47_an_out_of_range_integer_says_the_range() {
         vec!["t.toml:4: clock.domain: invalid value: integer `300`, expected a whole number from 0 to 255"]
     );
     assert!(!p[0].contains("u8"));
+    // The keys whose range is narrower than their type's say their own.
+    let p = problems(&format!("{cam}width = \"wide\"\n"));
+    assert!(
+        p[0].ends_with("expected a whole number from 1 to 16384"),
+        "{p:?}"
+    );
+    let p = problems("[rig]\nid = \"a\"\n[web]\nmax-live-clients = -1\n");
+    assert!(
+        p[0].ends_with("expected a whole number from 0 to 16"),
+        "{p:?}"
+    );
 }
 
 #[test]
