@@ -1002,3 +1002,64 @@ fn init_logging() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn client_of(args: &[&str]) -> PulsarClientArgs {
+        match Cli::try_parse_from(args).expect("parses").command {
+            Command::Tail(a) => a.client,
+            Command::Recall(a) => a.client,
+            Command::Replay(a) => a.client,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn tail_recall_and_replay_take_the_same_client_certificate_flags() {
+        let tls = [
+            "--tls-ca",
+            "ca.pem",
+            "--tls-cert-file",
+            "rig.pem",
+            "--tls-key-file",
+            "rig.key.pem",
+        ];
+        let url = "pulsar+ssl://broker:6651";
+        for head in [
+            &["rigd", "tail", "--pulsar", url, "--rig", "van-07"][..],
+            &[
+                "rigd",
+                "recall",
+                "--pulsar",
+                url,
+                "--rig",
+                "van-07",
+                "--coverage",
+            ],
+            &["rigd", "replay", "--spool", "s", "--pulsar", url],
+        ] {
+            let args: Vec<&str> = head.iter().chain(tls.iter()).copied().collect();
+            let access = client_of(&args).access(url).expect("usable");
+            assert_eq!(access.tls_ca, Some(PathBuf::from("ca.pem")));
+            assert_eq!(
+                access.tls_client,
+                Some((PathBuf::from("rig.pem"), PathBuf::from("rig.key.pem")))
+            );
+            // A certificate with a clear link is a usage error, before any connection.
+            assert!(client_of(&args).access("pulsar://broker:6650").is_err());
+            // One of the pair alone: clap refuses it.
+            let half: Vec<&str> = head
+                .iter()
+                .chain(["--tls-cert-file", "rig.pem"].iter())
+                .copied()
+                .collect();
+            assert!(Cli::try_parse_from(&half).is_err(), "{half:?}");
+        }
+        let plain = client_of(&["rigd", "tail", "--pulsar", "pulsar://b", "--rig", "r"]);
+        let access = plain.access("pulsar://b").expect("no TLS flags");
+        assert!(access.tls_client.is_none() && access.token.is_none());
+    }
+}
