@@ -431,7 +431,7 @@ mod jump_tests {
             ns: 1,
             state: ClockState::Unsynced,
         };
-        let mut emit = |sink: &mut FrameSink| {
+        let emit = |sink: &mut FrameSink| {
             sink.emit(
                 stamp,
                 Media::Serial { text: true },

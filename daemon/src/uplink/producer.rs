@@ -20,7 +20,7 @@ use super::connect::{Link, Setup};
 use super::error::LinkError;
 use super::plan::BrokerLast;
 use super::pool::Pool;
-use super::session::{Deadlines, Turn};
+use super::session::{Deadlines, LinkEnd, Turn};
 use super::token::Token;
 use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
 use crate::backoff::Backoff;
@@ -527,30 +527,13 @@ impl Session {
                     shared.window().disconnected();
                     shared.set_connected(false);
                     shared.room.notify_one();
-                    match &r {
-                        // No progress for this producer while the broker keeps talking on the
-                        // connection (the others' receipts): this producer's trouble, not the
-                        // connection's; close it and set it up again.
-                        Err(LinkError::Timeout(_))
-                            if link.conn.last_inbound().elapsed() < LINK_STALL_AFTER =>
-                        {
-                            link.close().await
+                    if let Err(e) = &r {
+                        let quiet = link.conn.last_inbound().elapsed();
+                        match super::session::link_end(e, quiet, LINK_STALL_AFTER) {
+                            LinkEnd::CloseProducer => link.close().await,
+                            LinkEnd::FailConnection => link.conn.fail(e),
+                            LinkEnd::Drop => {}
                         }
-                        // The connection is dead (no progress, the broker silent) or already
-                        // failed: every producer on it goes, to set up again on a new one.
-                        Err(
-                            e @ (LinkError::Timeout(_)
-                            | LinkError::Io(_)
-                            | LinkError::Closed
-                            | LinkError::Codec(_)),
-                        ) => link.conn.fail(e),
-                        // The broker refused this producer's frames (or its topic) and the
-                        // connection serves the others: close the producer before it is created
-                        // again under the same name (bounded; unanswered ends the connection).
-                        Err(LinkError::Broker(_) | LinkError::Terminated(_)) => link.close().await,
-                        // The broker closed the producer itself (a move), or a stop: the link
-                        // goes (a stop's close is sent without waiting).
-                        _ => {}
                     }
                     r
                 }

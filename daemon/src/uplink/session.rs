@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::error::LinkError;
 use super::window::Health;
 
 /// Silence from the broker for this long: send a PING.
@@ -101,9 +102,69 @@ impl Deadlines {
     }
 }
 
+/// What becomes of a producer's link once its session stopped serving it with `why`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkEnd {
+    /// rigd gives this producer up and the connection serves the others: detach its channel,
+    /// then close it on the broker as a request with a deadline (`connect::Link::close`; issue
+    /// 46.2), before it is created again under the same name.
+    CloseProducer,
+    /// The connection is dead or failed: every producer on it goes, to be set up on a new one.
+    FailConnection,
+    /// The broker closed the producer itself (a move), or a stop: the link is dropped (its channel
+    /// detached, then a close queued without waiting).
+    Drop,
+}
+
+/// Decides [`LinkEnd`]; `broker_quiet_for`: since the broker's last command on the connection
+/// (any producer's). Pure.
+pub fn link_end(why: &LinkError, broker_quiet_for: Duration, stall_after: Duration) -> LinkEnd {
+    match why {
+        // No progress for this producer while the broker keeps talking on the connection (the
+        // others' receipts): this producer's trouble, not the connection's.
+        LinkError::Timeout(_) if broker_quiet_for < stall_after => LinkEnd::CloseProducer,
+        LinkError::Timeout(_) | LinkError::Io(_) | LinkError::Closed | LinkError::Codec(_) => {
+            LinkEnd::FailConnection
+        }
+        // The broker refused this producer's frames (or its topic) and the connection serves the
+        // others.
+        LinkError::Broker(_) | LinkError::Terminated(_) => LinkEnd::CloseProducer,
+        _ => LinkEnd::Drop,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rigd_closes_only_the_producer_it_gives_up_on_and_ends_a_connection_only_when_it_is_dead() {
+        let stall = Duration::from_secs(5);
+        let quiet = Duration::from_secs(1);
+        let timeout = || LinkError::Timeout("progress".into());
+        // A producer whose frames stopped moving while the broker answers the others.
+        assert_eq!(link_end(&timeout(), quiet, stall), LinkEnd::CloseProducer);
+        // ... and while the broker is silent too: the connection is dead.
+        assert_eq!(link_end(&timeout(), stall, stall), LinkEnd::FailConnection);
+        // A SEND_ERROR rigd reconnects on (a receipt out of order, ChecksumError, UnknownError),
+        // a terminated topic: this producer alone.
+        let refused = LinkError::Broker("send error (UnknownError)".into());
+        assert_eq!(link_end(&refused, quiet, stall), LinkEnd::CloseProducer);
+        let gone = LinkError::Terminated("t".into());
+        assert_eq!(link_end(&gone, stall, stall), LinkEnd::CloseProducer);
+        for dead in [
+            LinkError::Closed,
+            LinkError::Io(std::io::ErrorKind::BrokenPipe.into()),
+        ] {
+            assert_eq!(link_end(&dead, quiet, stall), LinkEnd::FailConnection);
+        }
+        // The broker closed it (a move), or a stop.
+        assert_eq!(
+            link_end(&LinkError::Moving("unloaded".into()), quiet, stall),
+            LinkEnd::Drop
+        );
+        assert_eq!(link_end(&LinkError::Shutdown, quiet, stall), LinkEnd::Drop);
+    }
 
     #[test]
     fn after_an_outage_setup_deadlines_start_short_and_double_to_the_full_one() {
