@@ -22,6 +22,14 @@ impl Reload {
             None => "web token-file (none configured: control actions stay disabled)".to_string(),
             // The rule of the start: a missing or empty token file disables control actions.
             Some(path) => match crate::config::read_token(path) {
+                // The rule of `check` and the start: a short token is guessed, so it enables nothing.
+                Ok(token) if token.chars().count() < crate::preflight::MIN_TOKEN_CHARS => {
+                    self.web_token.set(None);
+                    tracing::warn!(file = %path.display(), chars = token.chars().count(),
+                        "SIGHUP: web control actions disabled: the new token is shorter than {} characters (make one with `openssl rand -hex 24`)",
+                        crate::preflight::MIN_TOKEN_CHARS);
+                    "web token-file (control actions disabled: token too short)".to_string()
+                }
                 Ok(token) => {
                     self.web_token.set(Some(token));
                     "web token-file (control actions enabled)".to_string()
@@ -109,5 +117,29 @@ impl Heartbeat {
     pub fn age(&self) -> std::time::Duration {
         let last = self.0.load(std::sync::atomic::Ordering::Relaxed);
         std::time::Duration::from_millis(now_ms().saturating_sub(last))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_token_on_sighup_disables_control_actions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.token");
+        let reload = Reload {
+            web_token_file: Some(path.clone()),
+            web_token: rigd_web::ControlToken::new(None),
+        };
+        std::fs::write(&path, "a-good-token-of-24-chars\n").unwrap();
+        reload.apply();
+        assert!(reload.web_token.enabled());
+        std::fs::write(&path, "short\n").unwrap();
+        reload.apply();
+        assert!(
+            !reload.web_token.enabled(),
+            "a 5-character token enabled control actions"
+        );
     }
 }

@@ -440,6 +440,11 @@ impl ControlToken {
     fn get(&self) -> Option<Arc<str>> {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
+
+    /// Whether control actions are enabled now.
+    pub fn enabled(&self) -> bool {
+        self.get().is_some()
+    }
 }
 
 /// Router state: cheap to clone.
