@@ -111,6 +111,12 @@ id = "gps"
 kind = "synthetic-serial"
 rate-hz = 50
 
+# Fast enough to capture frames before its producer is created (numbered before the jump).
+[[source]]
+id = "imu"
+kind = "synthetic-serial"
+rate-hz = 1000
+
 [pulsar]
 url = "{BROKER_URL}"
 topic = "persistent://{ns}/{{rig}}-{{source}}"
@@ -121,34 +127,41 @@ path = "spool"
 [web]
 bind = "127.0.0.1:{{WEB_PORT}}"
 """
-    topic = f"persistent://{ns}/{rig}-gps"
     d = Rigd(tmp_path, cfg)
     try:
         d.start()
         d.wait_for(lambda s: source_status(s, "gps")["published"] >= 50, timeout=60, what="gps publishing")
         time.sleep(9)
         assert d.stop() == 0
-        first = d.totals()["gps"]
+        first = d.totals()
         shutil.rmtree(tmp_path / "spool")
         cut = time.time_ns()
         d.start()
         time.sleep(10)
         assert d.stop() == 0
-        second = d.totals()["gps"]
+        second = d.totals()
         log = d.log().split("rigd stopped")[-2]
     finally:
         d.close()
-    msgs = consume(BROKER_URL, [topic], idle_timeout_s=6, consumer_type=pulsar.ConsumerType.Exclusive)
-    old = [int(m["properties"]["seq"]) for m in msgs if int(m["properties"]["capture-ns"]) < cut]
-    new = [int(m["properties"]["seq"]) for m in msgs if int(m["properties"]["capture-ns"]) >= cut]
-    print(f"first run: {first}; second run: {second}; on the topic: {len(old)} + {len(new)} frames, "
-          f"second run's seqs {new[:3]}..{new[-3:]}")
-    assert_once_each_in_order(old, "gps (first run)")
-    assert len(old) == first["frames"], (len(old), first)
-    assert len(new) == len(set(new)), "each frame of the second run once"
-    assert len(new) == second["frames"] >= 400, (len(new), second)
-    assert new == sorted(new), "in capture order"
-    assert min(new) > max(old), "the second run's ids are above the first run's"
+    for source in ("gps", "imu"):
+        msgs = consume(BROKER_URL, [f"persistent://{ns}/{rig}-{source}"], idle_timeout_s=6,
+                       consumer_type=pulsar.ConsumerType.Exclusive)
+        old = [int(m["properties"]["seq"]) for m in msgs if int(m["properties"]["capture-ns"]) < cut]
+        new = [int(m["properties"]["seq"]) for m in msgs if int(m["properties"]["capture-ns"]) >= cut]
+        # Frames numbered before the jump keep their seq (below the first run's last); after it,
+        # numbers go on past the first run's.
+        before = [q for q in new if q <= max(old)]
+        print(f"{source}: first run {first[source]}; second run {second[source]}; on the topic "
+              f"{len(old)} + {len(new)} frames, the second run's seqs {new[:3]}..{new[-3:]}, "
+              f"{len(before)} numbered before the jump")
+        assert_once_each_in_order(old, f"{source} (first run)")
+        assert len(old) == first[source]["frames"], (len(old), first[source])
+        assert len(new) == len(set(new)), "each frame of the second run once"
+        assert len(new) == second[source]["frames"] >= 400, (len(new), second[source])
+        assert new == sorted(new), "in capture order"
+        assert before == list(range(len(before))), "frames before the jump: from 0, none lost"
+        after = new[len(before):]
+        assert after == list(range(after[0], after[0] + len(after))) and after[0] > max(old), after[:5]
     assert "numbering jumps past them" in log, log[-3000:]
 
 
