@@ -343,16 +343,13 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
     };
     let (builder, _bridge) = connect(&cfg.url, &cfg.access).await.map_err(perr)?;
     let pulsar: Pulsar<TokioExecutor> = tokio::select! {
-        r = builder.build() => r.map_err(|e| perr(format!(
-            "the broker is unreachable ({e}){}",
-            unreachable_hint(&cfg.url, &cfg.access)
-        )))?,
+        r = builder.build() => match r {
+            Ok(p) => p,
+            Err(e) => return Err(perr(unreachable(&cfg.url, &cfg.access, &e.to_string()).await)),
+        },
         _ = tokio::time::sleep(CONNECT_TIMEOUT) => {
-            return Err(perr(format!(
-                "the broker is unreachable (no connection in {} s){}",
-                CONNECT_TIMEOUT.as_secs(),
-                unreachable_hint(&cfg.url, &cfg.access)
-            )))
+            let why = format!("no connection in {} s", CONNECT_TIMEOUT.as_secs());
+            return Err(perr(unreachable(&cfg.url, &cfg.access, &why).await));
         }
         _ = interrupt.wait() => return Ok(TailSummary::default()),
     };
@@ -457,14 +454,69 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
     Ok(summary)
 }
 
-/// What to add to "the broker is unreachable": over TLS without a client certificate, a broker
-/// that requires one closes the handshake, which the `pulsar` crate reports only as a connection
-/// error.
-pub(crate) fn unreachable_hint(url: &str, access: &Access) -> &'static str {
-    if url.starts_with("pulsar+ssl://") && access.tls_client.is_none() {
-        "; if it requires a client certificate (mutual TLS), give --tls-cert-file and --tls-key-file"
-    } else {
-        ""
+/// "the broker is unreachable (...)" with what is known of why. Over TLS the `pulsar` crate
+/// reports a refused handshake only as "fatal error when connecting to the Pulsar server", so a
+/// handshake of our own with the first broker says which side refused: the broker's certificate
+/// (not signed by a CA of --tls-ca, or the Mozilla roots without it), or ours (a broker that
+/// requires a client certificate, or refuses the one given).
+pub(crate) async fn unreachable(url: &str, access: &Access, why: &str) -> String {
+    let mut line = format!("the broker is unreachable ({why}");
+    let tls = tls_diagnosis(url, access).await;
+    if let Some(d) = &tls {
+        line += &format!("; TLS: {d}");
+    }
+    line.push(')');
+    let d = tls.unwrap_or_default().to_lowercase();
+    if d.contains("issuer") || d.contains("invalid peer certificate") {
+        line += if access.tls_ca.is_some() {
+            ": --tls-ca does not name the CA that signed the broker's certificate"
+        } else {
+            ": the broker's certificate is not signed by a CA of the Mozilla roots; give its CA with --tls-ca"
+        };
+    } else if d.contains("certificate") && access.tls_client.is_none() {
+        line += ": it requires a client certificate (mutual TLS): give --tls-cert-file and --tls-key-file";
+    } else if d.contains("certificate") {
+        line += ": it refuses the client certificate given (--tls-cert-file)";
+    }
+    line
+}
+
+/// Why a TLS session with the first broker of `url` does not open, from a handshake of our own
+/// (`None`: not TLS, no TCP connection, or it opens).
+async fn tls_diagnosis(url: &str, access: &Access) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    if !url.starts_with("pulsar+ssl://") {
+        return None;
+    }
+    let ep = crate::service::Endpoint::parse_service(url)
+        .ok()?
+        .into_iter()
+        .next()?;
+    let client = access
+        .tls_client
+        .as_ref()
+        .map(|(c, k)| (c.as_path(), k.as_path()));
+    let config = match crate::uplink::tls_config(access.tls_ca.as_deref(), client) {
+        Ok(c) => c,
+        Err(e) => return Some(e),
+    };
+    let wait = Duration::from_secs(5);
+    let tcp = tokio::time::timeout(wait, tokio::net::TcpStream::connect(ep.addr()))
+        .await
+        .ok()?
+        .ok()?;
+    let name = rustls_pki_types::ServerName::try_from(ep.host.clone()).ok()?;
+    let connect = tokio_rustls::TlsConnector::from(config).connect(name, tcp);
+    let mut session = match tokio::time::timeout(wait, connect).await.ok()? {
+        Ok(s) => s,
+        Err(e) => return Some(e.to_string()),
+    };
+    // TLS 1.3: the broker judges the client's certificate after the handshake and says so in
+    // an alert, the first thing it sends (a Pulsar broker says nothing before CONNECT).
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(Duration::from_secs(2), session.read(&mut byte)).await {
+        Ok(Err(e)) => Some(e.to_string()),
+        _ => None,
     }
 }
 

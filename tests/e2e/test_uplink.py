@@ -260,7 +260,8 @@ def test_tls_and_token_authentication_against_a_broker_that_requires_them(tmp_pa
             lines = [json.loads(x) for x in r.stdout.splitlines()]
             assert len(lines) == 5 and all("gps" in x["sources"] for x in lines), r.stdout
             r = subprocess.run(tail, capture_output=True, text=True, timeout=60)
-            assert r.returncode != 0 and "cannot connect" in r.stderr, (r.returncode, r.stderr)
+            assert r.returncode == 1 and "the broker is unreachable" in r.stderr, (r.returncode, r.stderr)
+            assert "give its CA with --tls-ca" in r.stderr, r.stderr   # which side refused (issue 47)
             assert good.stop() == 0
         finally:
             good.close()

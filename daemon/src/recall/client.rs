@@ -45,12 +45,9 @@ pub struct RecallConfig {
 pub enum RecallError {
     #[error("{url}: {why}")]
     Pulsar { url: String, why: String },
-    #[error("{url}: the broker is unreachable ({why}); nothing was sent to the rig{hint}")]
-    Unreachable {
-        url: String,
-        why: String,
-        hint: &'static str,
-    },
+    /// `why`: [`crate::tail::unreachable`]'s line.
+    #[error("{url}: {why}; nothing was sent to the rig")]
+    Unreachable { url: String, why: String },
     #[error("no answer from the rig in {0} s: the request is on its control topic, where the rig reads it once it runs and is connected (is it? its web page says)")]
     Timeout(u64),
     #[error("{}", match .0 {
@@ -124,19 +121,26 @@ async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, Rec
     let (builder, _bridge) = crate::tail::connect(&cfg.url, &cfg.access)
         .await
         .map_err(perr)?;
-    let unreachable = |why: String| RecallError::Unreachable {
-        url: cfg.url.clone(),
-        why,
-        hint: crate::tail::unreachable_hint(&cfg.url, &cfg.access),
-    };
     // Connecting has a deadline of its own: --timeout is how long the rig may take to answer.
     let connect_within = cfg.timeout.min(crate::tail::CONNECT_TIMEOUT);
-    let pulsar: Pulsar<TokioExecutor> = tokio::select! {
-        r = builder.build() => r.map_err(|e| unreachable(e.to_string()))?,
+    let failed = tokio::select! {
+        r = builder.build() => match r {
+            Ok(p) => Ok(p),
+            Err(e) => Err(e.to_string()),
+        },
         _ = tokio::time::sleep(connect_within) => {
-            return Err(unreachable(format!("no connection in {} s", connect_within.as_secs())))
+            Err(format!("no connection in {} s", connect_within.as_secs()))
         }
         _ = interrupt.wait() => return Err(RecallError::Interrupted(None)),
+    };
+    let pulsar: Pulsar<TokioExecutor> = match failed {
+        Ok(p) => p,
+        Err(why) => {
+            return Err(RecallError::Unreachable {
+                url: cfg.url.clone(),
+                why: crate::tail::unreachable(&cfg.url, &cfg.access, &why).await,
+            })
+        }
     };
     let deadline = tokio::time::sleep(cfg.timeout);
     tokio::pin!(deadline);
