@@ -20,10 +20,9 @@ use super::connect::{Link, Setup};
 use super::error::LinkError;
 use super::plan::BrokerLast;
 use super::pool::Pool;
-use super::session::{Deadlines, LinkEnd, Turn};
+use super::session::{Deadlines, LinkEnd, Log, Pace, Retry, Turn, TERMINATED_RETRY};
 use super::token::Token;
 use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
-use crate::backoff::Backoff;
 use crate::payload::Held;
 
 /// The whole connection setup (lookups, redirects, producer creation).
@@ -41,14 +40,6 @@ pub use super::session::SHUTDOWN_GRACE;
 const CLOSE_SLACK: Duration = Duration::from_secs(1);
 /// Reading the topic's last message at the first producer creation.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Retries while a topic moves between brokers (a dead owner, an unload, a rolling restart) are
-/// at most this far apart...
-const OWNER_RETRY_MAX: Duration = Duration::from_secs(1);
-/// ...for this long; a move that takes longer is a sick cluster, and the fleet backs off as
-/// usual rather than ask it once a second per producer. Past Pulsar's default 30 s session timeout.
-const MOVING_FAST_FOR: Duration = Duration::from_secs(60);
-/// A terminated topic is looked at again this often (an operator may recreate it).
-const TERMINATED_RETRY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub struct ProducerConfig {
@@ -440,22 +431,14 @@ impl Session {
         let seed = std::process::id() as u64
             ^ self.setup.producer_name.len() as u64
             ^ rigd_drivers::realtime_ns() as u64;
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10), seed);
-        let mut owner_backoff = Backoff::new(Duration::from_millis(100), OWNER_RETRY_MAX, seed ^ 1);
-        let mut last_logged_error = String::new();
-        let mut repeats = Repeats::new(Instant::now());
-        let mut moving_since: Option<Instant> = None;
-        // Attempts since the broker took a connection again after an outage (None: not recovering).
-        let mut since_life: Option<u32> = None;
+        let mut retry = Retry::new(seed, Instant::now());
         let shared = self.shared.clone();
         let stats = &shared.stats;
         loop {
             if self.stopping() {
                 break;
             }
-            self.setup.setup_timeout =
-                super::session::setup_timeout(since_life, super::connect::REQUEST_TIMEOUT);
-            since_life = since_life.map(|k| k.saturating_add(1));
+            self.setup.setup_timeout = retry.attempt(super::connect::REQUEST_TIMEOUT);
             let held: super::pool::Held = {
                 let shared = shared.clone();
                 Arc::new(move || shared.window().held_by_budget(Instant::now()))
@@ -495,17 +478,10 @@ impl Session {
                                 "the broker holds sequence ids of this producer name past every number this spool handed out (a wiped or new spool under a rig id that published before, or another rig under this id): they are not this spool's frames; numbering jumps past them, frames captured since the start go out above them");
                         }
                     }
-                    since_life = None;
-                    backoff.reset();
-                    owner_backoff.reset();
-                    moving_since = None;
-                    if !last_logged_error.is_empty()
-                        || stats.reconnects.load(Ordering::Relaxed) == 0
-                    {
+                    if retry.connected() || stats.reconnects.load(Ordering::Relaxed) == 0 {
                         tracing::info!(topic = %self.setup.topic, producer = %self.setup.producer_name,
                             broker_last_sequence_id = ?broker_last, "uplink connected");
                     }
-                    last_logged_error.clear();
                     stats.reconnects.fetch_add(1, Ordering::Relaxed);
                     stats
                         .max_message_size
@@ -550,47 +526,39 @@ impl Session {
                     TERMINATED_RETRY
                 }
                 Err(e) => {
-                    let terminated = matches!(e, LinkError::Terminated(_));
+                    let failed = retry.failed(&e, Instant::now());
                     let msg = e.to_string();
-                    // failing since (reset only by a connection): a move that outlasts the
-                    // fast window backs off for good, not for one attempt
-                    let since = *moving_since.get_or_insert_with(Instant::now);
-                    if msg != last_logged_error {
-                        let in_flight = shared.window().frames();
-                        if terminated {
-                            tracing::error!(topic = %self.setup.topic, error = %msg, in_flight,
+                    let topic = &self.setup.topic;
+                    match failed.log {
+                        Log::Down if failed.pace == Pace::Terminated => {
+                            tracing::error!(%topic, error = %msg, in_flight = shared.window().frames(),
                                 "topic terminated by the broker: nothing more can be published to it; frames stay in the spool");
-                        } else {
-                            tracing::warn!(topic = %self.setup.topic, error = %msg, in_flight,
+                        }
+                        Log::Down => {
+                            tracing::warn!(%topic, error = %msg, in_flight = shared.window().frames(),
                                 "uplink down; frames go to the spool until it is back");
                         }
-                        last_logged_error = msg.clone();
-                        repeats = Repeats::new(Instant::now());
-                    } else if let Some(attempts) = repeats.again(Instant::now()) {
-                        tracing::warn!(topic = %self.setup.topic, error = %msg, attempts,
-                            down_s = since.elapsed().as_secs(),
-                            "uplink still down, the same error at every attempt since the last line");
+                        Log::StillDown { attempts, down } => {
+                            tracing::warn!(%topic, error = %msg, attempts, down_s = down.as_secs(),
+                                "uplink still down, the same error at every attempt since the last line");
+                        }
+                        Log::Quiet => {}
                     }
                     stats.set_error(&msg);
-                    pace = Pace::after(&e, since.elapsed());
-                    match pace {
-                        Pace::Terminated => {
-                            stats.terminated.store(true, Ordering::Relaxed);
-                            TERMINATED_RETRY
-                        }
-                        Pace::OwnerMoving => owner_backoff.next_delay(),
-                        Pace::Unreachable | Pace::Backoff => backoff.next_delay(),
+                    if failed.pace == Pace::Terminated {
+                        stats.terminated.store(true, Ordering::Relaxed);
                     }
+                    pace = failed.pace;
+                    failed.delay
                 }
-                Ok(()) => backoff.next_delay(),
+                Ok(()) => retry.ended(),
             };
             let watch = pace == Pace::Unreachable;
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = self.setup.reachable(), if watch => {
                     tracing::debug!(topic = %self.setup.topic, "the broker takes connections again");
-                    backoff.reset();
-                    since_life.get_or_insert(0);
+                    retry.alive();
                 }
                 _ = stopped(&mut self.shutdown, &shared) => break,
             }
@@ -763,92 +731,6 @@ async fn probe(setup: &Setup, asked: super::plan::Probe) -> Option<BrokerLast> {
     }
 }
 
-/// How soon to try again after a failed connection.
-#[derive(Debug, PartialEq, Eq)]
-enum Pace {
-    /// The topic is terminated: rarely (an operator may recreate it).
-    Terminated,
-    /// The topic is between brokers: the cluster named an owner that is gone (its bundles move
-    /// within the metadata store's session timeout), or answered `ServiceNotReady` or closed the
-    /// producer (an unload, a rolling restart). Retry often (capped at [`OWNER_RETRY_MAX`]) rather
-    /// than let the backoff grow past the moment the topic is served again, for
-    /// [`MOVING_FAST_FOR`].
-    OwnerMoving,
-    /// The service URL's hosts take no TCP connection (refused, reset, no route, or a SYN
-    /// unanswered): exponential backoff up to 10 s, cut short by the first sign of life (a TCP
-    /// connect that succeeds, [`Setup::reachable`]), which also resets the backoff. Before, the
-    /// uplink was back up to a whole backoff step after the broker: ~21 s after a 40 s outage.
-    Unreachable,
-    /// Anything else (the broker answered and refused): exponential backoff up to 10 s.
-    Backoff,
-}
-
-impl Pace {
-    /// `moving_for`: how long the failures before this one (of any kind) have lasted.
-    fn after(e: &LinkError, moving_for: Duration) -> Self {
-        match e {
-            LinkError::Terminated(_) => Pace::Terminated,
-            LinkError::OwnerUnreachable { .. } | LinkError::Moving(_)
-                if moving_for < MOVING_FAST_FOR =>
-            {
-                Pace::OwnerMoving
-            }
-            LinkError::Connect { source, .. } if unreachable(source.kind()) => Pace::Unreachable,
-            _ => Pace::Backoff,
-        }
-    }
-}
-
-/// A connect failure that says nothing answers there (yet): refused, reset, no route, or no answer
-/// in time. Not a TLS handshake the broker refused, which a TCP connect cannot tell is fixed: a
-/// sign of life must not end the backoff of a connection that fails once connected.
-fn unreachable(kind: std::io::ErrorKind) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(
-        kind,
-        ConnectionRefused
-            | ConnectionReset
-            | ConnectionAborted
-            | TimedOut
-            | HostUnreachable
-            | NetworkUnreachable
-            | NotConnected
-            | AddrNotAvailable
-    )
-}
-
-/// A connection failure that repeats unchanged is logged once, then again this often with the
-/// attempts since (the CI run of 3 Dec 2026 21:52Z had a broker refuse a topic's producer with the
-/// same error for 90 s after one line: the log read as a silent stall).
-const STILL_DOWN_EVERY: Duration = Duration::from_secs(30);
-
-/// The attempts that failed the same way since the last line about it. Pure (time passed in).
-#[derive(Debug)]
-struct Repeats {
-    logged_at: Instant,
-    attempts: u32,
-}
-
-impl Repeats {
-    fn new(now: Instant) -> Self {
-        Repeats {
-            logged_at: now,
-            attempts: 0,
-        }
-    }
-
-    /// One more failure like the last one logged: the attempts to log now, if a line is due.
-    fn again(&mut self, now: Instant) -> Option<u32> {
-        self.attempts += 1;
-        if now.saturating_duration_since(self.logged_at) < STILL_DOWN_EVERY {
-            return None;
-        }
-        let n = self.attempts;
-        *self = Repeats::new(now);
-        Some(n)
-    }
-}
-
 /// Resolves once the daemon shuts down or the handle asked to close.
 async fn stopped(shutdown: &mut watch::Receiver<bool>, shared: &Shared) {
     loop {
@@ -873,66 +755,4 @@ fn abort_after_chunk() -> Option<usize> {
             .parse()
             .ok()
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_error_that_repeats_is_logged_again_every_30_s_with_its_attempts() {
-        let t0 = Instant::now();
-        let mut r = Repeats::new(t0);
-        assert_eq!(r.again(t0 + Duration::from_secs(1)), None);
-        assert_eq!(r.again(t0 + Duration::from_secs(11)), None);
-        assert_eq!(r.again(t0 + STILL_DOWN_EVERY), Some(3));
-        // counted again from that line
-        assert_eq!(
-            r.again(t0 + STILL_DOWN_EVERY + Duration::from_secs(10)),
-            None
-        );
-        assert_eq!(r.again(t0 + STILL_DOWN_EVERY * 2), Some(2));
-    }
-
-    #[test]
-    fn a_dead_owner_is_retried_soon_and_a_terminated_topic_rarely() {
-        let refused = || LinkError::Connect {
-            addr: "127.0.0.1:6661".into(),
-            source: std::io::ErrorKind::ConnectionRefused.into(),
-        };
-        let owner_gone = LinkError::OwnerUnreachable {
-            addr: "127.0.0.1:6661".into(),
-            source: Box::new(refused()),
-        };
-        let now = Duration::ZERO;
-        assert_eq!(Pace::after(&owner_gone, now), Pace::OwnerMoving);
-        let unloading = LinkError::Moving("bundle is being unloaded".into());
-        assert_eq!(Pace::after(&unloading, now), Pace::OwnerMoving);
-        // a move that lasts past the fast window: a sick cluster, back off as usual
-        assert_eq!(Pace::after(&unloading, MOVING_FAST_FOR), Pace::Backoff);
-        assert_eq!(Pace::after(&owner_gone, MOVING_FAST_FOR), Pace::Backoff);
-        // the service URL's own hosts down: the cluster is not there, back off until it takes a
-        // connection again
-        assert_eq!(Pace::after(&refused(), now), Pace::Unreachable);
-        assert_eq!(Pace::after(&refused(), MOVING_FAST_FOR), Pace::Unreachable);
-        assert_eq!(Pace::after(&LinkError::Closed, now), Pace::Backoff);
-        let refusal = LinkError::Broker("AuthenticationError".into());
-        assert_eq!(Pace::after(&refusal, now), Pace::Backoff);
-        // a TLS handshake the broker refuses: the port takes connections, so no sign of life
-        // may end the backoff (it would be asked every half second)
-        let tls = LinkError::Connect {
-            addr: "127.0.0.1:6651 (TLS)".into(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidData, "unknown CA"),
-        };
-        assert_eq!(Pace::after(&tls, now), Pace::Backoff);
-        let silent = LinkError::Connect {
-            addr: "127.0.0.1:6650".into(),
-            source: std::io::ErrorKind::TimedOut.into(),
-        };
-        assert_eq!(Pace::after(&silent, now), Pace::Unreachable);
-        assert_eq!(
-            Pace::after(&LinkError::Terminated("t".into()), now),
-            Pace::Terminated
-        );
-    }
 }
