@@ -24,6 +24,9 @@ pub(super) struct Capacity {
     free_bytes: AtomicU64,
     /// Held by a drop-oldest: one at a time.
     dropping: Mutex<()>,
+    /// Free space when a deletion last gave none back (u64::MAX: none such): until the
+    /// filesystem has more free than this, drop-oldest deletes nothing more.
+    barren_at: AtomicU64,
     /// Tests: the filesystem's free space as this says, not as statvfs does (a disk filled by
     /// other files, without mounting one).
     #[cfg(test)]
@@ -40,6 +43,7 @@ impl Capacity {
             index_bytes: AtomicU64::new(0),
             free_bytes: AtomicU64::new(u64::MAX),
             dropping: Mutex::new(()),
+            barren_at: AtomicU64::new(u64::MAX),
             #[cfg(test)]
             free_probe: Mutex::new(None),
         }
@@ -93,6 +97,39 @@ impl Capacity {
             .saturating_add(freed);
         segment_bytes.saturating_sub(freed) + index + incoming > self.max_bytes
             || free < reserve.saturating_add(incoming)
+    }
+
+    /// Free space of the filesystem, as last measured.
+    pub(super) fn free_bytes(&self) -> u64 {
+        self.free_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether the spool is full for want of free space, not by `max-bytes` (only then does a
+    /// deletion that gives no space back say anything).
+    pub(super) fn short_of_free_space(&self, segment_bytes: u64, incoming: u64) -> bool {
+        let index = self.index_bytes().min(self.max_bytes / 2);
+        self.full(segment_bytes, incoming) && segment_bytes + index + incoming <= self.max_bytes
+    }
+
+    /// A deletion gave no space back (free space is `free` after it): a snapshot, a process
+    /// holding the file open, or another writer taking it. Drop-oldest deletes nothing more
+    /// until free space grows past it ([`Capacity::barren`]).
+    pub(super) fn deletion_gave_nothing(&self, free: u64) {
+        self.barren_at.store(free, Ordering::Relaxed);
+    }
+
+    /// Whether the last deletion gave no space back and free space has not grown since (forgets
+    /// it once it has).
+    pub(super) fn barren(&self) -> bool {
+        let at = self.barren_at.load(Ordering::Relaxed);
+        if at == u64::MAX {
+            return false;
+        }
+        if self.free_bytes() > at {
+            self.barren_at.store(u64::MAX, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     /// Held while a drop-oldest makes room: a lane that waited for another's drop finds the

@@ -674,6 +674,9 @@ impl Spool {
         if self.index.temporary() {
             return Ok(Room::Not(Loss::IndexAway));
         }
+        if self.capacity.barren() {
+            return Ok(Room::Not(Loss::NotEnough));
+        }
         let (oldest, sealed) = {
             let segs = self.segments.lock();
             (segs.oldest_sealed(), segs.sealed_bytes())
@@ -708,10 +711,22 @@ impl Spool {
         }
         // The segment goes now, to make room: its removals are made durable first.
         self.index.apply_removals_now()?;
+        let free_before = self.capacity.free_bytes();
         if self.segments.lock().delete(id) {
             sync_after_delete(&self.segments, &self.index, &[id]);
         }
         self.refresh_free_space();
+        let free_after = self.capacity.free_bytes();
+        if free_after <= free_before
+            && self
+                .capacity
+                .short_of_free_space(self.segments.bytes(), incoming)
+        {
+            // Its blocks did not come back: deleting more would buy nothing either.
+            self.capacity.deletion_gave_nothing(free_after);
+            tracing::warn!(segment = id, free_bytes = free_after,
+                "spool: deleting the oldest segment gave no space back (a snapshot, a process holding it open, or another writer took it); drop-oldest deletes nothing more until free space grows");
+        }
         for (source, _) in self.counts.all() {
             self.update_oldest(&source)?;
         }

@@ -2010,3 +2010,39 @@ fn drop_oldest_deletes_nothing_when_dropping_everything_held_would_not_make_room
     );
     assert_eq!(seqs(&spool, "cam"), (10..31).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_deletion_that_gives_no_space_back_stops_drop_oldest_until_free_space_grows() {
+    // Issue 46.8: deleting a segment whose blocks do not come back (a snapshot, a process
+    // holding it open, another writer taking them) made drop-oldest delete the next one, and the
+    // next, all for nothing. One such deletion and it stops, until free space grows.
+    let dir = tempfile::tempdir().unwrap();
+    let spool = spool_on_a_filled_disk(dir.path(), 3584 << 10);
+    let free = Arc::new(AtomicU64::new(3584 << 10));
+    let probe = free.clone();
+    *spool.capacity.free_probe.lock().unwrap() =
+        Some(Box::new(move || probe.load(Ordering::Relaxed)));
+    spool.refresh_free_space();
+    // The first drop looks like it makes room (3.5 MiB free + 1 MiB), but nothing comes back.
+    assert_eq!(
+        spool.append(&frame("cam", 30, 100_000)).unwrap(),
+        Appended::DroppedNoRoom
+    );
+    assert_eq!(seqs(&spool, "cam"), (10..30).collect::<Vec<_>>());
+    assert_eq!(
+        spool.append(&frame("cam", 31, 100_000)).unwrap(),
+        Appended::DroppedNoRoom
+    );
+    assert_eq!(
+        seqs(&spool, "cam"),
+        (10..30).collect::<Vec<_>>(),
+        "nothing more deleted"
+    );
+    // Space comes back (the other file shrinks): frames are stored again.
+    free.store(64 << 20, Ordering::Relaxed);
+    spool.refresh_free_space();
+    assert_eq!(
+        spool.append(&frame("cam", 32, 100_000)).unwrap(),
+        Appended::Stored
+    );
+}
