@@ -137,6 +137,7 @@ impl LaneWiring<'_> {
             url,
             token_file: config.pulsar.token_file.clone(),
             tls_ca: config.pulsar.tls_ca_file.clone(),
+            tls_client: client_cert(config).map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
             control_topic: config.pulsar.control_topic(&config.rig.id),
         };
         drop(tokio::spawn(crate::recall::requests::run(

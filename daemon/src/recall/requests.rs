@@ -36,6 +36,9 @@ pub struct Link {
     pub url: String,
     pub token_file: Option<std::path::PathBuf>,
     pub tls_ca: Option<std::path::PathBuf>,
+    /// `[pulsar] tls-cert-file` and `tls-key-file`: a broker that requires mutual TLS is
+    /// reached through [`crate::tail::bridge`] (the `pulsar` crate presents no certificate).
+    pub tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
     pub control_topic: String,
 }
 
@@ -99,6 +102,8 @@ pub async fn run(
 struct Session {
     consumer: Consumer<Vec<u8>, TokioExecutor>,
     producer: Producer<TokioExecutor>,
+    /// The TLS bridge of a client certificate, for as long as the session lives.
+    _bridge: Option<crate::tail::bridge::Bridge>,
 }
 
 impl Session {
@@ -107,7 +112,21 @@ impl Session {
             Some(p) => Some(crate::config::read_token(p)?),
             None => None,
         };
-        let builder = crate::tail::client(&link.url, token, link.tls_ca.as_deref())?
+        let (builder, bridge) = match &link.tls_client {
+            Some(cert) => {
+                let access = crate::tail::Access {
+                    token,
+                    tls_ca: link.tls_ca.clone(),
+                    tls_client: Some(cert.clone()),
+                };
+                crate::tail::connect(&link.url, &access).await?
+            }
+            None => (
+                crate::tail::client(&link.url, token, link.tls_ca.as_deref())?,
+                None,
+            ),
+        };
+        let builder = builder
             .with_connection_retry_options(pulsar::ConnectionRetryOptions {
                 min_backoff: Duration::from_millis(100),
                 max_backoff: Duration::from_secs(2),
@@ -146,7 +165,11 @@ impl Session {
             .build()
             .await
             .map_err(|e| format!("cannot publish to {}: {e}", link.status_topic()))?;
-        Ok(Session { consumer, producer })
+        Ok(Session {
+            consumer,
+            producer,
+            _bridge: bridge,
+        })
     }
 
     async fn close(mut self) {

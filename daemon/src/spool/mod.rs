@@ -233,6 +233,28 @@ fn sync_after_delete(segments: &Segments, index: &Index, ids: &[u64]) {
     }
 }
 
+/// The spool holds the camera, the microphone and GPS positions: only its owner may enter it,
+/// whatever the umask made of it (0700; its files are created 0600 by [`disk`]). A directory the
+/// user cannot change is left as it is (an offline tool reading another user's spool).
+fn private_dir(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 == 0 {
+        return;
+    }
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o700)) {
+        Ok(()) => {
+            tracing::info!(spool = %path.display(), was = format!("{mode:o}"), "spool: made private (0700): other users could read the frames")
+        }
+        Err(e) => {
+            tracing::debug!(spool = %path.display(), error = %e, "spool: left its mode as it is")
+        }
+    }
+}
+
 impl Spool {
     /// Opens (or creates) the spool; damaged contents are set aside, never fatal.
     pub fn open(cfg: &SpoolConfig) -> Result<Arc<Self>, SpoolError> {
@@ -277,6 +299,7 @@ impl Spool {
             disk.create_dir(&path.join(d))
                 .map_err(io("create directory"))?;
         }
+        private_dir(&path);
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -766,8 +789,11 @@ impl Spool {
         for (seq, loc) in wanted {
             let raw = self.segments.read(loc).map(Bytes::from);
             let result = match &raw {
-                // Out of file descriptors or memory: the record is fine, reading it is not now.
-                Err(e) if transient(e) => {
+                // Out of file descriptors or memory, or a segment made unreadable to this user
+                // since it was written (a chmod, a wrong owner after a restore): the record is
+                // fine, reading it is not now. Never quarantined: an operator mends the mode and
+                // the lane reads it again.
+                Err(e) if transient(e) || denied(e) => {
                     return Err(SpoolError::Io {
                         path: self.segments.path(loc.segment),
                         op: "read segment",

@@ -990,6 +990,28 @@ fn a_segment_whose_name_cannot_be_made_durable_is_not_used() {
     assert_eq!(segment_files(dir.path()).len(), 1);
 }
 
+#[test]
+fn a_segment_made_unreadable_after_it_was_written_is_retried_not_quarantined() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = FaultFs::default();
+    let spool = Spool::open_with(&cfg(dir.path()), Box::new(fs.clone())).unwrap();
+    for seq in 0..3 {
+        spool.append(&frame("gps", seq, 100)).unwrap();
+    }
+    spool.commit().unwrap();
+    const EACCES: i32 = 13;
+    fs.arm(FsOp::ReadAt, FsFault::Errno(EACCES));
+    let e = spool.read_from(&"gps".into(), 0, 10).unwrap_err();
+    assert!(e.to_string().contains("read segment"), "{e}");
+    // Nothing set aside: every record is still there once the mode is mended.
+    assert_eq!(seqs(&spool, "gps"), vec![0, 1, 2]);
+    assert_eq!(spool.read_from(&"gps".into(), 0, 10).unwrap().len(), 3);
+    assert!(std::fs::read_dir(dir.path().join("spool/quarantine"))
+        .unwrap()
+        .next()
+        .is_none());
+}
+
 /// The ways an index gets damaged in the field or by hand (issue 15).
 #[derive(Debug, Clone, Copy)]
 enum IndexDamage {
