@@ -208,7 +208,9 @@ impl LaneTask {
             Some(uplink),
         ) = (a, &self.uplink)
         {
-            let p = uplink.spawn(&self.source, start, backlog, fresh, &producers.acks);
+            let mut p = uplink.spawn(&self.source, start, backlog, fresh, &producers.acks);
+            // A partitioned topic's frames keep the partition count they were sent under.
+            p.keep_routes(self.spool.path(), &self.source, start);
             producers.open.push((start, p));
         }
     }

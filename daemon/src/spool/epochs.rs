@@ -64,6 +64,110 @@ fn read_on(disk: &dyn Disk, dir: &Path, source: &str) -> Result<Vec<u64>, SpoolE
     Ok(starts)
 }
 
+/// One entry of a source's partition routing (`epochs/{source}.partitions`, issue 46.1): the
+/// frames of the epoch starting at `epoch`, from capture sequence `from` on, go to partition
+/// `signSafeMod(hash(key), count)` of a partitioned topic (`uplink::topic::Routes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteChange {
+    pub epoch: u64,
+    pub from: u64,
+    pub count: u32,
+}
+
+/// The partition counts `source`'s epochs were routed over, as the spool directory `dir` holds
+/// them: one line `{epoch start} {from} {count}` per change, ascending. None when the file does
+/// not exist (no partitioned topic was ever produced to, or a spool of an older rigd). Kept beside
+/// the epochs file, outside the sled index, for the same reason: forgetting a count would judge an
+/// earlier run's frames on partitions they were never sent to. A file that cannot be read is an
+/// error, never a guess.
+pub fn read_partitions(dir: &Path, source: &str) -> Result<Vec<RouteChange>, SpoolError> {
+    let path = dir.join("epochs").join(format!("{source}.partitions"));
+    let text = match std::fs::read(&path).and_then(|b| {
+        String::from_utf8(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(SpoolError::Io {
+                path,
+                op: "read partition counts",
+                source,
+            })
+        }
+    };
+    let bad = |what: &str| SpoolError::Io {
+        path: path.clone(),
+        op: "read partition counts",
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string()),
+    };
+    let mut out: Vec<RouteChange> = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [epoch, from, count] = f[..] else {
+            return Err(bad("not three numbers"));
+        };
+        let c = RouteChange {
+            epoch: epoch.parse().map_err(|_| bad("not a number"))?,
+            from: from.parse().map_err(|_| bad("not a number"))?,
+            count: count.parse().map_err(|_| bad("not a number"))?,
+        };
+        if out
+            .last()
+            .is_some_and(|l| (l.epoch, l.from) >= (c.epoch, c.from))
+        {
+            return Err(bad("changes not ascending"));
+        }
+        out.push(c);
+    }
+    Ok(out)
+}
+
+/// Records that the frames of `source`'s epoch `epoch` from capture sequence `from` on go over
+/// `count` partitions (a change at the same `from` as the epoch's last one replaces it). On disk
+/// when it returns (written whole, fsynced, renamed, the directory fsynced), so it must be called
+/// before any frame is routed by it.
+pub fn add_partitions(dir: &Path, source: &str, change: RouteChange) -> Result<(), SpoolError> {
+    let mut all = read_partitions(dir, source)?;
+    if all
+        .last()
+        .is_some_and(|l| (l.epoch, l.from) == (change.epoch, change.from))
+    {
+        all.pop();
+    }
+    let name = format!("{source}.partitions");
+    let dir = dir.join("epochs");
+    let path = dir.join(&name);
+    let io = |op: &'static str| {
+        let path = path.clone();
+        move |source| SpoolError::Io { path, op, source }
+    };
+    if all
+        .last()
+        .is_some_and(|l| (l.epoch, l.from) > (change.epoch, change.from))
+    {
+        return Err(io("add partition count")(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a partition count change is not after the last one",
+        )));
+    }
+    all.push(change);
+    let text: String = all
+        .iter()
+        .map(|c| format!("{} {} {}\n", c.epoch, c.from, c.count))
+        .collect();
+    Os.create_dir(&dir).map_err(io("create epochs directory"))?;
+    match replace_file_on(&Os, &dir, &name, text.as_bytes()) {
+        Ok(()) => Ok(()),
+        // Renamed: the file names it and the next start honours it, so this run must as well.
+        Err(e) if e.renamed => {
+            tracing::warn!(source, error = %e.source,
+                "spool: the epochs directory could not be synced after a partition count change; it is in force");
+            Ok(())
+        }
+        Err(e) => Err(io(e.op)(e.source)),
+    }
+}
+
 /// The epoch lists of a spool (`epochs/` under `root`).
 pub(super) struct Epochs {
     root: PathBuf,
@@ -127,6 +231,28 @@ impl Epochs {
 #[cfg(test)]
 mod tests {
     use crate::config::SpoolConfig;
+
+    #[test]
+    fn partition_counts_survive_and_only_ascend() {
+        use super::{add_partitions, read_partitions, RouteChange};
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let c = |epoch, from, count| RouteChange { epoch, from, count };
+        assert_eq!(read_partitions(d, "gps").unwrap(), []);
+        add_partitions(d, "gps", c(0, 0, 3)).unwrap();
+        add_partitions(d, "gps", c(0, 500, 4)).unwrap();
+        add_partitions(d, "gps", c(0, 500, 5)).unwrap();
+        add_partitions(d, "gps", c(900, 0, 5)).unwrap();
+        assert!(add_partitions(d, "gps", c(0, 700, 6)).is_err());
+        assert_eq!(
+            read_partitions(d, "gps").unwrap(),
+            [c(0, 0, 3), c(0, 500, 5), c(900, 0, 5)],
+            "a change at the same start replaces the last"
+        );
+        assert_eq!(read_partitions(d, "cam").unwrap(), []);
+        std::fs::write(d.join("epochs/gps.partitions"), "0 0\n").unwrap();
+        assert!(read_partitions(d, "gps").is_err(), "never a guess");
+    }
 
     #[test]
     fn epochs_survive_a_reopen_and_only_ascend() {

@@ -18,7 +18,8 @@
 //! order, and one partition's may overtake another's).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -44,6 +45,22 @@ pub struct TopicProducer {
     live: AtomicBool,
     /// The budget rank of every partition's producer (changed by [`TopicProducer::to_backlog`]).
     rank: AtomicUsize,
+    /// A source epoch's recorded routing ([`TopicProducer::keep_routes`]); None: routed by the
+    /// partitions of the moment (recall, the offline tools).
+    routing: Option<Routing>,
+    /// One above the highest capture sequence a partition took.
+    taken: AtomicU64,
+}
+
+/// Where an epoch's [`Routes`] are recorded, and what was read of them.
+struct Routing {
+    spool: PathBuf,
+    source: String,
+    epoch: u64,
+    /// Err: the file could not be read; nothing is routed (spooled instead, logged).
+    routes: Result<Routes, ()>,
+    /// A count that could not be recorded (logged once): not asked again until another.
+    failed: Option<u32>,
 }
 
 enum Parts {
@@ -83,6 +100,66 @@ impl TopicProducer {
             shutdown,
             parts: Parts::Whole(whole),
             live: AtomicBool::new(live),
+            routing: None,
+            taken: AtomicU64::new(0),
+        }
+    }
+
+    /// Routes a partitioned topic's frames as recorded for `source`'s epoch starting at `epoch`
+    /// in the spool directory `spool` ([`Routes`], issue 46.1), and records a new count there
+    /// before routing by it. Call it before the first [`TopicProducer::refresh`].
+    pub fn keep_routes(&mut self, spool: &Path, source: &str, epoch: u64) {
+        let routes = match crate::spool::epochs::read_partitions(spool, source) {
+            Ok(all) => Ok(Routes::new(
+                all.into_iter()
+                    .filter(|c| c.epoch == epoch)
+                    .map(|c| (c.from, c.count)),
+            )),
+            Err(e) => {
+                tracing::error!(source, epoch, error = %e,
+                    "spool: the partition counts cannot be read; a partitioned topic's frames stay in the spool");
+                Err(())
+            }
+        };
+        self.routing = Some(Routing {
+            spool: spool.to_path_buf(),
+            source: source.to_string(),
+            epoch,
+            routes,
+            failed: None,
+        });
+    }
+
+    /// Records the broker's partition count `n` for this epoch when it changes the routing.
+    fn record_count(&mut self, n: u32) {
+        let first = self.cfg.numbering.as_ref().map_or(0, |n| n.first);
+        let next = self.taken.load(Ordering::Acquire).max(first);
+        let Some(r) = &mut self.routing else { return };
+        let Ok(routes) = &mut r.routes else { return };
+        let Some((from, count)) = routes.due(n, next) else {
+            return;
+        };
+        if r.failed == Some(count) {
+            return;
+        }
+        let change = crate::spool::epochs::RouteChange {
+            epoch: r.epoch,
+            from,
+            count,
+        };
+        match tokio::task::block_in_place(|| {
+            crate::spool::epochs::add_partitions(&r.spool, &r.source, change)
+        }) {
+            Ok(()) => {
+                tracing::info!(source = %r.source, epoch = r.epoch, from, partitions = count,
+                    "partition count recorded: frames from this sequence on go over it");
+                routes.record((from, count));
+            }
+            Err(e) => {
+                tracing::error!(source = %r.source, epoch = r.epoch, partitions = count, error = %e,
+                    "spool: cannot record the partition count; frames go over the counts recorded before");
+                r.failed = Some(count);
+            }
         }
     }
 
@@ -128,7 +205,8 @@ impl TopicProducer {
         } = &mut self.parts
         {
             let n = count.load(Ordering::Acquire) as usize;
-            if parts.len() < n {
+            let grow = parts.len() < n;
+            if grow {
                 tracing::info!(topic = %self.cfg.topic, producer = %self.cfg.producer_name,
                     from = parts.len(), partitions = n, "producing to the topic's partitions");
             }
@@ -139,6 +217,7 @@ impl TopicProducer {
                 cfg.rank = self.rank.load(Ordering::Relaxed);
                 parts.push(Producer::spawn(cfg, acks_in.clone(), self.shutdown.clone()));
             }
+            self.record_count(n as u32);
             if self.live.load(Ordering::Relaxed) {
                 let stats = self.stats();
                 stats
@@ -160,13 +239,24 @@ impl TopicProducer {
                 let key = Bucket::of(frame.capture_ns, self.cfg.bucket_ms)
                     .0
                     .to_string();
-                let i = super::route::partition(self.cfg.hashing, &key, parts.len() as u32);
+                let routes = match &self.routing {
+                    None => None,
+                    Some(Routing { routes: Ok(r), .. }) => Some(r),
+                    Some(_) => return Err(frame),
+                };
+                let Some(i) = route(routes, self.cfg.hashing, &key, frame.seq, parts.len()) else {
+                    return Err(frame);
+                };
                 // Noted before the partition may ack it, and taken back if it refuses.
                 let mut order = lock(order);
                 order.submitted(frame.seq, i);
+                let seq = frame.seq;
                 let r = parts[i as usize].try_submit(frame);
                 if r.is_err() {
                     order.refused();
+                } else {
+                    self.taken
+                        .fetch_max(seq.saturating_add(1), Ordering::AcqRel);
                 }
                 r
             }
@@ -264,6 +354,83 @@ impl TopicProducer {
             Parts::Partitioned { parts, .. } => parts.iter(),
         }
     }
+}
+
+/// An epoch's partition routing (issue 46.1): which partition count each range of its capture
+/// sequences goes over. Pure.
+///
+/// Sequence ids are the source's capture sequence, so a partition's last persisted id also
+/// covers frames its producer never got (they went to the other partitions): a frame can only be
+/// judged stored against the partition it was *sent* to. Routed by the count of the moment, a
+/// restart after partitions were added judges an earlier run's frames on other partitions: a
+/// frame in flight and never stored lands on a partition whose last id is above it (acked
+/// `AlreadyPersisted` unsent: lost), a stored one on an empty partition (sent twice). So the count
+/// a frame is routed by is a function of its `seq` and what was recorded (`spool::epochs`:
+/// `epochs/{source}.partitions`) before any frame was routed by it; a new count applies from a
+/// sequence above every frame already sent, by this producer or an earlier run. Each partition's
+/// producer still sees an increasing subset of the sequence ids.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Routes {
+    /// `(first capture sequence, partition count)`, both ascending.
+    changes: Vec<(u64, u32)>,
+}
+
+impl Routes {
+    pub fn new(changes: impl IntoIterator<Item = (u64, u32)>) -> Self {
+        let mut r = Routes::default();
+        for c in changes {
+            r.record(c);
+        }
+        r
+    }
+
+    /// The partition count frame `seq` goes over; None before one was recorded.
+    pub fn count(&self, seq: u64) -> Option<u32> {
+        let i = self.changes.partition_point(|&(from, _)| from <= seq);
+        i.checked_sub(1).map(|i| self.changes[i].1)
+    }
+
+    /// The broker says the topic has `partitions`; every frame this producer takes from now on
+    /// is at or above `next`, and no frame at or above `next` was sent before (by this run or an
+    /// earlier one). The change to record before routing by it, if any: the first count (from
+    /// 0: a spool of an older rigd recorded none, and its frames went over the count of the
+    /// moment), or a larger one from `next` on (Pulsar cannot remove partitions).
+    pub fn due(&self, partitions: u32, next: u64) -> Option<(u64, u32)> {
+        match self.changes.last() {
+            None if partitions > 0 => Some((0, partitions)),
+            Some(&(from, count)) if partitions > count => Some((next.max(from), partitions)),
+            _ => None,
+        }
+    }
+
+    /// A change is recorded: in force (one at the last change's sequence replaces it).
+    pub fn record(&mut self, (from, count): (u64, u32)) {
+        match self.changes.last() {
+            Some(&(f, _)) if f == from => {
+                self.changes.pop();
+            }
+            Some(&(f, _)) if f > from => return,
+            _ => {}
+        }
+        self.changes.push((from, count));
+    }
+}
+
+/// The partition of frame `seq` with key `key`: by the count `routes` recorded for its sequence
+/// (None: none recorded yet, or more partitions than `open` has producers), or, without
+/// `routes` (recall, the offline tools), by the `open` partitions of the moment.
+pub fn route(
+    routes: Option<&Routes>,
+    scheme: super::route::HashingScheme,
+    key: &str,
+    seq: u64,
+    open: usize,
+) -> Option<u32> {
+    let count = match routes {
+        None => open as u32,
+        Some(r) => r.count(seq).filter(|&c| c as usize <= open)?,
+    };
+    Some(super::route::partition(scheme, key, count))
 }
 
 /// The partitions' acks put back in submission order: the lane matches acks to frames as from one
@@ -436,6 +603,102 @@ mod tests {
             "4 has no ack yet; 3 is lost"
         );
         assert_eq!(seqs(o.due(true)), [5]);
+    }
+
+    #[test]
+    fn a_restart_after_partitions_were_added_judges_each_frame_on_the_partition_it_was_sent_to() {
+        // Issue 46.1: run 1 sends frames 0..160 over 3 partitions; the broker stores partition
+        // 0's frames up to 159, the other partitions' only below 100 (the rest were in flight when
+        // it froze; rigd was killed). The topic then gets a 4th partition and rigd restarts.
+        use super::super::plan::{resend, sequence_id, BrokerLast, Resend};
+        use super::super::route::HashingScheme;
+        let scheme = HashingScheme::Murmur3_32;
+        let key = |seq: u64| {
+            Bucket::of(1_700_000_000_000_000_000 + seq as i64 * 5_000_000, 20)
+                .0
+                .to_string()
+        };
+        let mut run1 = Routes::default();
+        let first = run1.due(3, 0).unwrap();
+        run1.record(first);
+        let mut last = [None::<u64>; 4];
+        let mut stored = std::collections::HashSet::new();
+        for seq in 0..160 {
+            let p = route(Some(&run1), scheme, &key(seq), seq, 3).unwrap() as usize;
+            if p == 0 || seq < 100 {
+                last[p] = Some(sequence_id(seq, 0, 0));
+                stored.insert(seq);
+            }
+        }
+        // Run 2 reads what run 1 recorded; its own numbering starts at 160.
+        let mut run2 = Routes::new([first]);
+        let change = run2.due(4, 160);
+        assert_eq!(
+            change,
+            Some((160, 4)),
+            "the new count from this run's frames on"
+        );
+        run2.record(change.unwrap());
+        let (mut lost, mut twice) = (0, 0);
+        for seq in 100..160 {
+            let p = route(Some(&run2), scheme, &key(seq), seq, 4).unwrap() as usize;
+            let done = resend(seq, 0, 1, last[p].map(BrokerLast::id), false) == Resend::Done;
+            lost += usize::from(done && !stored.contains(&seq));
+            twice += usize::from(!done && stored.contains(&seq));
+        }
+        assert_eq!(
+            (lost, twice),
+            (0, 0),
+            "an earlier run's frame is judged on the partition it went to"
+        );
+        // This run's frames use the 4th partition.
+        let p: std::collections::HashSet<u32> = (160..400)
+            .map(|s| route(Some(&run2), scheme, &key(s), s, 4).unwrap())
+            .collect();
+        assert_eq!(p.len(), 4);
+    }
+
+    #[test]
+    fn a_partition_count_applies_from_above_every_frame_already_sent() {
+        let mut r = Routes::default();
+        assert_eq!(
+            r.count(5),
+            None,
+            "nothing routed before a count is recorded"
+        );
+        assert_eq!(r.due(0, 0), None);
+        assert_eq!(
+            r.due(3, 40),
+            Some((0, 3)),
+            "the first count covers everything"
+        );
+        r.record((0, 3));
+        assert_eq!(r.due(3, 50), None);
+        assert_eq!(r.due(2, 50), None, "partitions are never removed");
+        assert_eq!(r.due(4, 50), Some((50, 4)));
+        r.record((50, 4));
+        assert_eq!(
+            (r.count(49), r.count(50), r.count(u64::MAX)),
+            (Some(3), Some(4), Some(4))
+        );
+        // Raised again before any frame went over 4: it replaces that change.
+        assert_eq!(r.due(8, 50), Some((50, 8)));
+        r.record((50, 8));
+        assert_eq!(r, Routes::new([(0, 3), (50, 8)]));
+        // A recorded count above the producers open (a topic recreated smaller): not routed.
+        use super::super::route::HashingScheme;
+        assert_eq!(route(Some(&r), HashingScheme::Murmur3_32, "k", 60, 4), None);
+        assert_eq!(
+            route(
+                Some(&Routes::default()),
+                HashingScheme::Murmur3_32,
+                "k",
+                60,
+                4
+            ),
+            None
+        );
+        assert!(route(None, HashingScheme::Murmur3_32, "k", 60, 4).is_some());
     }
 
     #[test]
