@@ -36,6 +36,15 @@ def rigd_bin() -> str:
     return b
 
 
+def failpoint_bin() -> str:
+    """rigd with a test crash armed by RIGD_FAILPOINT (daemon/examples/rigd_failpoint.rs, built
+    by `cargo build --all-targets` beside rigd; the rigd binary itself cannot be made to crash)."""
+    b = Path(rigd_bin()).parent / "examples" / "rigd_failpoint"
+    if not b.exists():
+        raise RuntimeError(f"{b} not found: run `cargo build --release --locked --workspace --all-targets`")
+    return str(b)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -129,9 +138,10 @@ class Rigd:
         self.log_path = self.workdir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, wait=True, env=None):
+    def start(self, wait=True, env=None, binary=None):
+        """`binary`: another build of rigd (the failpoint binary, `failpoint_bin()`)."""
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([rigd_bin(), "run", "--config", str(self.config_path)],
+        self.proc = subprocess.Popen([binary or rigd_bin(), "run", "--config", str(self.config_path)],
                                      cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "RIGD_LOG": os.environ.get("RIGD_LOG", "info"),
                                           **(env or {})})

@@ -10,7 +10,7 @@ import time
 
 import pulsar
 
-from harness import (BROKER_URL, Rigd, admin, broker_connections, check_synthetic_jpeg, consume, namespace_with_dedup,
+from harness import (BROKER_URL, Rigd, admin, broker_connections, check_synthetic_jpeg, consume, failpoint_bin, namespace_with_dedup,
                      reset_broker_connections, rigd_bin, unique)
 
 
@@ -103,7 +103,7 @@ def test_kill9_and_restart_with_broker_dedup_loses_and_duplicates_nothing(broker
     try:
         # First a crash between the chunks of a 12 MB frame (3 chunks at the broker's 5 MiB), after
         # the broker stored two of them: rigd aborts itself there (a test hook).
-        d.start(env={"RIGD_FAILPOINT": "abort-after-chunk=1"})
+        d.start(env={"RIGD_FAILPOINT": "abort-after-chunk=1"}, binary=failpoint_bin())
         deadline = time.time() + 60
         while d.proc.poll() is None and time.time() < deadline:
             time.sleep(0.2)

@@ -22,7 +22,7 @@ pub mod window;
 pub use batch::BatchPolicy;
 pub use budget::Budget;
 pub use pool::Pool;
-pub use producer::{Producer, ProducerConfig, ProducerStats, SHUTDOWN_GRACE};
+pub use producer::{crash_between_chunks, Producer, ProducerConfig, ProducerStats, SHUTDOWN_GRACE};
 pub use token::Token;
 pub use topic::TopicProducer;
 pub use window::{Ack, Outcome};

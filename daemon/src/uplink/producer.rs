@@ -627,7 +627,7 @@ impl Session {
             if abort_armed && link.conn.progress(link.producer_id).1 == 0 {
                 // Test hook: a crash between the chunks of a frame, after the broker stored some.
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                tracing::error!("RIGD_FAILPOINT: aborting between chunks");
+                tracing::error!("test failpoint: aborting between chunks");
                 std::process::abort();
             }
             let wake_at = |t: Option<Instant>| {
@@ -744,15 +744,17 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>, shared: &Shared) {
     }
 }
 
-/// `RIGD_FAILPOINT=abort-after-chunk=N`: abort the process right after sending chunk `N` of the
-/// first chunked frame (the end-to-end test of a crash between chunks; unset in production).
+/// The crash between the chunks of a frame that the end-to-end test of a crash there needs:
+/// abort the process right after sending chunk `N` of the first chunked frame. Armed only by
+/// [`crash_between_chunks`], which the `rigd` binary never calls (the test's own binary,
+/// `daemon/examples/rigd_failpoint.rs`, does): no environment or config can crash a rig.
+static CRASH_AFTER_CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Arms the crash of [`CRASH_AFTER_CHUNK`] for this process (tests only).
+pub fn crash_between_chunks(after_chunk: usize) {
+    let _ = CRASH_AFTER_CHUNK.set(after_chunk);
+}
+
 fn abort_after_chunk() -> Option<usize> {
-    static AT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *AT.get_or_init(|| {
-        std::env::var("RIGD_FAILPOINT")
-            .ok()?
-            .strip_prefix("abort-after-chunk=")?
-            .parse()
-            .ok()
-    })
+    CRASH_AFTER_CHUNK.get().copied()
 }
