@@ -633,7 +633,8 @@ fn print_json(v: &impl serde::Serialize) -> Result<(), ExitCode> {
 }
 
 fn spool(command: SpoolCommand) -> ExitCode {
-    use crate::replay::{inspect, progress::Interrupt};
+    use crate::progress::Interrupt;
+    use crate::replay::inspect;
     let (args, verify) = match command {
         SpoolCommand::Stat(a) => (a, false),
         SpoolCommand::Verify(a) => (a, true),
@@ -674,7 +675,8 @@ fn spool(command: SpoolCommand) -> ExitCode {
 }
 
 fn replay(args: ReplayArgs) -> ExitCode {
-    use crate::replay::{files, inspect, mcap, progress::Interrupt, republish, Selection};
+    use crate::progress::Interrupt;
+    use crate::replay::{files, inspect, mcap, republish, Selection};
     init_pulsar_tool_logging();
     if args.mcap.is_none() && (args.encoding.is_some() || args.compression.is_some()) {
         say(format_args!(
@@ -783,7 +785,7 @@ fn tail(args: TailArgs) -> ExitCode {
         Err(code) => return code,
     };
     init_pulsar_tool_logging();
-    let interrupt = crate::replay::progress::Interrupt::install();
+    let interrupt = crate::progress::Interrupt::install();
     let cfg = TailConfig {
         url: args.pulsar,
         rig: args.rig,
@@ -848,7 +850,7 @@ fn recall(args: RecallArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     init_pulsar_tool_logging();
-    let interrupt = crate::replay::progress::Interrupt::install();
+    let interrupt = crate::progress::Interrupt::install();
     let cfg = RecallConfig {
         url: args.pulsar,
         control_topic: args.control_topic.replace("{rig}", &args.rig),
@@ -895,7 +897,7 @@ fn live(args: LiveArgs) -> ExitCode {
         Err(code) => return code,
     };
     init_quiet_logging();
-    let interrupt = crate::replay::progress::Interrupt::install();
+    let interrupt = crate::progress::Interrupt::install();
     let cfg = RelayConfig {
         url: args.pulsar,
         rig: args.rig,

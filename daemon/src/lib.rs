@@ -32,6 +32,7 @@ pub mod notify;
 pub mod payload;
 pub mod pipeline;
 pub mod preflight;
+pub mod progress;
 pub mod recall;
 pub mod relay;
 pub mod replay;

@@ -23,11 +23,11 @@ impl Reload {
             // The rule of the start: a missing or empty token file disables control actions.
             Some(path) => match crate::config::read_token(path) {
                 // The rule of `check` and the start: a short token is guessed, so it enables nothing.
-                Ok(token) if token.chars().count() < crate::preflight::MIN_TOKEN_CHARS => {
+                Ok(token) if token.chars().count() < crate::config::MIN_TOKEN_CHARS => {
                     self.web_token.set(None);
                     tracing::warn!(file = %path.display(), chars = token.chars().count(),
                         "SIGHUP: web control actions disabled: the new token is shorter than {} characters (make one with `openssl rand -hex 24`)",
-                        crate::preflight::MIN_TOKEN_CHARS);
+                        crate::config::MIN_TOKEN_CHARS);
                     "web token-file (control actions disabled: token too short)".to_string()
                 }
                 Ok(token) => {

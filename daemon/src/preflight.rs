@@ -26,9 +26,7 @@ pub fn check_problems(config: &Config) -> Vec<HostProblem> {
     host_problems(config, true)
 }
 
-/// A token shorter than this is refused: a guess away (the web token guards pause, markers and
-/// spool clear; the Pulsar token the fleet's topics).
-pub const MIN_TOKEN_CHARS: usize = 16;
+pub use crate::config::MIN_TOKEN_CHARS;
 
 fn host_problems(config: &Config, check: bool) -> Vec<HostProblem> {
     let mut p: Vec<HostProblem> = config.rig_problems().into_iter().map(Fix).collect();

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::live::{source_channels, Encoder};
-use crate::replay::progress::Interrupt;
+use crate::progress::Interrupt;
 use crate::seal::Decryptor;
 
 /// Bytes held at most for chunked frames being reassembled (all of them together): several of the

@@ -8,7 +8,6 @@
 pub mod files;
 pub mod inspect;
 pub mod mcap;
-pub mod progress;
 pub mod republish;
 
 use serde::Serialize;

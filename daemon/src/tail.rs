@@ -17,7 +17,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use crate::civil as time;
-use crate::replay::progress::Interrupt;
+use crate::progress::Interrupt;
 
 pub mod bridge;
 

@@ -542,6 +542,10 @@ fn read_each<T: serde::de::DeserializeOwned>(
 
 /// Reads a token file (`pulsar.token-file`, `web.token-file`, `--token-file`): its content without
 /// surrounding whitespace; a file that cannot be read or holds nothing is an error, which names it.
+/// A token shorter than this is refused: a guess away (the web token guards pause, markers and
+/// spool clear; the Pulsar token the fleet's topics).
+pub const MIN_TOKEN_CHARS: usize = 16;
+
 pub fn read_token(path: &Path) -> Result<String, String> {
     let t = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let t = t.trim();

@@ -9,7 +9,7 @@ use pulsar::{Consumer, Pulsar, TokioExecutor};
 use std::time::Duration;
 
 use super::protocol::{Answer, State};
-use crate::replay::progress::{Interrupt, Progress};
+use crate::progress::{Interrupt, Progress};
 
 /// What to ask.
 #[derive(Debug, Clone)]

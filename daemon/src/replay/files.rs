@@ -15,8 +15,8 @@ use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use super::progress::{Interrupt, Progress};
 use super::{total_bytes, ReplayError, SourcePlan, Summary, Tally};
+use crate::progress::{Interrupt, Progress};
 use crate::spool::snapshot::SpoolSnapshot;
 use crate::wire::Bucket;
 

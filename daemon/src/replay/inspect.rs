@@ -5,9 +5,9 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
 
-use super::progress::{Interrupt, Progress};
 use super::ReplayError;
 use crate::civil as time;
+use crate::progress::{Interrupt, Progress};
 use crate::spool::snapshot::{Corrupt, Listing, SpoolSnapshot};
 
 #[derive(Debug, Clone, Serialize)]

@@ -37,11 +37,11 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use super::progress::{Interrupt, Progress};
 use super::{capture_order, total_bytes, ReplayError, SourcePlan, Summary, Tally};
 use crate::foxglove::{self, location_fix, log_text, protobuf_message, schema_name, LOCATION_FIX};
 use crate::nmea::{self, Fix, FixBuilder, Sentence};
 use crate::payload::Held;
+use crate::progress::{Interrupt, Progress};
 use crate::spool::snapshot::{Entry, ReadError, SpoolSnapshot};
 
 /// Message encoding of the MCAP file.

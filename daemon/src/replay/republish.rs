@@ -13,8 +13,8 @@ use crate::payload::Held;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
-use super::progress::{Interrupt, Progress};
 use super::{capture_order, total_bytes, Published, ReplayError, SourcePlan, Summary, Tally};
+use crate::progress::{Interrupt, Progress};
 use crate::spool::snapshot::SpoolSnapshot;
 use crate::uplink::{Ack, Outcome, ProducerConfig, TopicProducer};
 use crate::wire;
