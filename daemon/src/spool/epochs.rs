@@ -123,17 +123,17 @@ pub fn read_partitions(dir: &Path, source: &str) -> Result<Vec<RouteChange>, Spo
 }
 
 /// Records that the frames of `source`'s epoch `epoch` from capture sequence `from` on go over
-/// `count` partitions (a change at the same `from` as the epoch's last one replaces it). On disk
+/// `count` partitions (a change at the same `from` as the epoch's last one replaces it; one below
+/// it is refused). On disk
 /// when it returns (written whole, fsynced, renamed, the directory fsynced), so it must be called
 /// before any frame is routed by it.
 pub fn add_partitions(dir: &Path, source: &str, change: RouteChange) -> Result<(), SpoolError> {
     let mut all = read_partitions(dir, source)?;
-    if all
-        .last()
-        .is_some_and(|l| (l.epoch, l.from) == (change.epoch, change.from))
-    {
-        all.pop();
+    let last = all.iter().rposition(|c| c.epoch == change.epoch);
+    if let Some(i) = last.filter(|&i| all[i].from == change.from) {
+        all.remove(i);
     }
+    let last = all.iter().rfind(|c| c.epoch == change.epoch);
     let name = format!("{source}.partitions");
     let dir = dir.join("epochs");
     let path = dir.join(&name);
@@ -141,16 +141,15 @@ pub fn add_partitions(dir: &Path, source: &str, change: RouteChange) -> Result<(
         let path = path.clone();
         move |source| SpoolError::Io { path, op, source }
     };
-    if all
-        .last()
-        .is_some_and(|l| (l.epoch, l.from) > (change.epoch, change.from))
-    {
+    if last.is_some_and(|l| l.from > change.from) {
         return Err(io("add partition count")(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            "a partition count change is not after the last one",
+            "a partition count change is below the epoch's last one",
         )));
     }
     all.push(change);
+    // Epochs record in any order (an older epoch's producer may learn a count after the live one's).
+    all.sort_by_key(|c| (c.epoch, c.from));
     let text: String = all
         .iter()
         .map(|c| format!("{} {} {}\n", c.epoch, c.from, c.count))
@@ -243,10 +242,11 @@ mod tests {
         add_partitions(d, "gps", c(0, 500, 4)).unwrap();
         add_partitions(d, "gps", c(0, 500, 5)).unwrap();
         add_partitions(d, "gps", c(900, 0, 5)).unwrap();
-        assert!(add_partitions(d, "gps", c(0, 700, 6)).is_err());
+        assert!(add_partitions(d, "gps", c(0, 400, 6)).is_err());
+        add_partitions(d, "gps", c(0, 700, 6)).unwrap();
         assert_eq!(
             read_partitions(d, "gps").unwrap(),
-            [c(0, 0, 3), c(0, 500, 5), c(900, 0, 5)],
+            [c(0, 0, 3), c(0, 500, 5), c(0, 700, 6), c(900, 0, 5)],
             "a change at the same start replaces the last"
         );
         assert_eq!(read_partitions(d, "cam").unwrap(), []);
