@@ -15,6 +15,11 @@
 //! forget a split, or frames of a later epoch would go out under an earlier name and be dropped
 //! as duplicates.
 //!
+//! Beside it, `epochs/{source}.partitions` ([`read_partitions`], [`add_partitions`]): the
+//! partition counts each epoch's frames were routed over on a partitioned topic (issue 46.1,
+//! `uplink::topic::Routes`), same write discipline. Source ids are `[a-z0-9-]+`, so the name
+//! never meets a source's epochs file.
+//!
 //! Invariant: a split is durable before any frame is sent under its new name ([`Epochs::add`]
 //! returns only then), and its start is above every sequence already captured, so no frame of
 //! the new epoch was ever sent under an earlier epoch's name. Every write goes through the
