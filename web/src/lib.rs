@@ -586,7 +586,7 @@ async fn json_refusals(req: Request, next: Next) -> Response {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.starts_with("text/plain"));
-    if !(plain && (r.status().is_client_error())) {
+    if !(plain && r.status().is_client_error()) {
         return r;
     }
     let code = r.status();

@@ -40,18 +40,8 @@ pub fn read_epochs(dir: &Path, source: &str) -> Result<Vec<u64>, SpoolError> {
 
 fn read_on(disk: &dyn Disk, dir: &Path, source: &str) -> Result<Vec<u64>, SpoolError> {
     let path = dir.join("epochs").join(source);
-    let text = match disk.read(&path).and_then(|b| {
-        String::from_utf8(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-    }) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(SpoolError::Io {
-                path,
-                op: "read epochs",
-                source,
-            })
-        }
+    let Some(text) = read_text(disk, &path, "read epochs")? else {
+        return Ok(Vec::new());
     };
     let mut starts = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -67,6 +57,21 @@ fn read_on(disk: &dyn Disk, dir: &Path, source: &str) -> Result<Vec<u64>, SpoolE
         starts.push(n);
     }
     Ok(starts)
+}
+
+/// A list file's text; None when it does not exist (nothing recorded yet).
+fn read_text(disk: &dyn Disk, path: &Path, op: &'static str) -> Result<Option<String>, SpoolError> {
+    match disk.read(path).and_then(|b| {
+        String::from_utf8(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(SpoolError::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        }),
+    }
 }
 
 /// One entry of a source's partition routing (`epochs/{source}.partitions`, issue 46.1): the
@@ -87,18 +92,8 @@ pub struct RouteChange {
 /// error, never a guess.
 pub fn read_partitions(dir: &Path, source: &str) -> Result<Vec<RouteChange>, SpoolError> {
     let path = dir.join("epochs").join(format!("{source}.partitions"));
-    let text = match std::fs::read(&path).and_then(|b| {
-        String::from_utf8(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-    }) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(SpoolError::Io {
-                path,
-                op: "read partition counts",
-                source,
-            })
-        }
+    let Some(text) = read_text(&Os, &path, "read partition counts")? else {
+        return Ok(Vec::new());
     };
     let bad = |what: &str| SpoolError::Io {
         path: path.clone(),
