@@ -116,7 +116,8 @@ def test_another_sites_page_reads_nothing_and_the_rigs_own_page_everything(tmp_p
     assert own["preview_img"]["loaded"] and own["preview_img"]["width"] == 320, own
     assert own["live"]["opened"] and own["live"]["ops"][:2] == ["serverInfo", "advertise"], own
     assert own["live"]["binary"] > 0, f"no frame reached the rig's own page: {own}"
-    assert "rebind.test" not in log or "ERROR" not in log
+    # Refusals are answers, not faults of the rig: nothing at ERROR level for them.
+    assert " ERROR " not in log, log[-3000:]
 
 
 def http_get(host: str, port: int, path: str, headers: dict | None = None,
