@@ -526,11 +526,7 @@ impl Window {
                 self.push_done(frame, envelope, Outcome::AlreadyPersisted, now);
                 return Ok(());
             }
-            plan::Resend::From { generation, .. } if generation > plan::MAX_GENERATION => {
-                let why = "resent too many times under new sequence ids".to_string();
-                self.push_done(frame, envelope, Outcome::Refused(why), now);
-                return Ok(());
-            }
+            // Never past MAX_GENERATION: plan::resend keeps the last generation's ids after it.
             plan::Resend::From { generation, .. } => generation,
         };
         self.messages.push_back(Message {
