@@ -58,14 +58,39 @@ def broker():
 def test_id(config, nodeid: str) -> str:
     """A test's id from the repository root (tests/e2e/test_x.py::name[param]), whatever the rootdir."""
     path, _, rest = nodeid.partition("::")
+    if rest.rfind("@") > rest.rfind("]"):
+        rest = rest[:rest.rfind("@")]  # the xdist group's suffix (_xdist_group_ids)
     p = (config.rootpath / path).resolve()
     return f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}::{rest}"
 
 
+def _xdist_group_ids(config, items):
+    """`--dist loadgroup` on a worker: a grouped test's node id ends with `@<group>`, the one way
+    pytest-xdist 3.8 tells its scheduler the group. xdist sets it through `item._nodeid`, which
+    pytest 9.2's structured node ids no longer read (pytest-dev/pytest-xdist#1386): every
+    `xdist_group` was then spread over the workers (test_thin_link and test_auto_bandwidth's
+    heavy-link on gw0 and gw1 side by side). Set here where xdist's did not take."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                 for m in item.iter_markers("xdist_group")}
+        suffix = "@" + "_".join(sorted(names))
+        if not names or item.nodeid.endswith(suffix):
+            continue
+        if hasattr(item, "_id"):
+            from _pytest.nodeid import coerce_node_id
+            item._id = coerce_node_id(item.nodeid + suffix)
+        else:
+            item._nodeid = item.nodeid + suffix
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own (WorkerInteractor), to see whether it took
 def pytest_collection_modifyitems(config, items):
     """Longest first, by tests/durations.json (a test it does not know counts as long, so a new one
     never waits at the back): lanes of many workers end together. A pytest-xdist group stays whole, in
     its own order, placed by its total."""
+    _xdist_group_ids(config, items)
     path = ROOT / "tests" / "durations.json"
     if not path.exists():
         return

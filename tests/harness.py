@@ -64,15 +64,20 @@ def admin(method: str, path: str, body=None, timeout=30):
         return json.loads(raw) if raw.strip().startswith((b"{", b"[")) else raw.decode()
 
 
-def namespace_with_dedup(name: str) -> str:
-    """Creates public/<name> with broker deduplication on; returns 'public/<name>'."""
+def namespace_with_dedup(name: str, dedup: bool = True) -> str:
+    """Creates public/<name> with broker deduplication on (or off); returns 'public/<name>'."""
     try:
         admin("PUT", f"/admin/v2/namespaces/public/{name}", {})
     except urllib.error.HTTPError as e:
         if e.code != 409:
             raise
-    admin("POST", f"/admin/v2/namespaces/public/{name}/deduplication", True)
+    admin("POST", f"/admin/v2/namespaces/public/{name}/deduplication", dedup)
     return f"public/{name}"
+
+
+def namespace_without_dedup(name: str) -> str:
+    """Creates public/<name> with broker deduplication off; returns 'public/<name>'."""
+    return namespace_with_dedup(name, dedup=False)
 
 
 class TlsBroker:

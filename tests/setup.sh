@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # What building rigd needs (`tests/setup.sh --build-deps` installs only these: README's first command).
-BUILD_PKGS=(protobuf-compiler pkg-config libasound2-dev libclang-dev)
+# g++ builds OpenH264 (the `h264` feature, docs/DRIVERS.md "H.264"); nasm gives it its x86 assembly.
+BUILD_PKGS=(protobuf-compiler pkg-config libasound2-dev libclang-dev g++ nasm)
 APT_PKGS=("${BUILD_PKGS[@]}" socat curl ca-certificates openjdk-17-jre-headless maven linuxptp iproute2 chromium systemd)
 # The camera VM test (tests/vm/camera.sh): QEMU, a static busybox and cpio for the initramfs, kmod
 # for depmod/modprobe on the unpacked kernel package.
@@ -16,6 +17,8 @@ APT_PKGS+=(debootstrap qemu-utils e2fsprogs)
 # libturbojpeg's YUV-plane encoder for raw camera frames (opened at run time, not needed to build;
 # the camera tests and tests/bench/jpeg.sh compare it with the built-in encoder).
 APT_PKGS+=(libturbojpeg0)
+# ffmpeg (with libx264): the video benchmark's decoder, SSIM and anchor (tests/bench/video.sh).
+APT_PKGS+=(ffmpeg)
 [ "${1:-}" = "--build-deps" ] && APT_PKGS=("${BUILD_PKGS[@]}")
 # `--cross arm64`: what the arm64 .deb's cross build and the aarch64 vehicle guest need, alone
 # (docs/SYSTEMD.md, "The Debian package"): Debian's cross compiler, the arm64 multiarch ALSA dev
@@ -25,7 +28,7 @@ if [ "${1:-}" = "--cross" ]; then
   [ "${2:-}" = arm64 ] || { echo "setup: --cross arm64 (the one cross target)" >&2; exit 2; }
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
-  CROSS_PKGS=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross linux-libc-dev-arm64-cross libasound2-dev:arm64
+  CROSS_PKGS=(gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross linux-libc-dev-arm64-cross libasound2-dev:arm64
               qemu-system-arm qemu-user-static debootstrap qemu-utils e2fsprogs socat curl "${BUILD_PKGS[@]}")
   missing=()
   for p in "${CROSS_PKGS[@]}"; do
@@ -63,10 +66,13 @@ fi
 
 # pytest-xdist: the parallel workers of tests/lanes.py. mcap-protobuf-support decodes the MCAP
 # export's protobuf messages, pynmea2 is the NMEA reference, foxglove-schemas-protobuf Foxglove's
-# own descriptors (tests/e2e/test_mcap.py).
+# own descriptors (tests/e2e/test_mcap.py); av (PyAV, FFmpeg's decoder) and numpy judge H.264
+# (tests/e2e/test_video.py); cantools decodes CAN frames with a DBC and python-can reads candump
+# logs (tests/e2e/test_can_decode.py).
 PY_PKGS=("pulsar-client>=3.5,<4" "pillow" "pytest" "pytest-xdist" "prometheus_client" "mcap"
-         "mcap-protobuf-support" "pynmea2" "foxglove-schemas-protobuf")
-if ! python3 -c 'import pulsar, PIL, pytest, xdist, prometheus_client, mcap, mcap_protobuf, pynmea2, foxglove_schemas_protobuf' 2>/dev/null; then
+         "mcap-protobuf-support" "pynmea2" "foxglove-schemas-protobuf" "av>=12" "numpy"
+         "cantools>=40" "python-can>=4.3")
+if ! python3 -c 'import pulsar, PIL, pytest, xdist, prometheus_client, mcap, mcap_protobuf, pynmea2, foxglove_schemas_protobuf, av, numpy, cantools, can' 2>/dev/null; then
   echo "setup: installing Python packages: ${PY_PKGS[*]}" >&2
   python3 -m pip install -q "${PY_PKGS[@]}" >&2
 fi

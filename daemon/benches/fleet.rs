@@ -141,10 +141,7 @@ fn usage(why: &str) -> ! {
 
 fn media_of(kind: &SourceKind) -> Media {
     match kind.name.as_str() {
-        n if n.starts_with("camera") => Media::Camera {
-            width: 1920,
-            height: 1080,
-        },
+        n if n.starts_with("camera") => Media::jpeg(1920, 1080),
         n if n.starts_with("audio") => Media::Audio {
             sample_rate: 48_000,
             channels: 1,

@@ -39,19 +39,19 @@ fn spawn_capture(
         .spawn(move || {
             let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(30), sink.next_seq() | 1);
             while !stop.is_raised() {
-                sink.health().set_state(SourceState::Running, "");
+                sink.set_state(SourceState::Running, "");
                 match source.run(&mut sink, &stop) {
                     Ok(()) => break,
                     Err(e) if e.retryable() => {
                         let delay = backoff.next_delay();
                         tracing::warn!(source = %source.id(), error = %e, retry_in_ms = delay.as_millis() as u64, "source failed; reopening");
-                        sink.health().set_state(SourceState::Retrying, &e.to_string());
+                        sink.set_state(SourceState::Retrying, &e.to_string());
                         stop.sleep(delay);
                     }
                     Err(e) => {
                         if !stop.is_raised() {
                             tracing::error!(source = %source.id(), error = %e, "source failed for good");
-                            sink.health().set_state(SourceState::Failed, &e.to_string());
+                            sink.set_state(SourceState::Failed, &e.to_string());
                         }
                         break;
                     }
@@ -75,6 +75,10 @@ struct LaneWiring<'a> {
     budget: Option<Arc<Budget>>,
     /// One connection per broker, shared by every producer (charged against `budget`).
     pool: Arc<crate::uplink::Pool>,
+    /// Where the rig was, from its serial sources' NMEA (crate::fleet, the coverage digest).
+    track: Arc<crate::fleet::track::Track>,
+    /// Campaigns' conditions see GPS, audio and markers through a tee (crate::campaign).
+    feed: Option<crate::campaign::run::Feed>,
 }
 
 /// A lane that runs: its task, its counters and its producer's.
@@ -134,10 +138,6 @@ impl LaneWiring<'_> {
         )
         .context("opening recall's records in the spool")?;
         let link = crate::recall::requests::Link {
-            url,
-            token_file: config.pulsar.token_file.clone(),
-            tls_ca: config.pulsar.tls_ca_file.clone(),
-            tls_client: client_cert(config).map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
             control_topic: config.pulsar.control_topic(&config.rig.id),
         };
         drop(tokio::spawn(crate::recall::requests::run(
@@ -151,6 +151,42 @@ impl LaneWiring<'_> {
             self.shutdown.clone(),
         )));
         Ok(Some(recall))
+    }
+
+    /// Starts source `sc`'s lane; returns it with the sink its frames go into (numbered on from
+    /// what the spool holds) and the source's health.
+    fn source(
+        &self,
+        sc: &crate::config::SourceConfig,
+    ) -> anyhow::Result<(FrameSink, SpawnedLane, Arc<SourceHealth>)> {
+        let id: Arc<str> = sc.id().into();
+        let (tx, rx) = mpsc::channel(CAPTURE_QUEUE);
+        // A serial source's NMEA fixes make the track of the fleet's coverage digest.
+        let rx = match sc.modality() {
+            crate::config::Modality::Serial if self.config.pulsar.url.is_some() => {
+                crate::fleet::track::tee(rx, self.track.clone())
+            }
+            _ => rx,
+        };
+        let rx = match &self.feed {
+            Some(f) if crate::campaign::run::wanted(sc.modality()) => {
+                crate::campaign::run::tee(rx, f.clone())
+            }
+            _ => rx,
+        };
+        let health = Arc::new(SourceHealth::default());
+        let first_seq = self
+            .spool
+            .next_seq(&id)
+            .context("reading the sequence number")?;
+        // Issue 46.3: the uplink may make the numbering jump past a broker's ids of a wiped spool.
+        let jump = Arc::new(rigd_drivers::SeqJump::default());
+        let sink =
+            FrameSink::new(id.clone(), first_seq, tx, health.clone()).with_jump(jump.clone());
+        let on_request = sc.head().upload == crate::config::Upload::OnRequest;
+        let numbering = crate::uplink::plan::Numbering::new(first_seq, jump);
+        let lane = self.spawn(&id, sc.priority(), sc.drain(), on_request, rx, numbering);
+        Ok((sink, lane, health))
     }
 
     /// Starts the lane of source `id` (and its producer, with a broker) reading `frames`, with
@@ -186,6 +222,7 @@ impl LaneWiring<'_> {
                 stats: Some(uplink_stats.clone()),
                 pool: self.pool.clone(),
                 numbering: Some(numbering),
+                marks: Some(self.spool.path().to_path_buf()),
                 ..ProducerConfig::from_config(config, url, id)
             },
             priority,
@@ -226,7 +263,10 @@ impl LaneWiring<'_> {
 
 /// The daemon. Returns when SIGTERM/SIGINT has been handled and everything is flushed. The config
 /// has passed [`crate::preflight`]; what can still fail here fails before capture starts.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+pub async fn run(mut config: Config) -> anyhow::Result<()> {
+    // A camera's proxy is a source of its own from here on (lane, numbering, topic, status,
+    // live channel, recall's list), right after its camera, fed by the camera's capture.
+    config.sources = crate::config::with_proxies(&config.sources, config.rig.bucket_ms);
     // The web port first: a port taken since the preflight fails the start, not a running rig.
     let bind = config.web_bind();
     let listener = tokio::net::TcpListener::bind(bind)
@@ -281,8 +321,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .pulsar
         .max_bandwidth
         .filter(|_| config.pulsar.url.is_some())
-        .map(|b| Budget::new(b.bytes_per_second()));
+        .map(Budget::of);
     let encryption = encryption(&config)?;
+    let campaign_feed = crate::campaign::run::feed_for(&config);
     let wiring = LaneWiring {
         config: &config,
         token,
@@ -293,6 +334,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         shutdown: shutdown_rx.clone(),
         pool: crate::uplink::Pool::new(budget.clone()),
         budget,
+        track: Arc::new(crate::fleet::track::Track::load(
+            &crate::fleet::track::file(spool.path()),
+        )),
+        feed: campaign_feed.as_ref().map(|(f, _)| f.clone()),
     };
 
     // The live view (Foxglove at /foxglove): one channel per source (two for NMEA), fed by a tap
@@ -310,27 +355,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut live_sources = live_sources.into_iter();
 
     // Every source: a capture thread feeding a lane (spool and uplink), watched by the watchdog.
+    // A proxy has a lane and no thread: its sink goes with its camera's (config::proxy).
     let mut entries = Vec::new();
     let mut lanes = Vec::new();
     let mut captures = Vec::new();
     let mut liveness = crate::notify::Liveness::new();
+    let mut capturing: Vec<(&crate::config::SourceConfig, FrameSink)> = Vec::new();
     for sc in &config.sources {
-        let id: Arc<str> = sc.id().into();
-        let (tx, rx) = mpsc::channel(CAPTURE_QUEUE);
-        let health = Arc::new(SourceHealth::default());
-        let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
-        // Issue 46.3: the uplink may make the numbering jump past a broker's ids of a wiped spool.
-        let jump = Arc::new(rigd_drivers::SeqJump::default());
-        let sink =
-            FrameSink::new(id.clone(), first_seq, tx, health.clone()).with_jump(jump.clone());
-        let on_request = sc.head().upload == crate::config::Upload::OnRequest;
-        let numbering = crate::uplink::plan::Numbering::new(first_seq, jump);
-        let lane = wiring.spawn(&id, sc.priority(), sc.drain(), on_request, rx, numbering);
+        let (sink, lane, health) = wiring.source(sc)?;
+        let id = sink.source().clone();
         if let Some(channels) = live_sources.next() {
             crate::live::connect(&lane.stats.live, live.clone(), channels);
         }
         liveness.lane(id.clone(), lane.stats.clone());
-        liveness.capture(id.clone(), health.clone(), sc, config.rig.bucket_ms);
+        // A proxy's frames come from its camera's thread, which the camera's entry watches: a
+        // proxy that loses its frames (counted) must not stop the watchdog's pings.
+        if sc.proxy_of().is_none() {
+            liveness.capture(id.clone(), health.clone(), sc, config.rig.bucket_ms);
+        }
         entries.push(SourceEntry {
             id: id.clone(),
             kind: sc.kind(),
@@ -339,11 +381,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             lane: lane.stats,
             uplink: lane.uplink,
             priority: sc.priority(),
-            on_request,
+            on_request: sc.head().upload == crate::config::Upload::OnRequest,
         });
         lanes.push(lane.task);
+        match (sc.proxy_of(), capturing.pop()) {
+            (Some(camera), Some((csc, camera_sink))) if csc.id() == camera => {
+                capturing.push((csc, camera_sink.with_proxy(sink)));
+            }
+            (Some(camera), _) => unreachable!("proxy {id} follows its camera {camera}"),
+            (None, last) => {
+                capturing.extend(last);
+                capturing.push((sc, sink));
+            }
+        }
+    }
+    for (sc, sink) in capturing {
         let source = sc.open(config.rig.bucket_ms, clock.clone());
-        tracing::info!(source = %id, kind = sc.kind(), first_seq, "source starting");
+        tracing::info!(source = %sc.id(), kind = sc.kind(), first_seq = sink.next_seq(),
+            proxy = sc.proxy(config.rig.bucket_ms).is_some(), "source starting");
         captures.push(spawn_capture(source, sink, stop.clone()));
     }
     let mut events_channel = None;
@@ -352,6 +407,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let events = {
         let id: Arc<str> = EVENTS_SOURCE.into();
         let (tx, rx) = mpsc::channel(16);
+        let rx = match &wiring.feed {
+            Some(f) => crate::campaign::run::tee(rx, f.clone()),
+            None => rx,
+        };
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let jump = Arc::new(rigd_drivers::SeqJump::default());
         let sink = FrameSink::new(id.clone(), first_seq, tx, Arc::new(SourceHealth::default()))
@@ -379,6 +438,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // reader and the uploader; both detached, they end at shutdown (a request not finished
     // stays pending in the spool for the next start).
     let recall = wiring.recall(clock.clone())?;
+    // The fleet's coverage digest of what recall holds (crate::fleet): detached, ends at shutdown.
+    if let Some(r) = &recall {
+        drop(tokio::spawn(crate::fleet::publish::run(
+            r.clone(),
+            crate::fleet::publish::Publishing {
+                topic: config.pulsar.coverage_topic(),
+                every: Duration::from_secs(config.pulsar.coverage_interval_s),
+                track: wiring.track.clone(),
+                track_file: crate::fleet::track::file(spool.path()),
+            },
+            shutdown_rx.clone(),
+        )));
+    }
+    // Campaigns (crate::campaign): conditions on what the tees feed, windows uploaded by recall.
+    if let (Some(r), Some(feed)) = (&recall, campaign_feed) {
+        let health = entries.iter().map(|e| (e.id.to_string(), e.health.clone()));
+        let watch = crate::campaign::run::Watch {
+            clock: clock.clone(),
+            health: health.collect(),
+        };
+        crate::campaign::run::start(r, &config, feed, watch, shutdown_rx.clone())?;
+    }
+    let budget = wiring.budget.clone();
     drop(wiring);
     // On-request sources' retention (crate::recall): detached, it ends at shutdown.
     let clock_of_retention = clock.clone();
@@ -409,6 +491,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         live,
         client_cert: client_cert(&config).map(|c| crate::uplink::identity::ClientCert::read(c.0)),
         recall,
+        budget,
     });
     // The alerts on the live view's `/events`, while a client subscribes (crate::live).
     if let Some(channel) = events_channel {

@@ -54,6 +54,23 @@ enum Command {
     /// Ask a rig to upload a time range of its on-request sources (or say what it holds), and
     /// follow the request: exit 0 done, 1 partial, rejected or no answer.
     Recall(RecallArgs),
+    /// Push, list or stop a rig's campaigns: conditions under which it uploads windows of its
+    /// on-request sources by itself (docs/CAMPAIGNS.md). Exit 0 accepted, 1 rejected or no answer.
+    Campaign {
+        #[command(subcommand)]
+        command: CampaignCommand,
+    },
+    /// The fleet's coverage index (docs/FLEET.md): which rigs hold which ranges of which sources
+    /// at a place and time, and recall them.
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
+    },
+    /// CAN tools: `decode` a candump log (`candump -l`, `rigd replay --out`) with a DBC.
+    Can {
+        #[command(subcommand)]
+        command: CanCommand,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     Completions {
         /// The shell to complete for.
@@ -168,6 +185,10 @@ struct LiveArgs {
     /// Clients served at once; the next one is refused (503).
     #[arg(long, value_name = "N", default_value_t = 4)]
     max_clients: usize,
+    /// Advertise every camera's full resolution to every client, beside its proxy (without it,
+    /// only to a client that connects with ?full=1; docs/LIVE.md "Proxies first").
+    #[arg(long)]
+    full: bool,
     #[command(flatten)]
     client: PulsarClientArgs,
     /// The fleet's RSA private key (PEM): frames of a rig with end-to-end encryption are
@@ -302,6 +323,101 @@ struct RecallArgs {
     client: PulsarClientArgs,
 }
 
+#[derive(Debug, clap::Subcommand)]
+enum CampaignCommand {
+    /// Push the campaign in FILE (JSON; docs/CAMPAIGNS.md); pushed again, it replaces it.
+    Push {
+        file: PathBuf,
+        #[command(flatten)]
+        link: CampaignLink,
+    },
+    /// One line per campaign: its state, triggers, windows and the day's bytes.
+    List {
+        #[command(flatten)]
+        link: CampaignLink,
+    },
+    /// Stop campaign ID (windows already queued are still uploaded).
+    Stop {
+        id: String,
+        #[command(flatten)]
+        link: CampaignLink,
+    },
+    /// Every campaign's state in full (JSON), or campaign ID's.
+    Status {
+        id: Option<String>,
+        #[command(flatten)]
+        link: CampaignLink,
+    },
+}
+
+/// How `rigd campaign` reaches the rig: as `rigd recall`.
+#[derive(Debug, clap::Args)]
+struct CampaignLink {
+    /// The Pulsar cluster (pulsar://host:port).
+    #[arg(long, value_name = "URL")]
+    pulsar: String,
+    /// The rig (`rig.id`).
+    #[arg(long, value_name = "ID", value_parser = rig_id)]
+    rig: String,
+    /// The rig's control topic (`pulsar.control-topic`, with {rig}).
+    #[arg(
+        long,
+        value_name = "TOPIC",
+        default_value = "persistent://public/default/{rig}-control"
+    )]
+    control_topic: String,
+    /// Give up after this many seconds without an answer.
+    #[arg(long, value_name = "S", default_value_t = 30)]
+    timeout: u64,
+    /// The answer as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    client: PulsarClientArgs,
+}
+
+fn campaign(command: CampaignCommand) -> ExitCode {
+    use crate::campaign::client::{self, Ask};
+    use crate::recall::protocol::State;
+    let (ask, link) = match command {
+        CampaignCommand::Push { file, link } => (Ask::Push(file), link),
+        CampaignCommand::List { link } => (Ask::List, link),
+        CampaignCommand::Stop { id, link } => (Ask::Stop(id), link),
+        CampaignCommand::Status { id, link } => (Ask::Status(id), link),
+    };
+    let access = match link.client.access(&link.pulsar) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    init_pulsar_tool_logging();
+    let interrupt = crate::progress::Interrupt::install();
+    let control_topic = link.control_topic.replace("{rig}", &link.rig);
+    let to = crate::recall::client::Link {
+        url: &link.pulsar,
+        control_topic: &control_topic,
+        access: &access,
+        timeout: std::time::Duration::from_secs(link.timeout),
+    };
+    match client::run(&to, &ask, &interrupt) {
+        Ok(a) => {
+            println!("{}", client::describe(&a, &ask, link.json));
+            if a.state == State::Rejected {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(client::CampaignError::Usage(why)) => {
+            say(format_args!("rigd: {why}"));
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            say(format_args!("rigd: {e}"));
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn rig_id(s: &str) -> Result<String, String> {
     if !s.is_empty()
         && s.bytes()
@@ -337,6 +453,20 @@ fn read_token(path: Option<&PathBuf>) -> Result<Option<String>, ExitCode> {
             }
         },
     }
+}
+
+#[derive(Debug, Subcommand)]
+enum CanCommand {
+    /// Decode a candump log with a DBC: one JSON object per frame the DBC knows (`line`, `ts_ns`,
+    /// `iface`, `id`, `extended`, `message`, `signals`, `labels`) on stdout; counts on stderr.
+    Decode {
+        /// The DBC file (the rig's `dbc`).
+        #[arg(long, value_name = "FILE")]
+        dbc: PathBuf,
+        /// The log (default: standard input).
+        #[arg(long, value_name = "FILE")]
+        input: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -390,6 +520,10 @@ struct ReplayArgs {
     /// With --mcap: chunk compression. Default: zstd.
     #[arg(long, value_enum)]
     compression: Option<crate::replay::mcap::Compression>,
+    /// With --mcap: decode CAN sources with this DBC (`FILE` for every CAN source, `SOURCE=FILE`
+    /// for one; repeatable): a channel per DBC message, `/{source}/{Message}`.
+    #[arg(long, value_name = "[SOURCE=]FILE")]
+    dbc: Vec<String>,
     /// With --mcap: overwrite FILE when it exists; with --out: write into DIR when it is not
     /// empty (files of the same name are replaced, the others stay). Without it either exits 2.
     #[arg(long)]
@@ -517,6 +651,9 @@ pub fn main() -> ExitCode {
         Command::Tail(args) => tail(args),
         Command::Live(args) => live(args),
         Command::Recall(args) => recall(args),
+        Command::Campaign { command } => campaign(command),
+        Command::Fleet { command } => fleet(command),
+        Command::Can { command } => can(command),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(
@@ -674,6 +811,38 @@ fn spool(command: SpoolCommand) -> ExitCode {
     }
 }
 
+fn can(command: CanCommand) -> ExitCode {
+    let CanCommand::Decode { dbc, input } = command;
+    let dbc = match crate::can::Dbc::load(&dbc) {
+        Ok(d) => d,
+        Err(e) => {
+            say(format_args!("rigd: {e}"));
+            return ExitCode::from(2);
+        }
+    };
+    let input: Box<dyn std::io::BufRead> = match &input {
+        None => Box::new(std::io::stdin().lock()),
+        Some(path) => match std::fs::File::open(path) {
+            Ok(f) => Box::new(std::io::BufReader::new(f)),
+            Err(e) => {
+                say(format_args!("rigd: {}: {e}", path.display()));
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let out = std::io::BufWriter::new(std::io::stdout().lock());
+    match crate::can::decode_log(&dbc, input, out, std::io::stderr()) {
+        Ok(c) => {
+            say(format_args!(
+                "{} frames: {} decoded, {} with an id the DBC does not know, {} lines not frames",
+                c.frames, c.decoded, c.unknown, c.bad_lines
+            ));
+            ExitCode::SUCCESS
+        }
+        Err(e) => output(Err(e)).err().unwrap_or(ExitCode::SUCCESS),
+    }
+}
+
 fn replay(args: ReplayArgs) -> ExitCode {
     use crate::progress::Interrupt;
     use crate::replay::{files, inspect, mcap, republish, Selection};
@@ -683,6 +852,24 @@ fn replay(args: ReplayArgs) -> ExitCode {
             "rigd: --encoding and --compression go with --mcap FILE"
         ));
         return ExitCode::from(2);
+    }
+    if args.mcap.is_none() && !args.dbc.is_empty() {
+        say(format_args!("rigd: --dbc goes with --mcap FILE"));
+        return ExitCode::from(2);
+    }
+    let mut dbc = Vec::new();
+    for spec in &args.dbc {
+        let (source, file) = match spec.split_once('=') {
+            Some((s, f)) if !s.contains('/') => (Some(s.to_string()), f),
+            _ => (None, spec.as_str()),
+        };
+        match crate::can::Dbc::load(std::path::Path::new(file)) {
+            Ok(d) => dbc.push((source, std::sync::Arc::new(d))),
+            Err(e) => {
+                say(format_args!("rigd: --dbc {e}"));
+                return ExitCode::from(2);
+            }
+        }
     }
     if args.force && args.pulsar.is_some() {
         say(format_args!(
@@ -704,6 +891,16 @@ fn replay(args: ReplayArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(&e),
     };
+    for p in plan.iter().filter(|p| p.extended_from.is_some()) {
+        let at = p
+            .extended_from
+            .map(crate::civil::format)
+            .unwrap_or_default();
+        eprintln!(
+            "{}: --from falls inside a group of pictures; starting at its keyframe, captured {at}",
+            p.source
+        );
+    }
     let rig = crate::replay::rig_identity(
         &snap,
         args.rig.clone(),
@@ -736,6 +933,7 @@ fn replay(args: ReplayArgs) -> ExitCode {
             force: args.force,
             rig: rig.rig.clone(),
             bucket_ms: rig.bucket_ms,
+            dbc,
         };
         mcap::export(&snap, &plan, file, &opts, key.as_ref(), &interrupt)
     } else if let Some(url) = &args.pulsar {
@@ -812,6 +1010,102 @@ fn tail(args: TailArgs) -> ExitCode {
         Err(e) => {
             say(format_args!("rigd: {e}"));
             ExitCode::from(if e.is_usage() { 2 } else { 1 })
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum FleetCommand {
+    /// Which rigs hold which ranges there and then (from the compacted coverage topic): a
+    /// table, or JSON. Exit 0 (also when no rig holds it), 1 when the topic cannot be read.
+    Coverage(FleetArgs),
+    /// The same query sent as recall requests to those rigs, each followed to its end: exit 0
+    /// when every one is done, 1 otherwise.
+    Recall {
+        #[command(flatten)]
+        args: FleetArgs,
+        #[command(flatten)]
+        recall: crate::fleet::cli::RecallOpts,
+    },
+    /// Digests of synthetic rigs made with the rig's own code, one JSON payload per line (tests
+    /// and benchmarks; the summary on stderr).
+    SynthDigests(crate::fleet::synth::SynthArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct FleetArgs {
+    /// The Pulsar cluster (pulsar://host:port).
+    #[arg(long, value_name = "URL")]
+    pulsar: String,
+    #[command(flatten)]
+    query: crate::fleet::cli::QueryArgs,
+    #[command(flatten)]
+    client: PulsarClientArgs,
+}
+
+fn fleet(command: FleetCommand) -> ExitCode {
+    use crate::fleet::{cli, synth};
+    let (args, recall) = match command {
+        FleetCommand::SynthDigests(a) => {
+            return match synth::write(&a, &mut std::io::stdout().lock()) {
+                Ok(summary) => {
+                    say(format_args!("rigd fleet synth-digests: {summary}"));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    say(format_args!("rigd: {e}"));
+                    ExitCode::from(1)
+                }
+            };
+        }
+        FleetCommand::Coverage(args) => (args, None),
+        FleetCommand::Recall { args, recall } => (args, Some(recall)),
+    };
+    let (access, q) = match (args.client.access(&args.pulsar), args.query.query()) {
+        (Ok(a), Ok(q)) => (a, q),
+        (Err(code), _) => return code,
+        (_, Err(why)) => {
+            say(format_args!("rigd: {why}"));
+            return ExitCode::from(2);
+        }
+    };
+    init_pulsar_tool_logging();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            say(format_args!("rigd: cannot start the async runtime: {e}"));
+            return ExitCode::from(1);
+        }
+    };
+    let answer = match rt.block_on(cli::coverage(&args.pulsar, &access, &args.query, &q)) {
+        Ok(a) => a,
+        Err(why) => {
+            say(format_args!("rigd: {}: {why}", args.pulsar));
+            return ExitCode::from(1);
+        }
+    };
+    drop(rt);
+    if args.query.json {
+        println!("{}", serde_json::to_string(&answer).expect("serializes"));
+    } else {
+        println!("{}", cli::table(&answer));
+    }
+    match recall {
+        None => ExitCode::SUCCESS,
+        Some(opts) => {
+            let interrupt = crate::progress::Interrupt::install();
+            let all_done = cli::recall(
+                &args.pulsar,
+                &access,
+                &answer.rigs,
+                &opts,
+                args.query.json,
+                &interrupt,
+            );
+            ExitCode::from(u8::from(!all_done))
         }
     }
 }
@@ -906,6 +1200,7 @@ fn live(args: LiveArgs) -> ExitCode {
         access,
         bind: args.bind,
         max_clients: args.max_clients,
+        full: args.full,
         decryptor,
         gate,
         web_tls,

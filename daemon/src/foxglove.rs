@@ -1,5 +1,5 @@
 //! Foxglove's protobuf message schemas that rigd writes (`foxglove.CompressedImage`,
-//! `foxglove.RawAudio`, `foxglove.LocationFix`, `foxglove.Log`): the messages, a frame's message
+//! `foxglove.CompressedVideo` for H.264 frames, `foxglove.RawAudio`, `foxglove.LocationFix`, `foxglove.Log`): the messages, a frame's message
 //! ([`protobuf_message`], [`location_fix`]), and for each type a `FileDescriptorSet`, the schema
 //! of an MCAP channel and of a live-view channel (encoding `protobuf`). Shared by the MCAP export
 //! (`replay::mcap`) and the live view (`live`). Pure: no I/O.
@@ -9,10 +9,14 @@
 //! times), so no generated code and no `protoc` is needed. `LocationFix` carries the fields
 //! through `position_covariance_type`; the later optional ones (color, heading, velocity,
 //! metadata) are left out, which protobuf readers treat as absent.
+//!
+//! [`can`]: a CAN source's channels (`rigd.CanFrame`, and the DBC's messages built at run time).
+
+pub mod can;
 
 use bytes::Bytes;
 use prost::Message as _;
-use rigd_drivers::{Frame, Media};
+use rigd_drivers::{Codec, Frame, Media};
 
 use crate::nmea::Fix;
 use prost_types::field_descriptor_proto::{Label, Type};
@@ -22,6 +26,7 @@ use prost_types::{
 };
 
 pub const COMPRESSED_IMAGE: &str = "foxglove.CompressedImage";
+pub const COMPRESSED_VIDEO: &str = "foxglove.CompressedVideo";
 pub const RAW_AUDIO: &str = "foxglove.RawAudio";
 pub const LOCATION_FIX: &str = "foxglove.LocationFix";
 pub const LOG: &str = "foxglove.Log";
@@ -44,6 +49,20 @@ pub struct CompressedImage {
     #[prost(bytes = "bytes", tag = "2")]
     pub data: Bytes,
     #[prost(string, tag = "3")]
+    pub format: String,
+}
+
+/// One H.264 access unit (Annex B, SPS/PPS with every keyframe, no B-frames), as Foxglove's
+/// `CompressedVideo` requires.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CompressedVideo {
+    #[prost(message, optional, tag = "1")]
+    pub timestamp: Option<Timestamp>,
+    #[prost(string, tag = "2")]
+    pub frame_id: String,
+    #[prost(bytes = "bytes", tag = "3")]
+    pub data: Bytes,
+    #[prost(string, tag = "4")]
     pub format: String,
 }
 
@@ -120,9 +139,16 @@ pub fn log_line(capture_ns: i64, level: i32, name: &str, message: &str, out: &mu
 /// The Foxglove message type of a frame.
 pub fn schema_name(media: &Media) -> &'static str {
     match media {
-        Media::Camera { .. } => COMPRESSED_IMAGE,
+        Media::Camera {
+            codec: Codec::H264, ..
+        } => COMPRESSED_VIDEO,
+        Media::Camera {
+            codec: Codec::Jpeg, ..
+        } => COMPRESSED_IMAGE,
         Media::Audio { .. } => RAW_AUDIO,
         Media::Serial { .. } => LOG,
+        // A CAN record's frames, one message each (`can`).
+        Media::Can { .. } => can::CAN_FRAME,
     }
 }
 
@@ -145,7 +171,18 @@ pub fn protobuf_message(f: &Frame, log_level: i32, out: &mut Vec<u8>) {
     out.clear();
     let timestamp = timestamp(f.capture_ns);
     let encoded = match &f.media {
-        Media::Camera { .. } => CompressedImage {
+        Media::Camera {
+            codec: Codec::H264, ..
+        } => CompressedVideo {
+            timestamp,
+            frame_id: f.source.to_string(),
+            data: f.payload.clone(),
+            format: "h264".into(),
+        }
+        .encode(out),
+        Media::Camera {
+            codec: Codec::Jpeg, ..
+        } => CompressedImage {
             timestamp,
             frame_id: f.source.to_string(),
             data: f.payload.clone(),
@@ -164,7 +201,7 @@ pub fn protobuf_message(f: &Frame, log_level: i32, out: &mut Vec<u8>) {
             number_of_channels: u32::from(*channels),
         }
         .encode(out),
-        Media::Serial { .. } => Log {
+        Media::Serial { .. } | Media::Can { .. } => Log {
             timestamp,
             level: log_level,
             message: log_text(f),
@@ -194,9 +231,14 @@ pub fn location_fix(fix: &Fix, frame_id: &str, out: &mut Vec<u8>) {
     debug_assert!(encoded.is_ok());
 }
 
-const TIMESTAMP_FILE: &str = "google/protobuf/timestamp.proto";
+pub(crate) const TIMESTAMP_FILE: &str = "google/protobuf/timestamp.proto";
 
-fn field(name: &str, number: i32, ty: Type, type_name: Option<&str>) -> FieldDescriptorProto {
+pub(crate) fn field(
+    name: &str,
+    number: i32,
+    ty: Type,
+    type_name: Option<&str>,
+) -> FieldDescriptorProto {
     FieldDescriptorProto {
         name: Some(name.into()),
         json_name: Some(json_name(name)),
@@ -225,7 +267,7 @@ fn json_name(name: &str) -> String {
     out
 }
 
-fn timestamp_field(number: i32) -> FieldDescriptorProto {
+pub(crate) fn timestamp_field(number: i32) -> FieldDescriptorProto {
     field(
         "timestamp",
         number,
@@ -250,7 +292,7 @@ fn enumeration(name: &str, values: &[&str]) -> EnumDescriptorProto {
     }
 }
 
-fn timestamp_file() -> FileDescriptorProto {
+pub(crate) fn timestamp_file() -> FileDescriptorProto {
     FileDescriptorProto {
         name: Some(TIMESTAMP_FILE.into()),
         package: Some("google.protobuf".into()),
@@ -281,6 +323,16 @@ fn message_descriptor(name: &str) -> Option<DescriptorProto> {
                 string("frame_id", 4),
                 bytes("data", 2),
                 string("format", 3),
+            ],
+            vec![],
+        ),
+        COMPRESSED_VIDEO => (
+            "CompressedVideo",
+            vec![
+                timestamp_field(1),
+                string("frame_id", 2),
+                bytes("data", 3),
+                string("format", 4),
             ],
             vec![],
         ),
@@ -348,6 +400,9 @@ fn message_descriptor(name: &str) -> Option<DescriptorProto> {
 /// `foxglove/{Type}.proto` and the `google/protobuf/timestamp.proto` it imports. `None` for a
 /// name this module does not know.
 pub fn file_descriptor_set(name: &str) -> Option<Vec<u8>> {
+    if name == can::CAN_FRAME {
+        return Some(can::can_frame_descriptor_set());
+    }
     let message = message_descriptor(name)?;
     let file = FileDescriptorProto {
         name: Some(format!("foxglove/{}.proto", message.name())),
@@ -373,7 +428,13 @@ mod tests {
     /// Each descriptor names its fields as the message structs encode them.
     #[test]
     fn descriptors_match_the_message_structs() {
-        for name in [COMPRESSED_IMAGE, RAW_AUDIO, LOCATION_FIX, LOG] {
+        for name in [
+            COMPRESSED_IMAGE,
+            COMPRESSED_VIDEO,
+            RAW_AUDIO,
+            LOCATION_FIX,
+            LOG,
+        ] {
             let set = FileDescriptorSet::decode(&file_descriptor_set(name).unwrap()[..]).unwrap();
             assert_eq!(set.file.len(), 2);
             assert_eq!(set.file[1].dependency, vec![TIMESTAMP_FILE.to_string()]);

@@ -7,7 +7,7 @@
 //! validation), [`clock`] (the PTP-disciplined frame clock), [`spool`] (store-and-forward),
 //! [`uplink`] (Pulsar producer with chunking and dedup-safe sequence ids), [`metrics`],
 //! [`lifecycle`] (signals, heartbeats), [`pipeline`] (per-source lanes between capture, spool and
-//! uplink), [`recall`] (on-request sources' retention), [`events`] (technician event markers), [`runtime`] (the running daemon as status and
+//! uplink), [`recall`] (on-request sources' retention), [`fleet`] (coverage digests and their query), [`events`] (technician event markers), [`runtime`] (the running daemon as status and
 //! control see it), [`notify`] (systemd readiness, status and watchdog; the stall rule),
 //! [`status`], [`control`] (what the web UI shows and what a technician may do), [`app`] (wiring
 //! and shutdown order), [`preflight`] (what the host must offer a config), [`replay`] (the offline tools:
@@ -17,12 +17,15 @@
 
 pub mod app;
 pub mod backoff;
+pub mod campaign;
+pub mod can;
 pub mod civil;
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod control;
 pub mod events;
+pub mod fleet;
 pub mod foxglove;
 pub mod lifecycle;
 pub mod live;

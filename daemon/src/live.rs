@@ -9,6 +9,13 @@
 //! (`foxglove.Log`), the channel `rigd live` makes of the rig's events topic: the technician's
 //! markers (the events lane's frames, through its tap like any source's) and the daemon's alerts
 //! (the status page's, [`rigd_web::alerts`]) as they appear and clear ([`spawn_alerts`]).
+//! A CAN source: `rigd.CanFrame` on `/{source}`, one message per frame at its own time, and with
+//! a `dbc` a channel per DBC message, `/{source}/{Message}`, its signals as doubles for the Plot
+//! panel ([`crate::foxglove::can`], as in the MCAP export).
+//!
+//! A camera with a proxy (`proxy = {...}`, its `{id}-proxy` source) has its own channel
+//! `/{id}` on demand: a client sees `/{id}-proxy` and, only when it connected with `?full=1`,
+//! the full resolution as well (`rigd_web::live::LiveHub::set_on_demand`, docs/LIVE.md).
 //!
 //! What the lane pays: with no client subscribed, one atomic load per frame (no clone, no encode);
 //! with one, the frame's encoding (a copy of its payload into the message, once for every client)
@@ -19,7 +26,7 @@
 use base64::Engine as _;
 use bytes::Bytes;
 use rigd_drivers::{Frame, Media};
-use rigd_web::live::{Channel, ChannelHandle, Class, LiveHub};
+use rigd_web::live::{Channel, ChannelHandle, Class, LiveHub, Picture};
 use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::watch;
 
@@ -35,6 +42,47 @@ pub struct SourceChannels {
     pub main: u32,
     /// `/{source}/fix` (NMEA sources).
     pub fix: Option<u32>,
+    /// A CAN source with a DBC: its messages' channels.
+    pub can: Option<CanChannels>,
+    /// A camera with a proxy: its full resolution is on demand (`?full=1`), its proxy's channel
+    /// is what a viewer sees (docs/LIVE.md "Proxies first").
+    pub on_demand: bool,
+}
+
+/// A CAN source's decoded channels: DBC message `i` on channel `first + i`.
+#[derive(Debug, Clone)]
+pub struct CanChannels {
+    pub dbc: Arc<crate::can::Dbc>,
+    pub first: u32,
+}
+
+impl PartialEq for CanChannels {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.dbc, &other.dbc) && self.first == other.first
+    }
+}
+
+/// The channels of a CAN source's DBC messages, `/{source}/{Message}`, numbered from `first`.
+pub fn can_channels(
+    source: &str,
+    dbc: Arc<crate::can::Dbc>,
+    first: u32,
+) -> (Vec<Channel>, CanChannels) {
+    use crate::foxglove::can::{signals_descriptor_set, signals_schema_name};
+    let channels = dbc
+        .messages()
+        .iter()
+        .enumerate()
+        .map(|(i, m)| Channel {
+            id: first + i as u32,
+            topic: format!("/{source}/{}", m.name),
+            source: source.to_string(),
+            class: Class::Serial,
+            schema_name: signals_schema_name(m),
+            schema: base64::engine::general_purpose::STANDARD.encode(signals_descriptor_set(m)),
+        })
+        .collect();
+    (channels, CanChannels { dbc, first })
 }
 
 /// How often the alerts are looked at while a client subscribes to `/events`.
@@ -48,11 +96,27 @@ pub fn channels(config: &Config) -> (Vec<Channel>, Vec<SourceChannels>) {
     let sources = config
         .sources
         .iter()
-        .map(|sc| (sc.id(), sc.modality(), speaks_nmea(sc)))
-        .chain([(EVENTS_SOURCE, Modality::Serial, false)]);
-    for (id, modality, nmea) in sources {
-        let (channels, source) = source_channels(id, modality, nmea, all.len() as u32 + 1);
+        .map(|sc| {
+            let video = sc.gop(config.rig.bucket_ms).is_some();
+            // Checked by the config's own check: a DBC that no longer loads has no channels.
+            let dbc = sc
+                .dbc()
+                .and_then(|p| crate::can::Dbc::load(p).ok())
+                .map(Arc::new);
+            let proxied = config.sources.iter().any(|o| o.proxy_of() == Some(sc.id()));
+            (sc.id(), sc.modality(), speaks_nmea(sc), video, dbc, proxied)
+        })
+        .chain([(EVENTS_SOURCE, Modality::Serial, false, false, None, false)]);
+    for (id, modality, nmea, video, dbc, proxied) in sources {
+        let (channels, mut source) =
+            source_channels(id, modality, nmea, video, all.len() as u32 + 1);
+        source.on_demand = proxied;
         all.extend(channels);
+        if let Some(dbc) = dbc {
+            let (channels, can) = can_channels(id, dbc, all.len() as u32 + 1);
+            all.extend(channels);
+            source.can = Some(can);
+        }
         per_source.push(source);
     }
     (all, per_source)
@@ -125,12 +189,14 @@ pub fn spawn_alerts(
     }))
 }
 
-/// The channels of one source, numbered from `first`: `/{source}` with the modality's schema, and
-/// for an NMEA source `/{source}/fix`.
+/// The channels of one source, numbered from `first`: `/{source}` with the modality's schema
+/// (`video`: a camera of H.264 frames, `foxglove.CompressedVideo`), and for an NMEA source
+/// `/{source}/fix`.
 pub fn source_channels(
     source: &str,
     modality: Modality,
     nmea: bool,
+    video: bool,
     first: u32,
 ) -> (Vec<Channel>, SourceChannels) {
     let schema = |name: &str| {
@@ -138,13 +204,16 @@ pub fn source_channels(
             .encode(foxglove::file_descriptor_set(name).unwrap_or_default())
     };
     let (class, media) = match modality {
-        Modality::Camera => (
+        Modality::Camera if video => (
             Class::Camera,
             Media::Camera {
                 width: 0,
                 height: 0,
+                codec: rigd_drivers::Codec::H264,
+                keyframe: true,
             },
         ),
+        Modality::Camera => (Class::Camera, Media::jpeg(0, 0)),
         Modality::Audio => (
             Class::Audio,
             Media::Audio {
@@ -154,6 +223,7 @@ pub fn source_channels(
             },
         ),
         Modality::Serial => (Class::Serial, Media::Serial { text: true }),
+        Modality::Can => (Class::Serial, Media::Can { frames: 0 }),
     };
     let name = schema_name(&media);
     let mut all = vec![Channel {
@@ -181,15 +251,19 @@ pub fn source_channels(
             source: source.into(),
             main: first,
             fix,
+            can: None,
+            on_demand: false,
         },
     )
 }
 
 /// Whether a source's records are NMEA sentences worth a `/fix` channel.
 fn speaks_nmea(sc: &SourceConfig) -> bool {
-    match sc {
-        SourceConfig::SyntheticSerial(_) => true,
-        SourceConfig::Serial(c) => !matches!(c.framing, rigd_drivers::serial::Framing::Raw),
+    match &sc.kind {
+        crate::config::SourceKind::SyntheticSerial(_) => true,
+        crate::config::SourceKind::Serial(c) => {
+            !matches!(c.framing, rigd_drivers::serial::Framing::Raw)
+        }
         _ => false,
     }
 }
@@ -202,6 +276,7 @@ pub struct Tap(OnceLock<TapLink>);
 struct TapLink {
     main: ChannelHandle,
     fix: Option<ChannelHandle>,
+    can: Vec<ChannelHandle>,
     /// Only the source's lane encodes: the lock is never contended.
     encoder: Mutex<Encoder>,
 }
@@ -213,7 +288,9 @@ impl Tap {
         let Some(link) = self.0.get() else {
             return;
         };
-        let wanted = link.main.wanted() || link.fix.as_ref().is_some_and(ChannelHandle::wanted);
+        let wanted = link.main.wanted()
+            || link.fix.as_ref().is_some_and(ChannelHandle::wanted)
+            || link.can.iter().any(ChannelHandle::wanted);
         if !wanted {
             return;
         }
@@ -226,12 +303,16 @@ impl Tap {
 
 /// Connects `tap` to the hub; false (and nothing happens) for channels the hub does not have.
 pub fn connect(tap: &Tap, hub: Arc<LiveHub>, channels: SourceChannels) -> bool {
+    if channels.on_demand {
+        hub.set_on_demand(channels.main);
+    }
     let Some(encoder) = Encoder::new(hub, &channels) else {
         return false;
     };
     let _ = tap.0.set(TapLink {
         main: encoder.main.clone(),
         fix: encoder.fix.clone(),
+        can: encoder.can.iter().map(|(h, _)| h.clone()).collect(),
         encoder: Mutex::new(encoder),
     });
     true
@@ -245,6 +326,9 @@ pub struct Encoder {
     main: ChannelHandle,
     fix: Option<ChannelHandle>,
     fixes: FixBuilder,
+    /// A CAN source's decoded channels (by DBC message index) and the DBC.
+    can: Vec<(ChannelHandle, usize)>,
+    dbc: Option<Arc<crate::can::Dbc>>,
 }
 
 impl Encoder {
@@ -256,6 +340,13 @@ impl Encoder {
                 Some(id) => Some(hub.handle(id)?),
                 None => None,
             },
+            can: match &channels.can {
+                Some(c) => (0..c.dbc.messages().len())
+                    .map(|i| Some((hub.handle(c.first + i as u32)?, i)))
+                    .collect::<Option<Vec<_>>>()?,
+                None => Vec::new(),
+            },
+            dbc: channels.can.as_ref().map(|c| c.dbc.clone()),
             source: channels.source.clone(),
             hub,
             fixes: FixBuilder::default(),
@@ -264,6 +355,9 @@ impl Encoder {
 
     /// Encodes `frame` for the channels someone subscribes to now, and hands it to the hub.
     pub fn encode(&mut self, frame: &Frame) {
+        if let Media::Can { .. } = frame.media {
+            return self.encode_can(frame);
+        }
         let main = self.main.wanted();
         let fix = self.fix.as_ref().filter(|f| f.wanted());
         let sentence = match frame.media {
@@ -278,8 +372,20 @@ impl Encoder {
             };
             let mut buf = Vec::with_capacity(frame.payload.len() + 64);
             protobuf_message(frame, level, &mut buf);
+            let picture = match frame.media {
+                Media::Camera {
+                    codec: rigd_drivers::Codec::H264,
+                    keyframe,
+                    ..
+                } if keyframe => Picture::Key,
+                Media::Camera {
+                    codec: rigd_drivers::Codec::H264,
+                    ..
+                } => Picture::Delta,
+                _ => Picture::Whole,
+            };
             self.hub
-                .publish(&self.main, frame.capture_ns, Bytes::from(buf));
+                .publish_picture(&self.main, frame.capture_ns, Bytes::from(buf), picture);
         }
         if let Ok(Some(s @ (Sentence::Gga(_) | Sentence::Rmc(_)))) = &sentence {
             // The builder sees every sentence while anyone watches the source, so a fix channel
@@ -290,6 +396,45 @@ impl Encoder {
                     location_fix(&f, &self.source, &mut buf);
                     self.hub.publish(h, f.capture_ns, Bytes::from(buf));
                 }
+            }
+        }
+    }
+}
+
+impl Encoder {
+    /// A CAN record: each frame on `/{source}` and, decoded, on its message's channel, for the
+    /// channels someone subscribes to now.
+    fn encode_can(&mut self, record: &Frame) {
+        use crate::foxglove::can as m;
+        let main = self.main.wanted();
+        let decoded = self.dbc.is_some() && self.can.iter().any(|(h, _)| h.wanted());
+        if !main && !decoded {
+            return;
+        }
+        // A record that does not read was counted by the lane that spooled it; nothing to show.
+        let Ok(frames) = rigd_drivers::can_record::decode(&record.payload) else {
+            return;
+        };
+        let mut buf = Vec::with_capacity(96);
+        for f in &frames {
+            if main {
+                m::can_frame(f, &self.source, &mut buf);
+                self.hub
+                    .publish(&self.main, f.ts_ns, Bytes::copy_from_slice(&buf));
+            }
+            let Some(dbc) = self.dbc.as_deref().filter(|_| decoded) else {
+                continue;
+            };
+            let Some((index, message)) = dbc.message_index(f.id) else {
+                continue;
+            };
+            let Some((handle, _)) = self.can.get(index).filter(|(h, _)| h.wanted()) else {
+                continue;
+            };
+            if let Some(d) = dbc.decode(f.id, &f.data) {
+                m::signals_protobuf(message, &d, f.ts_ns, &mut buf);
+                self.hub
+                    .publish(handle, f.ts_ns, Bytes::copy_from_slice(&buf));
             }
         }
     }
@@ -331,7 +476,9 @@ mod tests {
             SourceChannels {
                 source: "can".into(),
                 main: 5,
-                fix: None
+                fix: None,
+                can: None,
+                on_demand: false,
             }
         );
         assert!(all.iter().all(|c| !c.schema.is_empty()));
@@ -341,10 +488,69 @@ mod tests {
             SourceChannels {
                 source: EVENTS_SOURCE.into(),
                 main: 6,
-                fix: None
+                fix: None,
+                can: None,
+                on_demand: false,
             },
             "the events lane's channel, the one `rigd live` makes of the events topic"
         );
+    }
+
+    #[test]
+    fn a_camera_with_a_proxy_is_on_demand_and_its_proxy_is_not() {
+        let mut config = Config::parse(
+                "[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"synthetic-camera\"\ncodec = \"h264\"\nwidth = 640\nheight = 360\nproxy = { width = 320, height = 180 }\n[[source]]\nid = \"side\"\nkind = \"synthetic-camera\"\ncodec = \"h264\"\n",
+                "t",
+            )
+            .unwrap();
+        config.sources = crate::config::with_proxies(&config.sources, config.rig.bucket_ms);
+        let (all, per) = channels(&config);
+        let on_demand: Vec<(&str, bool)> = per.iter().map(|s| (&*s.source, s.on_demand)).collect();
+        assert_eq!(
+            on_demand,
+            [
+                ("cam", true),
+                ("cam-proxy", false),
+                ("side", false),
+                (EVENTS_SOURCE, false)
+            ]
+        );
+        let hub = Arc::new(LiveHub::new("t".into(), all, 1, Arc::new(|| 0)));
+        for (tap, s) in [Tap::default(), Tap::default()].iter().zip(&per) {
+            assert!(connect(tap, hub.clone(), s.clone()));
+        }
+        assert!(hub.on_demand(per[0].main) && !hub.on_demand(per[1].main));
+    }
+
+    #[test]
+    fn a_can_source_with_a_dbc_has_a_channel_per_message() {
+        let dbc = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/vehicle.dbc");
+        let c = Config::parse(
+            &format!(
+                "[rig]\nid = \"a\"\n[[source]]\nid = \"bus\"\nkind = \"synthetic-can\"\ndbc = \"{dbc}\"\n\
+                 [[source]]\nid = \"raw\"\nkind = \"synthetic-can\"\n"
+            ),
+            "t",
+        )
+        .unwrap();
+        let (all, per) = channels(&c);
+        let topics: Vec<(&str, &str)> = all
+            .iter()
+            .map(|c| (c.topic.as_str(), c.schema_name.as_str()))
+            .collect();
+        assert_eq!(
+            topics[..4],
+            [
+                ("/bus", crate::foxglove::can::CAN_FRAME),
+                ("/bus/VehicleSpeed", "rigd.can.VehicleSpeed"),
+                ("/bus/SteeringAngle", "rigd.can.SteeringAngle"),
+                ("/bus/Brake", "rigd.can.Brake"),
+            ]
+        );
+        assert_eq!(topics[6], ("/bus/BatteryCells", "rigd.can.BatteryCells"));
+        assert_eq!(topics[7], ("/raw", crate::foxglove::can::CAN_FRAME));
+        assert_eq!(per[0].can.as_ref().map(|c| c.first), Some(2));
+        assert!(per[1].can.is_none());
     }
 
     fn alert(level: &'static str, subject: &str, text: &str) -> rigd_web::Alert {
@@ -423,10 +629,7 @@ mod tests {
             seq: 1,
             capture_ns: 5,
             clock: rigd_drivers::ClockState::Unsynced,
-            media: Media::Camera {
-                width: 1,
-                height: 1,
-            },
+            media: Media::jpeg(1, 1),
             payload: Bytes::from_static(b"jpeg"),
         };
         tap.offer(&frame);

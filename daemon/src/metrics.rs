@@ -196,6 +196,8 @@ impl RecentLatency {
 
 /// Serial records kept per source for the page.
 pub const PREVIEW_RECORDS: usize = 8;
+/// CAN records kept for the status page: a second of 33 ms buckets.
+const PREVIEW_CAN_RECORDS: usize = 30;
 /// A serial record is shown up to this many bytes.
 const PREVIEW_RECORD_BYTES: usize = 160;
 /// Camera frames and audio levels are taken at most this often.
@@ -209,13 +211,21 @@ pub struct Preview {
     /// Capture time of the last sampled camera frame or audio block (throttles the lane's work).
     last_sample_ns: AtomicI64,
     inner: Mutex<PreviewState>,
+    /// An H.264 camera's still: the last keyframe decoded and made a JPEG, by the first page that
+    /// asks for it after it arrives (apart from `inner`: the lane never waits on a decode).
+    still: Mutex<Option<(u64, Bytes)>>,
 }
 
 #[derive(Debug, Default)]
 struct PreviewState {
     jpeg: Option<(u64, Bytes)>,
+    /// An H.264 camera's last keyframe access unit (SPS, PPS, IDR).
+    keyframe: Option<(u64, Bytes)>,
     level: Option<AudioLevel>,
     records: VecDeque<(i64, bool, Bytes)>,
+    /// A CAN source's last records (about a second of the bus), decoded only when the status
+    /// page asks (`crate::can::status_lines`).
+    can: VecDeque<Bytes>,
 }
 
 /// The latest camera frame of a source.
@@ -229,6 +239,15 @@ impl Preview {
     /// Looks at a frame on its way through the lane. Serial records are all kept (they are few and
     /// small); camera frames and audio blocks are sampled at most every 250 ms of capture time.
     pub fn offer(&self, frame: &Frame) {
+        if let Media::Can { .. } = frame.media {
+            if let Ok(mut s) = self.inner.lock() {
+                if s.can.len() == PREVIEW_CAN_RECORDS {
+                    s.can.pop_front();
+                }
+                s.can.push_back(frame.payload.clone());
+            }
+            return;
+        }
         if let Media::Serial { text } = frame.media {
             let cut = frame.payload.len().min(PREVIEW_RECORD_BYTES);
             if let Ok(mut s) = self.inner.lock() {
@@ -240,6 +259,21 @@ impl Preview {
             }
             return;
         }
+        if let Media::Camera {
+            codec: rigd_drivers::Codec::H264,
+            keyframe,
+            ..
+        } = frame.media
+        {
+            // Every keyframe is kept (a clone of its bytes): one a second, and the only frames
+            // that decode alone.
+            if keyframe && frame.payload.len() <= PREVIEW_MAX_JPEG {
+                if let Ok(mut s) = self.inner.lock() {
+                    s.keyframe = Some((frame.seq, frame.payload.clone()));
+                }
+            }
+            return;
+        }
         let last = self.last_sample_ns.load(Ordering::Relaxed);
         // Absolute difference: a clock step backwards must not freeze the preview.
         if last != 0 && (frame.capture_ns - last).unsigned_abs() < PREVIEW_EVERY_NS as u64 {
@@ -248,13 +282,16 @@ impl Preview {
         self.last_sample_ns
             .store(frame.capture_ns, Ordering::Relaxed);
         match frame.media {
-            Media::Camera { .. } if frame.payload.len() <= PREVIEW_MAX_JPEG => {
+            Media::Camera {
+                codec: rigd_drivers::Codec::Jpeg,
+                ..
+            } if frame.payload.len() <= PREVIEW_MAX_JPEG => {
                 if let Ok(mut s) = self.inner.lock() {
                     s.jpeg = Some((frame.seq, frame.payload.clone()));
                 }
             }
             Media::Audio { .. } => {
-                let level = level_of_le_s16(&frame.payload);
+                let level = AudioLevel::of_s16le(&frame.payload);
                 if let Ok(mut s) = self.inner.lock() {
                     s.level = Some(level);
                 }
@@ -263,16 +300,40 @@ impl Preview {
         }
     }
 
+    /// The latest picture as a JPEG: a JPEG camera's sampled frame, or an H.264 camera's last
+    /// keyframe decoded on the caller's thread (once per keyframe, whoever asks first; the web
+    /// UI asks from a blocking task).
     pub fn jpeg(&self) -> Option<PreviewJpeg> {
-        let s = self.inner.lock().ok()?;
-        s.jpeg.as_ref().map(|(seq, jpeg)| PreviewJpeg {
-            seq: *seq,
-            jpeg: jpeg.clone(),
-        })
+        let (jpeg, keyframe) = {
+            let s = self.inner.lock().ok()?;
+            (s.jpeg.clone(), s.keyframe.clone())
+        };
+        if let Some((seq, jpeg)) = jpeg {
+            return Some(PreviewJpeg { seq, jpeg });
+        }
+        let (seq, au) = keyframe?;
+        let mut still = self.still.lock().ok()?;
+        if let Some((done, jpeg)) = still.as_ref().filter(|(done, _)| *done == seq) {
+            return Some(PreviewJpeg {
+                seq: *done,
+                jpeg: jpeg.clone(),
+            });
+        }
+        let jpeg = match still_of_keyframe(&au) {
+            Ok(jpeg) => Bytes::from(jpeg),
+            Err(e) => {
+                tracing::debug!(seq, error = %e, "preview: keyframe not decodable");
+                return None;
+            }
+        };
+        *still = Some((seq, jpeg.clone()));
+        Some(PreviewJpeg { seq, jpeg })
     }
 
+    /// The sequence number of the frame [`Preview::jpeg`] would show.
     pub fn jpeg_seq(&self) -> Option<u64> {
-        self.inner.lock().ok()?.jpeg.as_ref().map(|(seq, _)| *seq)
+        let s = self.inner.lock().ok()?;
+        s.jpeg.as_ref().or(s.keyframe.as_ref()).map(|(seq, _)| *seq)
     }
 
     /// The level of the last sampled audio block.
@@ -281,6 +342,14 @@ impl Preview {
     }
 
     /// The last serial records, oldest first, as display text (binary records as hex).
+    /// A CAN source's last records, oldest first.
+    pub fn can_records(&self) -> Vec<Bytes> {
+        self.inner
+            .lock()
+            .map(|s| s.can.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub fn records(&self) -> Vec<String> {
         let Ok(s) = self.inner.lock() else {
             return Vec::new();
@@ -290,6 +359,15 @@ impl Preview {
             .map(|(_, text, b)| display_record(*text, b))
             .collect()
     }
+}
+
+/// A keyframe access unit as a JPEG (quality 80).
+fn still_of_keyframe(au: &[u8]) -> Result<Vec<u8>, String> {
+    let p = rigd_drivers::h264::decode_keyframe(au).map_err(|e| e.to_string())?;
+    let mut jpeg = Vec::new();
+    rigd_drivers::camera::i420_to_jpeg(p.width, p.height, &p.i420, 80, &mut jpeg)
+        .map_err(|e| e.to_string())?;
+    Ok(jpeg)
 }
 
 /// Printable text for a serial record: line endings trimmed, control characters escaped.
@@ -312,15 +390,6 @@ fn display_record(text: bool, b: &[u8]) -> String {
             }
         })
         .collect()
-}
-
-/// RMS and peak of interleaved little-endian signed 16-bit samples.
-fn level_of_le_s16(pcm: &[u8]) -> AudioLevel {
-    let samples: Vec<i16> = pcm
-        .chunks_exact(2)
-        .map(|c| i16::from_le_bytes([c[0], c[1]]))
-        .collect();
-    AudioLevel::of_s16(&samples)
 }
 
 /// A counter's rate of change per second over the last few seconds, from samples taken whenever
@@ -475,10 +544,7 @@ mod tests {
     #[test]
     fn preview_samples_camera_frames_a_few_times_per_second() {
         let p = Preview::default();
-        let cam = Media::Camera {
-            width: 1,
-            height: 1,
-        };
+        let cam = Media::jpeg(1, 1);
         for i in 0..30u64 {
             // 30 frames over one second
             p.offer(&frame(

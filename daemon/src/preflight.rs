@@ -149,7 +149,7 @@ fn pulsar_tls_problems(config: &Config, p: &mut Vec<HostProblem>) {
 /// exist yet is a warning ([`warnings`]).
 fn serial_devices(config: &Config, p: &mut Vec<HostProblem>) {
     for (i, s) in config.sources.iter().enumerate() {
-        let crate::config::SourceConfig::Serial(c) = s else {
+        let crate::config::SourceKind::Serial(c) = &s.kind else {
             continue;
         };
         if c.device.contains('\0') {
@@ -231,6 +231,19 @@ pub fn warnings(config: &Config) -> Vec<String> {
         if device.starts_with('/') && std::fs::metadata(device).is_err() {
             w.push(format!(
                 "{}.device: {device} does not exist (yet: the source retries until it appears)",
+                config.source_key(i)
+            ));
+        }
+    }
+    for (i, s) in config.sources.iter().enumerate() {
+        let crate::config::SourceKind::Can(c) = &s.kind else {
+            continue;
+        };
+        let net = Path::new("/sys/class/net");
+        let name = &c.interface;
+        if net.is_dir() && !name.contains(['/', '\0']) && !net.join(name).exists() {
+            w.push(format!(
+                "{}.interface: no network interface `{name}` on this host (yet: the source retries until it appears; `ip link` lists them)",
                 config.source_key(i)
             ));
         }
@@ -491,6 +504,36 @@ mod tests {
             dir.display()
         );
         Config::parse(&text, "t.toml").unwrap()
+    }
+
+    #[test]
+    fn a_can_interface_not_there_is_a_warning_not_a_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Config::parse(
+            &format!(
+                "[rig]\nid = \"a\"\n[[source]]\nid = \"bus\"\nkind = \"can\"\ninterface = \"nocan7\"\n[spool]\npath = \"{}/spool\"\n",
+                dir.path().display()
+            ),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(problems(&c), Vec::new());
+        let w = warnings(&c).join("\n");
+        if Path::new("/sys/class/net").is_dir() {
+            assert!(
+                w.contains("source[0].interface: no network interface `nocan7`"),
+                "{w}"
+            );
+        }
+        let lo = Config::parse(
+            &format!(
+                "[rig]\nid = \"a\"\n[[source]]\nid = \"bus\"\nkind = \"can\"\ninterface = \"lo\"\n[spool]\npath = \"{}/spool\"\n",
+                dir.path().display()
+            ),
+            "t",
+        )
+        .unwrap();
+        assert!(!warnings(&lo).join("\n").contains("interface"));
     }
 
     #[test]

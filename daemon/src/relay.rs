@@ -70,6 +70,9 @@ pub struct RelayConfig {
     pub access: crate::tail::Access,
     pub bind: SocketAddr,
     pub max_clients: usize,
+    /// Every camera's full resolution advertised to every client (`--full`); without it a
+    /// camera whose `{id}-proxy` arrives is on demand (`?full=1`).
+    pub full: bool,
     /// The fleet's private key (`--decrypt-key`): encrypted frames are decrypted; without it they
     /// are skipped and counted.
     pub decryptor: Option<Arc<Decryptor>>,
@@ -209,6 +212,8 @@ async fn serve(cfg: &RelayConfig, interrupt: &Interrupt) -> Result<RelaySummary,
             _ = interrupt.wait() => return Ok(RelaySummary::default()),
         };
         let mut encoders: HashMap<String, Encoder> = HashMap::new();
+        // The video sources' main channels: a camera beside its `{id}-proxy` is on demand.
+        let mut videos: HashMap<String, u32> = HashMap::new();
         let mut summary = RelaySummary::default();
         let mut opener = Opener::new(cfg.decryptor.clone(), REASSEMBLY_BYTES);
         loop {
@@ -256,9 +261,23 @@ async fn serve(cfg: &RelayConfig, interrupt: &Interrupt) -> Result<RelaySummary,
                 // Text serial records may be NMEA (a fix channel); the events topic's markers are not.
                 let nmea = matches!(frame.media, Media::Serial { text: true })
                     && source != crate::config::EVENTS_SOURCE;
-                let (channels, ids) = source_channels(&source, frame.modality(), nmea, first);
+                let video = matches!(
+                    frame.media,
+                    Media::Camera {
+                        codec: rigd_drivers::Codec::H264,
+                        ..
+                    }
+                );
+                let (channels, ids) =
+                    source_channels(&source, frame.modality(), nmea, video, first);
                 for c in channels {
                     hub.add_channel(c);
+                }
+                if video {
+                    videos.insert(source.clone(), ids.main);
+                    if let Some(held) = held_by_proxy(&source, &videos).filter(|_| !cfg.full) {
+                        hub.set_on_demand(held);
+                    }
                 }
                 tracing::info!(source = %source, modality = frame.modality().as_str(), "rigd live: new source");
                 if let Some(e) = Encoder::new(hub.clone(), &ids) {
@@ -278,6 +297,18 @@ async fn serve(cfg: &RelayConfig, interrupt: &Interrupt) -> Result<RelaySummary,
     let _ = stop_tx.send(true);
     let _ = web.await;
     result
+}
+
+/// The main channel of the camera whose full resolution goes on demand now that video source
+/// `source` arrived (`videos`: every video source's main channel, `source` among them): the
+/// camera itself when its `{id}-proxy` is there, or the proxy's camera. Pure.
+pub fn held_by_proxy(source: &str, videos: &HashMap<String, u32>) -> Option<u32> {
+    match source.strip_suffix("-proxy") {
+        Some(camera) if videos.contains_key(camera) => videos.get(camera).copied(),
+        _ => videos
+            .get(&crate::config::proxy_id(source))
+            .and(videos.get(source).copied()),
+    }
 }
 
 /// Why a message did not become a frame.
@@ -573,6 +604,11 @@ pub fn frame_of<'a>(
         "camera" => Media::Camera {
             width: num("width").unwrap_or(0) as u32,
             height: num("height").unwrap_or(0) as u32,
+            codec: match m.get("codec").copied() {
+                Some("h264") => rigd_drivers::Codec::H264,
+                _ => rigd_drivers::Codec::Jpeg,
+            },
+            keyframe: m.get("keyframe").copied() != Some("false"),
         },
         "audio" => Media::Audio {
             sample_rate: num("sample-rate")? as u32,
@@ -583,6 +619,9 @@ pub fn frame_of<'a>(
             text: m
                 .get("content-type")
                 .is_some_and(|t| t.starts_with("text/")),
+        },
+        "can" => Media::Can {
+            frames: num("frames").unwrap_or(0) as u32,
         },
         _ => return None,
     };
@@ -605,6 +644,22 @@ pub fn frame_of<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_camera_beside_its_proxy_is_on_demand_whichever_arrives_first() {
+        let mut videos = HashMap::new();
+        videos.insert("cam".to_string(), 1);
+        assert_eq!(held_by_proxy("cam", &videos), None, "no proxy yet");
+        videos.insert("cam-proxy".to_string(), 2);
+        assert_eq!(held_by_proxy("cam-proxy", &videos), Some(1));
+        let mut videos = HashMap::new();
+        videos.insert("rear-proxy".to_string(), 5);
+        assert_eq!(held_by_proxy("rear-proxy", &videos), None, "no camera yet");
+        videos.insert("rear".to_string(), 7);
+        assert_eq!(held_by_proxy("rear", &videos), Some(7));
+        videos.insert("side".to_string(), 9);
+        assert_eq!(held_by_proxy("side", &videos), None);
+    }
 
     #[test]
     fn a_rigd_message_becomes_its_frame_again() {

@@ -174,6 +174,27 @@ pub struct Selection {
 pub struct SourcePlan {
     pub source: Arc<str>,
     pub entries: Vec<Entry>,
+    /// `--from` fell inside a group of pictures: the range starts earlier, at the capture time
+    /// of the group's keyframe (issue 48.4), so the first frame written decodes.
+    pub extended_from: Option<i64>,
+}
+
+/// Where a source's range `[from, ...)` starts so that it begins at a keyframe: the index of the
+/// first entry at or after `from`, moved back to the last entry before it that is not a delta
+/// when it is one. Pure. Returns (start index, whether it moved).
+pub fn group_start(entries: &[Entry], from: Option<i64>) -> (usize, bool) {
+    let Some(from) = from else {
+        return (0, false);
+    };
+    let first = entries.partition_point(|e| e.capture_ns < from);
+    if entries.get(first).is_none_or(|e| !e.delta) {
+        return (first, false);
+    }
+    match entries[..first].iter().rposition(|e| !e.delta) {
+        Some(k) => (k, true),
+        // The group's keyframe is not in the spool (dropped earlier): nothing to extend to.
+        None => (first, false),
+    }
 }
 
 impl Selection {
@@ -203,16 +224,20 @@ impl Selection {
                 });
             }
         }
-        let in_range = |e: &&Entry| {
-            self.from_ns.is_none_or(|f| e.capture_ns >= f)
-                && self.to_ns.is_none_or(|t| e.capture_ns < t)
-        };
+        let before_to = |e: &&Entry| self.to_ns.is_none_or(|t| e.capture_ns < t);
         Ok(snap
             .sources()
             .filter(|(s, _)| self.sources.is_empty() || self.sources.iter().any(|n| **n == ***s))
-            .map(|(s, entries)| SourcePlan {
-                source: s.clone(),
-                entries: entries.iter().filter(in_range).copied().collect(),
+            .map(|(s, entries)| {
+                // Entries are in seq order, which is capture order within a source.
+                let (start, moved) = group_start(entries, self.from_ns);
+                let entries: Vec<Entry> =
+                    entries[start..].iter().filter(before_to).copied().collect();
+                SourcePlan {
+                    source: s.clone(),
+                    extended_from: entries.first().filter(|_| moved).map(|e| e.capture_ns),
+                    entries,
+                }
             })
             .filter(|p| !p.entries.is_empty())
             .collect())
@@ -378,14 +403,16 @@ impl Summary {
             let _ = writeln!(
                 err,
                 "  mcap: {} messages ({}, {} chunks), {:.1} MB written; {} location fixes, {} NMEA \
-                 sentences unparsed (kept as Log lines), {} markers",
+                 sentences unparsed (kept as Log lines), {} markers, {} CAN frames ({} decoded)",
                 m.messages,
                 m.encoding,
                 m.compression,
                 m.output_bytes as f64 / 1e6,
                 m.location_fixes,
                 m.nmea_unparsed,
-                m.markers
+                m.markers,
+                m.can_frames,
+                m.can_decoded
             );
         }
         if !self.corrupt.is_empty() {
@@ -415,7 +442,29 @@ mod tests {
             len: 10,
             segment: 1,
             offset: 0,
+            delta: false,
         }
+    }
+
+    /// Issue 48.4: a range starting inside a group of pictures starts at the group's keyframe.
+    #[test]
+    fn a_range_from_mid_group_starts_at_its_keyframe() {
+        // Keyframes at 0 and 40 (ns), deltas every 10 ns between.
+        let e: Vec<Entry> = (0..8)
+            .map(|i| Entry {
+                delta: i % 4 != 0,
+                ..entry(i, i as i64 * 10)
+            })
+            .collect();
+        assert_eq!(group_start(&e, None), (0, false));
+        assert_eq!(group_start(&e, Some(25)), (0, true));
+        assert_eq!(group_start(&e, Some(40)), (4, false));
+        assert_eq!(group_start(&e, Some(41)), (4, true));
+        assert_eq!(group_start(&e, Some(1000)), (8, false));
+        // Without video nothing moves; a group whose keyframe is gone is not extended.
+        let plain: Vec<Entry> = (0..8).map(|i| entry(i, i as i64 * 10)).collect();
+        assert_eq!(group_start(&plain, Some(25)), (3, false));
+        assert_eq!(group_start(&e[1..], Some(25)), (2, false));
     }
 
     #[test]
@@ -424,10 +473,12 @@ mod tests {
             SourcePlan {
                 source: "a".into(),
                 entries: vec![entry(0, 10), entry(1, 30)],
+                extended_from: None,
             },
             SourcePlan {
                 source: "b".into(),
                 entries: vec![entry(5, 10), entry(6, 20)],
+                extended_from: None,
             },
         ];
         let order: Vec<(usize, u64)> = capture_order(&plan)

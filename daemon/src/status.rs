@@ -46,8 +46,10 @@ impl rigd_web::StatusSource for Runtime {
             // Counted once, where the refusal is logged (the producer).
             let mut refused = 0;
             let mut wire = 0;
+            let mut starved = std::time::Duration::ZERO;
             if let Some(u) = &e.uplink {
                 wire = u.wire_bytes.load(Ordering::Relaxed);
+                starved = u.starved.longest();
                 all_connected &= u.connected.load(Ordering::Relaxed);
                 uplink.in_flight += u.in_flight.load(Ordering::Relaxed) as u64;
                 uplink.published += u.published.load(Ordering::Relaxed);
@@ -117,6 +119,8 @@ impl rigd_web::StatusSource for Runtime {
                         .as_ref()
                         .is_some_and(|u| u.connected.load(Ordering::Relaxed))
                     && !self.uplink_paused.load(Ordering::Relaxed),
+                starved_ms: starved.as_millis() as u64,
+                starved: starved >= crate::uplink::pool::STARVED_AFTER,
                 backlog_eta_s: {
                     let pushed = sp.pushed.load(Ordering::Relaxed);
                     let popped = sp.popped.load(Ordering::Relaxed);
@@ -143,10 +147,19 @@ impl rigd_web::StatusSource for Runtime {
                         rms_dbfs: dbfs(l.rms),
                         peak_dbfs: dbfs(l.peak),
                     }),
-                last_records: if modality == Modality::Serial {
-                    e.lane.preview.records()
-                } else {
-                    Vec::new()
+                last_records: match modality {
+                    Modality::Serial => e.lane.preview.records(),
+                    Modality::Can => crate::can::status_lines(
+                        self.config
+                            .sources
+                            .iter()
+                            .find(|c| c.id() == &*e.id)
+                            .and_then(|c| c.dbc())
+                            .and_then(crate::can::cached_dbc)
+                            .as_deref(),
+                        &e.lane.preview.can_records(),
+                    ),
+                    _ => Vec::new(),
                 },
                 live_dropped: self.live.dropped(&e.id),
                 upload: if e.on_request { "on-request" } else { "live" }.to_string(),
@@ -172,12 +185,27 @@ impl rigd_web::StatusSource for Runtime {
             uplink.last_error.as_deref(),
         );
         uplink.publish_rate = observed.rate("", "published", t, uplink.published);
-        uplink.budget_bytes_per_second = self
-            .config
-            .pulsar
-            .max_bandwidth
-            .filter(|_| uplink.configured)
-            .map(|b| b.bytes_per_second());
+        if let Some(b) = self.budget.as_ref().filter(|_| uplink.configured) {
+            let reading = b.reading();
+            uplink.budget_bytes_per_second = Some(reading.map_or(b.rate(), |r| r.pacing as u64));
+            uplink.estimate = reading.map(|r| rigd_web::LinkEstimate {
+                bytes_per_second: r.estimate as u64,
+                pacing_bytes_per_second: r.pacing as u64,
+                base_rtt_ms: r.base_rtt.map(|d| d.as_secs_f64() * 1e3),
+                queueing_ms: r.queueing.as_secs_f64() * 1e3,
+                mode: r.mode.name().to_string(),
+            });
+            for (rank, total) in b.granted().into_iter().enumerate() {
+                let key = format!("rank{rank}");
+                match observed.rate(&key, "granted", t, total) {
+                    Some(rate) if total > 0 => uplink.rank_shares.push(rigd_web::RankShare {
+                        rank: rank as u32,
+                        bytes_per_second: rate,
+                    }),
+                    _ => {}
+                }
+            }
+        }
         let wire_total: u64 = self
             .sources
             .iter()
@@ -249,6 +277,11 @@ impl rigd_web::StatusSource for Runtime {
                 max_clients: self.live.max_clients() as u64,
             },
             recall: self.recall.as_deref().map(|r| self.recall_status(r)),
+            campaigns: self
+                .recall
+                .as_deref()
+                .and_then(|r| r.extension())
+                .map(|c| c.status()),
         }
     }
 

@@ -341,16 +341,8 @@ async fn tail(cfg: &TailConfig, interrupt: &Interrupt) -> Result<TailSummary, Ta
         url: cfg.url.clone(),
         why,
     };
-    let (builder, _bridge) = connect(&cfg.url, &cfg.access).await.map_err(perr)?;
-    let pulsar: Pulsar<TokioExecutor> = tokio::select! {
-        r = builder.build() => match r {
-            Ok(p) => p,
-            Err(e) => return Err(perr(unreachable(&cfg.url, &cfg.access, &e.to_string()).await)),
-        },
-        _ = tokio::time::sleep(CONNECT_TIMEOUT) => {
-            let why = format!("no connection in {} s", CONNECT_TIMEOUT.as_secs());
-            return Err(perr(unreachable(&cfg.url, &cfg.access, &why).await));
-        }
+    let (pulsar, _bridge) = tokio::select! {
+        r = open(&cfg.url, &cfg.access) => r.map_err(perr)?,
         _ = interrupt.wait() => return Ok(TailSummary::default()),
     };
     let subscription = format!(
@@ -518,6 +510,26 @@ async fn tls_diagnosis(url: &str, access: &Access) -> Option<String> {
         Ok(Err(e)) => Some(e.to_string()),
         _ => None,
     }
+}
+
+/// A connected client for `url` with `access` within [`CONNECT_TIMEOUT`], or why not: a flag's
+/// file that does not load, or the broker unreachable with [`unreachable`]'s diagnosis. The
+/// bridge (if any) lives as long as the returned value.
+pub(crate) async fn open(
+    url: &str,
+    access: &Access,
+) -> Result<(Pulsar<TokioExecutor>, Option<bridge::Bridge>), String> {
+    let (builder, bridge) = connect(url, access).await?;
+    let why = tokio::select! {
+        r = builder.build() => match r {
+            Ok(p) => return Ok((p, bridge)),
+            Err(e) => e.to_string(),
+        },
+        _ = tokio::time::sleep(CONNECT_TIMEOUT) => {
+            format!("no connection in {} s", CONNECT_TIMEOUT.as_secs())
+        }
+    };
+    Err(unreachable(url, access, &why).await)
 }
 
 /// A client of the `pulsar` crate for `url` with `access`. With a client certificate (which the

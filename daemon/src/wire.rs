@@ -1,5 +1,11 @@
 //! The Pulsar wire format of a frame, as SPEC.md fixes it: key = bucket, event_time = capture ms,
 //! stable producer name, and the property set consumers rely on. Pure: no I/O.
+//!
+//! A rig with a video source keys every message by its **group** instead ([`key`]): the first
+//! bucket of the span of `gop` buckets holding the frame, so that a GOP (a keyframe and the
+//! frames that need it) is never split across Key_Shared consumers or partitions, and every
+//! modality of a group travels together. The exact bucket stays the `bucket` property, the group
+//! is the `group` property. Without video a group is one bucket: key = bucket, as before.
 
 use rigd_drivers::Frame;
 
@@ -11,6 +17,12 @@ impl Bucket {
     pub fn of(capture_ns: i64, width_ms: u32) -> Self {
         Bucket(capture_ms(capture_ns).div_euclid(width_ms as i64))
     }
+}
+
+/// The message key of a frame captured at `capture_ns`: the first bucket of its group of
+/// `group_buckets` buckets (the bucket itself when `group_buckets` is 1).
+pub fn key(capture_ns: i64, bucket_ms: u32, group_buckets: u32) -> i64 {
+    rigd_drivers::group_start(Bucket::of(capture_ns, bucket_ms).0, group_buckets)
 }
 
 /// Capture time in whole milliseconds (floor), the message's event_time.
@@ -63,8 +75,17 @@ pub struct Envelope {
 }
 
 impl Envelope {
+    /// The envelope of a frame of a rig without video (key = bucket).
     pub fn of(rig: &str, bucket_ms: u32, frame: &Frame) -> Self {
+        Self::grouped(rig, bucket_ms, 1, frame)
+    }
+
+    /// The envelope of a frame of a rig whose groups are `group_buckets` buckets wide
+    /// (`Config::group_buckets`): key = group; a `group` property when groups are wider than a
+    /// bucket.
+    pub fn grouped(rig: &str, bucket_ms: u32, group_buckets: u32, frame: &Frame) -> Self {
         let bucket = Bucket::of(frame.capture_ns, bucket_ms);
+        let group = rigd_drivers::group_start(bucket.0, group_buckets);
         let mut properties: Vec<(String, String)> = vec![
             ("rig".into(), rig.to_string()),
             ("source".into(), frame.source.to_string()),
@@ -76,6 +97,9 @@ impl Envelope {
             ("clock".into(), frame.clock.as_str().to_string()),
             ("content-type".into(), frame.media.content_type()),
         ];
+        if group_buckets > 1 {
+            properties.push(("group".into(), group.to_string()));
+        }
         properties.extend(
             frame
                 .media
@@ -84,7 +108,7 @@ impl Envelope {
                 .map(|(k, v)| (k.to_string(), v)),
         );
         Envelope {
-            key: bucket.0.to_string(),
+            key: group.to_string(),
             event_time_ms: capture_ms(frame.capture_ns).max(0) as u64,
             properties,
         }
@@ -139,5 +163,53 @@ mod tests {
         assert_eq!(get("frames"), Some("1584"));
         assert_eq!(get("bucket"), Some(e.key.as_str()));
         assert_eq!(producer_name("van-07", "mic"), "rigd-van-07-mic");
+        assert_eq!(get("group"), None, "no group property without video");
+    }
+
+    #[test]
+    fn a_video_rig_keys_every_frame_by_its_group_and_keeps_the_bucket() {
+        let frame = |capture_ns: i64, media: Media| Frame {
+            source: "cam".into(),
+            seq: 7,
+            capture_ns,
+            clock: ClockState::Locked,
+            media,
+            payload: Bytes::from_static(b""),
+        };
+        let h264 = |keyframe| Media::Camera {
+            width: 320,
+            height: 240,
+            codec: rigd_drivers::Codec::H264,
+            keyframe,
+        };
+        // Bucket 1000 * 30 + 29 (the last of its group of 30) and the next one, at 33 ms.
+        let last = frame((30_000 + 29) * 33_000_000, h264(false));
+        let e = Envelope::grouped("van-07", 33, 30, &last);
+        let get = |e: &Envelope, k: &str| {
+            e.properties
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(e.key, "30000");
+        assert_eq!(get(&e, "bucket").as_deref(), Some("30029"));
+        assert_eq!(get(&e, "group").as_deref(), Some("30000"));
+        assert_eq!(get(&e, "codec").as_deref(), Some("h264"));
+        assert_eq!(get(&e, "keyframe").as_deref(), Some("false"));
+        assert_eq!(get(&e, "content-type").as_deref(), Some("video/h264"));
+        let next = frame((30_000 + 30) * 33_000_000, h264(true));
+        assert_eq!(Envelope::grouped("van-07", 33, 30, &next).key, "30030");
+        // Another modality of the same rig goes under the same group.
+        let gps = frame((30_000 + 12) * 33_000_000, Media::Serial { text: true });
+        assert_eq!(Envelope::grouped("van-07", 33, 30, &gps).key, "30000");
+        assert_eq!(key((30_000 + 12) * 33_000_000, 33, 30), 30_000);
+        assert_eq!(key((30_000 + 12) * 33_000_000, 33, 1), 30_012);
+        // A JPEG frame says no codec (as before codecs).
+        let jpeg = frame(0, Media::jpeg(2, 2));
+        assert_eq!(get(&Envelope::of("r", 33, &jpeg), "codec"), None);
+        assert_eq!(
+            get(&Envelope::of("r", 33, &jpeg), "content-type").as_deref(),
+            Some("image/jpeg")
+        );
     }
 }

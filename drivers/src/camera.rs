@@ -29,6 +29,41 @@ pub enum EncodeError {
     Turbo(String),
 }
 
+/// Packed YUYV 4:2:2 (`w` even, `h` even, `w * h * 2` bytes) to planar I420 in `out` (Y, then
+/// U, then V): the H.264 encoder's input. A 2x2 block's chroma is the mean of its two rows'.
+pub fn yuyv_to_i420(w: usize, h: usize, yuyv: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.resize(w * h * 3 / 2, 0);
+    let (y, chroma) = out.split_at_mut(w * h);
+    let (u, v) = chroma.split_at_mut(w * h / 4);
+    for row in 0..h {
+        let src = &yuyv[row * w * 2..][..w * 2];
+        for (d, s) in y[row * w..][..w].iter_mut().zip(src.iter().step_by(2)) {
+            *d = *s;
+        }
+    }
+    for crow in 0..h / 2 {
+        let (a, b) = (
+            &yuyv[2 * crow * w * 2..][..w * 2],
+            &yuyv[(2 * crow + 1) * w * 2..][..w * 2],
+        );
+        for x in 0..w / 2 {
+            let mean = |i: usize| (a[4 * x + i] as u16 + b[4 * x + i] as u16).div_ceil(2) as u8;
+            u[crow * w / 2 + x] = mean(1);
+            v[crow * w / 2 + x] = mean(3);
+        }
+    }
+}
+
+/// NV12 (a Y plane, then interleaved CbCr at half size; `w * h * 3 / 2` bytes) to planar I420.
+pub fn nv12_to_i420(w: usize, h: usize, nv12: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&nv12[..w * h]);
+    let cbcr = &nv12[w * h..][..w * h / 2];
+    out.extend(cbcr.iter().step_by(2));
+    out.extend(cbcr.iter().skip(1).step_by(2));
+}
+
 /// Which encoder turns raw frames into JPEG.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JpegBackend {
@@ -127,13 +162,16 @@ impl ImageBuffer for Yuyv<'_> {
     }
 }
 
-struct Nv12<'a> {
+/// A 4:2:0 frame for the pure-Rust encoder: the Y plane, then chroma at half resolution either
+/// interleaved (NV12: CbCr pairs) or planar (I420: all Cb, then all Cr).
+struct Yuv420<'a> {
     width: u16,
     height: u16,
     data: &'a [u8],
+    interleaved: bool,
 }
 
-impl ImageBuffer for Nv12<'_> {
+impl ImageBuffer for Yuv420<'_> {
     fn get_jpeg_color_type(&self) -> JpegColorType {
         JpegColorType::Ycbcr
     }
@@ -147,10 +185,22 @@ impl ImageBuffer for Nv12<'_> {
         let (w, h) = (self.width as usize, self.height as usize);
         let y = y as usize;
         buffers[0].extend_from_slice(&self.data[y * w..(y + 1) * w]);
-        let uv = &self.data[w * h + (y / 2) * w..w * h + (y / 2 + 1) * w];
-        for c in uv.chunks_exact(2) {
-            buffers[1].extend_from_slice(&[c[0], c[0]]);
-            buffers[2].extend_from_slice(&[c[1], c[1]]);
+        let mut put = |cb: u8, cr: u8| {
+            buffers[1].extend_from_slice(&[cb, cb]);
+            buffers[2].extend_from_slice(&[cr, cr]);
+        };
+        if self.interleaved {
+            let uv = &self.data[w * h + (y / 2) * w..][..w];
+            for c in uv.chunks_exact(2) {
+                put(c[0], c[1]);
+            }
+        } else {
+            let cw = w / 2;
+            let u = &self.data[w * h + (y / 2) * cw..][..cw];
+            let v = &self.data[w * h + (w * h) / 4 + (y / 2) * cw..][..cw];
+            for (cb, cr) in u.iter().zip(v) {
+                put(*cb, *cr);
+            }
         }
     }
 }
@@ -249,17 +299,61 @@ pub fn nv12_to_jpeg_with(
     quality: u8,
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
-    let need = width as usize * height as usize * 3 / 2;
+    yuv420_to_jpeg(backend, true, width, height, data, quality, out)
+}
+
+/// Encodes an I420 frame (Y, then U and V at half resolution, tight strides) to JPEG, 4:2:0, with
+/// [`JpegBackend::preferred`]: a decoded H.264 keyframe as the status page's still.
+pub fn i420_to_jpeg(
+    width: u32,
+    height: u32,
+    data: &[u8],
+    quality: u8,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    i420_to_jpeg_with(JpegBackend::preferred(), width, height, data, quality, out)
+}
+
+/// [`i420_to_jpeg`] with the encoder chosen by the caller.
+pub fn i420_to_jpeg_with(
+    backend: JpegBackend,
+    width: u32,
+    height: u32,
+    data: &[u8],
+    quality: u8,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    yuv420_to_jpeg(backend, false, width, height, data, quality, out)
+}
+
+/// A 4:2:0 frame to JPEG: the Y plane, then chroma at half resolution, `interleaved` (NV12: CbCr
+/// pairs, split into planes for libturbojpeg) or planar (I420: all Cb, then all Cr).
+fn yuv420_to_jpeg(
+    backend: JpegBackend,
+    interleaved: bool,
+    width: u32,
+    height: u32,
+    data: &[u8],
+    quality: u8,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
     if height % 2 != 0 {
         return Err(EncodeError::BadSize { width, height });
     }
-    let (w, h) = check("NV12", width, height, need, data.len())?;
+    let luma = width as usize * height as usize;
+    let need = luma + luma / 2;
+    let format = if interleaved { "NV12" } else { "I420" };
+    let (w, h) = check(format, width, height, need, data.len())?;
     #[cfg(feature = "turbojpeg")]
     if let (JpegBackend::Turbo { fast_dct }, Some(lib)) = (backend, crate::turbojpeg::library()) {
-        let luma = width as usize * height as usize;
         return PLANES.with(|p| {
-            let [_, cb, cr] = &mut *p.borrow_mut();
-            uv_to_planes(&data[luma..need], cb, cr);
+            let [_, split_cb, split_cr] = &mut *p.borrow_mut();
+            let (cb, cr) = if interleaved {
+                uv_to_planes(&data[luma..need], split_cb, split_cr);
+                (&split_cb[..], &split_cr[..])
+            } else {
+                (&data[luma..luma + luma / 4], &data[luma + luma / 4..need])
+            };
             let planes = crate::turbojpeg::Planes {
                 width,
                 height,
@@ -276,10 +370,11 @@ pub fn nv12_to_jpeg_with(
     out.clear();
     let mut enc = Encoder::new(out, quality);
     enc.set_sampling_factor(SamplingFactor::R_4_2_0);
-    enc.encode_image(Nv12 {
+    enc.encode_image(Yuv420 {
         width: w,
         height: h,
         data,
+        interleaved,
     })?;
     Ok(())
 }
@@ -351,6 +446,29 @@ mod tests {
             // The luma ramp survives: left darker than right.
             assert!(rgb[24 * 64 * 3] < rgb[(24 * 64 + 63) * 3], "{backend:?}");
         }
+    }
+
+    #[test]
+    fn i420_and_nv12_of_one_picture_make_the_same_jpeg() {
+        let (w, h) = (64usize, 48usize);
+        let y: Vec<u8> = (0..w * h).map(|i| (i * 7 % 251) as u8).collect();
+        let (cb, cr): (Vec<u8>, Vec<u8>) = (0..w * h / 4)
+            .map(|i| ((i * 3 % 200) as u8 + 20, (255 - i * 5 % 180) as u8))
+            .unzip();
+        let nv12: Vec<u8> = y
+            .iter()
+            .copied()
+            .chain(cb.iter().zip(&cr).flat_map(|(b, r)| [*b, *r]))
+            .collect();
+        let i420 = [&y[..], &cb[..], &cr[..]].concat();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for backend in [JpegBackend::Builtin, JpegBackend::preferred()] {
+            nv12_to_jpeg_with(backend, w as u32, h as u32, &nv12, 85, &mut a).unwrap();
+            i420_to_jpeg_with(backend, w as u32, h as u32, &i420, 85, &mut b).unwrap();
+            assert_eq!(a, b, "{}", backend.name());
+            assert!(a.starts_with(&[0xFF, 0xD8]));
+        }
+        assert!(i420_to_jpeg(w as u32, h as u32, &i420[..i420.len() - 1], 85, &mut b).is_err());
     }
 
     #[test]
@@ -441,6 +559,21 @@ mod tests {
         assert_eq!(mjpeg_frame(&jpeg[..jpeg.len() - 10]), None, "truncated");
         assert_eq!(mjpeg_frame(&[0u8; 4096]), None, "empty buffer");
         assert_eq!(mjpeg_frame(&jpeg[2..]), None, "no SOI");
+    }
+
+    #[test]
+    fn raw_frames_become_i420_planes() {
+        // 4x2 YUYV: luma 10..17, Cb 100/110 over 200/210 (row 0 / row 1), Cr 50/60 over 70/80.
+        let yuyv = [
+            10, 100, 11, 50, 12, 110, 13, 60, //
+            14, 200, 15, 70, 16, 210, 17, 80,
+        ];
+        let mut out = Vec::new();
+        yuyv_to_i420(4, 2, &yuyv, &mut out);
+        assert_eq!(out, [10, 11, 12, 13, 14, 15, 16, 17, 150, 160, 60, 70]);
+        let nv12 = [1, 2, 3, 4, 5, 6, 7, 8, 100, 50, 110, 60];
+        nv12_to_i420(4, 2, &nv12, &mut out);
+        assert_eq!(out, [1, 2, 3, 4, 5, 6, 7, 8, 100, 110, 50, 60]);
     }
 
     /// YUYV and NV12 -> JPEG encode time per frame (quality 80), every encoder of this build side

@@ -212,7 +212,21 @@ pub struct AudioLevel {
 impl AudioLevel {
     /// The level of interleaved signed 16-bit samples.
     pub fn of_s16(samples: &[i16]) -> Self {
-        if samples.is_empty() {
+        Self::of_samples(samples.iter().copied())
+    }
+
+    /// The level of interleaved little-endian signed 16-bit samples as they lie in a frame's
+    /// payload (no copy into samples first; a trailing odd byte is ignored).
+    pub fn of_s16le(pcm: &[u8]) -> Self {
+        Self::of_samples(
+            pcm.chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]])),
+        )
+    }
+
+    fn of_samples(samples: impl ExactSizeIterator<Item = i16>) -> Self {
+        let n = samples.len();
+        if n == 0 {
             return Self {
                 rms: 0.0,
                 peak: 0.0,
@@ -220,13 +234,13 @@ impl AudioLevel {
         }
         let mut sum = 0u64;
         let mut peak = 0u32;
-        for &s in samples {
+        for s in samples {
             let a = s.unsigned_abs() as u32;
             sum += (a * a) as u64;
             peak = peak.max(a);
         }
         Self {
-            rms: ((sum as f64 / samples.len() as f64).sqrt() / 32768.0) as f32,
+            rms: ((sum as f64 / n as f64).sqrt() / 32768.0) as f32,
             peak: peak as f32 / 32768.0,
         }
     }
@@ -306,6 +320,9 @@ pub struct FrameSink {
     tx: mpsc::Sender<Frame>,
     health: Arc<SourceHealth>,
     jump: Option<Arc<SeqJump>>,
+    /// A camera's proxy (`{id}-proxy`, [`crate::proxy`]): a source of its own downstream, fed by
+    /// this camera's capture thread with its own numbering.
+    proxy: Option<Box<FrameSink>>,
 }
 
 impl FrameSink {
@@ -322,6 +339,26 @@ impl FrameSink {
             tx,
             health,
             jump: None,
+            proxy: None,
+        }
+    }
+
+    /// A camera's sink that carries its proxy's: the camera's driver feeds both from one capture.
+    pub fn with_proxy(mut self, proxy: FrameSink) -> Self {
+        self.proxy = Some(Box::new(proxy));
+        self
+    }
+
+    /// The proxy's sink, when the camera has one.
+    pub fn proxy_mut(&mut self) -> Option<&mut FrameSink> {
+        self.proxy.as_deref_mut()
+    }
+
+    /// Sets the state of the source and of its proxy (which runs and fails with it).
+    pub fn set_state(&self, state: SourceState, reason: &str) {
+        self.health.set_state(state, reason);
+        if let Some(p) = &self.proxy {
+            p.set_state(state, reason);
         }
     }
 
@@ -345,6 +382,43 @@ impl FrameSink {
 
     /// Hands one frame to the pipeline; blocks while the pipeline applies backpressure.
     pub fn emit(&mut self, stamp: Stamp, media: Media, payload: Bytes) -> Result<(), SinkClosed> {
+        let (frame, len) = self.number(stamp, media, payload);
+        // Room in the channel (the usual case): no blocking hand-off machinery per frame.
+        match self.tx.try_send(frame) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(frame)) => {
+                self.tx.blocking_send(frame).map_err(|_| SinkClosed)?
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SinkClosed),
+        }
+        self.taken(stamp, len);
+        Ok(())
+    }
+
+    /// Hands one frame over only if the pipeline has room now: `Ok(false)` (the frame not taken,
+    /// its number not used, counted as a drop) rather than block. A proxy's frames go this way,
+    /// so that a stuck proxy lane never holds its camera's capture.
+    pub fn try_emit(
+        &mut self,
+        stamp: Stamp,
+        media: Media,
+        payload: Bytes,
+    ) -> Result<bool, SinkClosed> {
+        let (frame, len) = self.number(stamp, media, payload);
+        match self.tx.try_send(frame) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.health.add_drops(1);
+                return Ok(false);
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SinkClosed),
+        }
+        self.taken(stamp, len);
+        Ok(true)
+    }
+
+    /// The frame numbered `next_seq` (after a jump asked for), and its payload's length.
+    fn number(&mut self, stamp: Stamp, media: Media, payload: Bytes) -> (Frame, u64) {
         let len = payload.len() as u64;
         if let Some(j) = &self.jump {
             self.next_seq += j.apply(self.next_seq);
@@ -357,19 +431,15 @@ impl FrameSink {
             media,
             payload,
         };
-        // Room in the channel (the usual case): no blocking hand-off machinery per frame.
-        match self.tx.try_send(frame) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(frame)) => {
-                self.tx.blocking_send(frame).map_err(|_| SinkClosed)?
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SinkClosed),
-        }
+        (frame, len)
+    }
+
+    /// The pipeline took the frame just numbered.
+    fn taken(&mut self, stamp: Stamp, len: u64) {
         self.next_seq += 1;
         self.health.frames.fetch_add(1, Ordering::Relaxed);
         self.health.bytes.fetch_add(len, Ordering::Relaxed);
         self.health.last_frame_ns.store(stamp.ns, Ordering::Relaxed);
-        Ok(())
     }
 }
 
@@ -410,6 +480,15 @@ mod level_tests {
         assert_eq!(silent.peak, 0.0);
         assert!(silent.rms < 1e-30);
         h.set_audio_level(AudioLevel::of_s16(&[16384, -16384]));
+        // The payload's bytes give what the samples give.
+        let pcm: Vec<u8> = [16384i16, -16384, 7, i16::MIN]
+            .iter()
+            .flat_map(|s| s.to_le_bytes())
+            .collect();
+        assert_eq!(
+            AudioLevel::of_s16le(&pcm),
+            AudioLevel::of_s16(&[16384, -16384, 7, i16::MIN])
+        );
         let half = h.audio_level().unwrap();
         assert!((half.rms_dbfs() + 6.02).abs() < 0.01, "{half:?}");
         assert!((half.peak - 0.5).abs() < 1e-6);
@@ -420,6 +499,48 @@ mod level_tests {
 mod jump_tests {
     use super::*;
     use crate::ClockState;
+
+    #[test]
+    fn a_proxy_sink_numbers_on_its_own_and_runs_and_fails_with_its_camera() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let (ptx, mut prx) = mpsc::channel(1);
+        let proxy = FrameSink::new(Arc::from("cam-proxy"), 100, ptx, Arc::default());
+        let mut sink = FrameSink::new(Arc::from("cam"), 7, tx, Arc::default()).with_proxy(proxy);
+        let stamp = Stamp {
+            ns: 5,
+            state: ClockState::Locked,
+        };
+        let media = Media::jpeg(2, 2);
+        sink.emit(stamp, media.clone(), Bytes::from_static(b"full"))
+            .unwrap();
+        let p = sink.proxy_mut().unwrap();
+        assert!(p
+            .try_emit(stamp, media.clone(), Bytes::from_static(b"small"))
+            .unwrap());
+        // Its queue full: not taken, not numbered, a drop of the proxy only.
+        assert!(!p
+            .try_emit(stamp, media, Bytes::from_static(b"small"))
+            .unwrap());
+        assert_eq!(
+            (p.next_seq(), p.health().drops(), p.health().frames()),
+            (101, 1, 1)
+        );
+        assert_eq!(
+            (rx.try_recv().unwrap().seq, prx.try_recv().unwrap().seq),
+            (7, 100)
+        );
+        assert_eq!(sink.health().drops(), 0);
+        sink.set_state(SourceState::Retrying, "device gone");
+        let p = sink.proxy_mut().unwrap();
+        assert_eq!(p.health().state(), SourceState::Retrying);
+        assert_eq!(p.health().reason(), "device gone");
+        drop(prx);
+        assert!(sink
+            .proxy_mut()
+            .unwrap()
+            .try_emit(stamp, Media::jpeg(2, 2), Bytes::new())
+            .is_err());
+    }
 
     #[test]
     fn a_jump_asked_while_capturing_skips_numbers_once_before_the_next_frame() {

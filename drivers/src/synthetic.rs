@@ -10,12 +10,22 @@
 //! once and cycled, as an MJPEG camera hands over encoded bytes), `yuyv` draws a raw YUYV 4:2:2
 //! frame each time and encodes it with `camera::yuyv_to_jpeg`, the encoder a raw V4L2 camera's
 //! frames go through, so that a benchmark measures the real encoder cost.
+//!
+//! With [`VideoSettings`] (config `codec = "h264"`) the camera films a textured, noisy pan
+//! ([`crate::scene::Pan`]) and encodes every frame to H.264 ([`crate::h264`]), a keyframe on the
+//! first frame of every group of `gop` buckets (and after a failed encode), so that a consumer
+//! can start at any group.
+//!
+//! With a [`Clip`] as well (config `clip = FILE`), the camera encodes nothing: it hands over the
+//! access units of an H.264 file in a loop, as a camera that delivers H.264 (V4L2 `H264`
+//! passthrough) does, so that the rig's own cost of such a camera can be measured without one.
 
 use bytes::Bytes;
 use std::f64::consts::PI;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::h264::Groups;
 use crate::{FrameClock, FrameSink, Media, Source, SourceError, StopFlag};
 
 /// JPEG quality of encoded `yuyv` frames (the `v4l` source's default `jpeg-quality`).
@@ -83,6 +93,15 @@ impl CameraFormat {
     }
 }
 
+/// The synthetic camera's video (config `codec = "h264"`, `bitrate`, `gop`, `rate-control`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VideoSettings {
+    pub encoder: crate::h264::H264Settings,
+    /// Keyframe interval in buckets: a keyframe opens every group of `gop` buckets.
+    pub gop: u32,
+    pub bucket_ms: u32,
+}
+
 /// A camera producing JPEG frames with a moving pattern and the frame number drawn in.
 pub struct SyntheticCamera {
     id: String,
@@ -100,6 +119,14 @@ pub struct SyntheticCamera {
     /// Encoder output, reused frame after frame.
     jpeg: Vec<u8>,
     encode_failures: u64,
+    video: Option<VideoSettings>,
+    /// Access units handed over as they are (config `clip`), instead of the encoded pan.
+    clip: Option<std::path::PathBuf>,
+    /// With video: a second, small stream of the same pictures (config `proxy`), fed into the
+    /// proxy's sink when the daemon gave the camera's sink one.
+    proxy: Option<crate::proxy::ProxySettings>,
+    /// With video: which encoder (config `encoder`), for the camera's stream and its proxy's.
+    encoder: crate::encoder::EncoderChoice,
 }
 
 /// A raw YUYV frame over a textured background rendered once. Each frame redraws only what moves
@@ -199,6 +226,10 @@ impl SyntheticCamera {
         clock: Arc<dyn FrameClock>,
     ) -> Self {
         Self {
+            video: None,
+            clip: None,
+            proxy: None,
+            encoder: crate::encoder::EncoderChoice::default(),
             id: id.to_string(),
             width,
             height,
@@ -211,6 +242,31 @@ impl SyntheticCamera {
             jpeg: Vec::new(),
             encode_failures: 0,
         }
+    }
+
+    /// The camera films the pan and encodes it to H.264 instead (config `codec = "h264"`).
+    pub fn with_video(mut self, video: Option<VideoSettings>) -> Self {
+        self.video = video;
+        self
+    }
+
+    /// With video: a proxy of every picture as well (config `proxy`; docs/DRIVERS.md "Proxy").
+    pub fn with_proxy(mut self, proxy: Option<crate::proxy::ProxySettings>) -> Self {
+        self.proxy = proxy;
+        self
+    }
+
+    /// With video: the encoder of both streams (config `encoder`; docs/DRIVERS.md "Encoder choice").
+    pub fn with_encoder(mut self, encoder: crate::encoder::EncoderChoice) -> Self {
+        self.encoder = encoder;
+        self
+    }
+
+    /// With video: the access units of the H.264 file `clip`, looped, instead of the encoded pan
+    /// (config `clip`).
+    pub fn with_clip(mut self, clip: Option<std::path::PathBuf>) -> Self {
+        self.clip = clip;
+        self
     }
 
     /// Frame `n` as the camera emits it: a tagged JPEG (padded to `frame-bytes`), or the encoder's
@@ -396,11 +452,14 @@ impl Source for SyntheticCamera {
     }
 
     fn run(&mut self, sink: &mut FrameSink, stop: &StopFlag) -> Result<(), SourceError> {
+        if let Some(video) = self.video {
+            if let Some(path) = self.clip.clone() {
+                return self.run_clip(&path, video, sink, stop);
+            }
+            return self.run_video(video, sink, stop);
+        }
         let mut pacer = Pacer::new(Duration::from_secs_f64(1.0 / self.fps));
-        let media = Media::Camera {
-            width: self.width,
-            height: self.height,
-        };
+        let media = Media::jpeg(self.width, self.height);
         let frame_bytes = self.frame_bytes.unwrap_or(0);
         let cycle = if self.format == CameraFormat::Yuyv {
             0 // every raw frame is drawn and encoded: that cost is what the format is for
@@ -449,6 +508,271 @@ impl Source for SyntheticCamera {
     }
 }
 
+impl SyntheticCamera {
+    /// Films the pan and encodes it to H.264, a keyframe opening every group.
+    #[cfg(feature = "h264")]
+    fn run_video(
+        &mut self,
+        video: VideoSettings,
+        sink: &mut FrameSink,
+        stop: &StopFlag,
+    ) -> Result<(), SourceError> {
+        let mut pan = crate::scene::Pan::new(self.width as usize, self.height as usize);
+        let (width, height) = (pan.width(), pan.height());
+        let chosen = self.encoder.resolve();
+        let device_error = |e: crate::h264::H264Error, retryable| SourceError::Device {
+            source_id: self.id.clone(),
+            device: "H.264 encoder".into(),
+            message: e.to_string(),
+            retryable,
+        };
+        let mut encoder = chosen
+            .open(video.encoder, width, height, video.gop)
+            .map_err(|e| {
+                let retryable = matches!(e, crate::h264::H264Error::Device(_));
+                device_error(e, retryable)
+            })?;
+        let mut groups = Groups::default();
+        let mut proxy = self
+            .proxy
+            .map(|p| crate::proxy::Proxy::chosen(p, chosen.clone()));
+        let mut pacer = Pacer::new(Duration::from_secs_f64(1.0 / self.fps));
+        while pacer.wait(stop) {
+            let skipped = pacer.take_skipped();
+            if skipped > 0 {
+                sink.health().add_drops(skipped);
+            }
+            let stamp = self.clock.now();
+            let seq = sink.next_seq();
+            let (_, key) = groups.next(stamp.ns, video.gop, video.bucket_ms);
+            let picture = pan.draw(seq);
+            let au = match encoder.encode(width, height, picture, key) {
+                Ok(au) => au,
+                // The encoder's device failed: the camera fails, and is retried.
+                Err(e @ crate::h264::H264Error::Device(_)) => {
+                    sink.health().add_drops(1);
+                    return Err(device_error(e, true));
+                }
+                Err(e) => {
+                    groups.lost();
+                    self.encode_failures += 1;
+                    sink.health().add_drops(1);
+                    if self.encode_failures.is_power_of_two() {
+                        tracing::warn!(source = %self.id, error = %e,
+                            failures = self.encode_failures, "synthetic camera: encode failed");
+                    }
+                    continue;
+                }
+            };
+            if key {
+                // Once a group: which encoder (and a device's copies so far).
+                sink.health()
+                    .set_detail(&format!("{width}x{height}, encoder {}", encoder.describe()));
+            }
+            let media = Media::Camera {
+                width: width as u32,
+                height: height as u32,
+                codec: crate::Codec::H264,
+                keyframe: au.keyframe,
+            };
+            sink.emit(stamp, media, Bytes::from(au.data))
+                .map_err(|_| closed(&self.id))?;
+            // After the camera's own frame, from the same picture and stamp (crate::proxy).
+            if let (Some(proxy), Some(proxy_sink)) = (proxy.as_mut(), sink.proxy_mut()) {
+                proxy
+                    .feed(proxy_sink, stamp, width, height, picture)
+                    .map_err(|e| e.into_source_error(&self.id))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands over the clip's access units at `fps`, looped; at the first frame of every group it
+    /// moves on to the clip's next keyframe, so keyframes open groups as the encoder's do (the
+    /// frames skipped there are the rest of a group of the file, never shown: no drop).
+    fn run_clip(
+        &mut self,
+        path: &std::path::Path,
+        video: VideoSettings,
+        sink: &mut FrameSink,
+        stop: &StopFlag,
+    ) -> Result<(), SourceError> {
+        let clip = Clip::load(path).map_err(|message| SourceError::Device {
+            source_id: self.id.clone(),
+            device: path.display().to_string(),
+            message,
+            retryable: false,
+        })?;
+        let mut groups = Groups::default();
+        let mut pacer = Pacer::new(Duration::from_secs_f64(1.0 / self.fps));
+        let mut at = 0;
+        while pacer.wait(stop) {
+            let skipped = pacer.take_skipped();
+            if skipped > 0 {
+                sink.health().add_drops(skipped);
+            }
+            let stamp = self.clock.now();
+            let (_, opens) = groups.next(stamp.ns, video.gop, video.bucket_ms);
+            if opens {
+                at = clip.keyframe_from(at);
+            }
+            let (au, keyframe) = clip.unit(at);
+            at = (at + 1) % clip.len();
+            let media = Media::Camera {
+                width: self.width,
+                height: self.height,
+                codec: crate::Codec::H264,
+                keyframe,
+            };
+            sink.emit(stamp, media, au).map_err(|_| closed(&self.id))?;
+        }
+        Ok(())
+    }
+
+    /// Without the encoder (feature `h264` off) the config refuses `codec = "h264"`.
+    #[cfg(not(feature = "h264"))]
+    fn run_video(
+        &mut self,
+        _video: VideoSettings,
+        _sink: &mut FrameSink,
+        _stop: &StopFlag,
+    ) -> Result<(), SourceError> {
+        Err(SourceError::not_built(
+            &self.id,
+            "synthetic H.264 encoder",
+            "h264",
+        ))
+    }
+}
+
+/// An H.264 elementary stream (Annex B) cut into access units, every keyframe with its SPS and
+/// PPS in front, starting at a keyframe: what a camera with `clip = FILE` hands over in a loop.
+/// The units share the file's bytes (a frame handed over is a reference, not a copy).
+#[derive(Debug, Clone)]
+pub struct Clip {
+    units: Vec<(Bytes, bool)>,
+}
+
+/// NAL unit types (H.264 Table 7-1).
+const NAL_SLICE: u8 = 1;
+const NAL_IDR: u8 = 5;
+const NAL_SPS: u8 = 7;
+const NAL_PPS: u8 = 8;
+
+impl Clip {
+    /// Reads and cuts the file at `path`.
+    pub fn load(path: &std::path::Path) -> Result<Clip, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Clip::parse(Bytes::from(bytes)).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Cuts an Annex B stream into access units: a unit starts at a parameter set, SEI or
+    /// delimiter (types 6 to 9) or at a picture's first slice (`first_mb_in_slice` 0) once the
+    /// unit being gathered holds a slice. A keyframe (an IDR slice) that lacks the SPS or PPS gets
+    /// the latest ones of the stream in front; units before the first keyframe are left out.
+    pub fn parse(stream: Bytes) -> Result<Clip, String> {
+        let nals = nal_units(&stream);
+        let mut units: Vec<(Bytes, bool)> = Vec::new();
+        let (mut sps, mut pps): (Option<Bytes>, Option<Bytes>) = (None, None);
+        let mut unit: Vec<(usize, usize, u8)> = Vec::new();
+        let mut finish = |unit: &mut Vec<(usize, usize, u8)>,
+                          sps: &Option<Bytes>,
+                          pps: &Option<Bytes>|
+         -> Result<(), String> {
+            if unit.is_empty() {
+                return Ok(());
+            }
+            let has = |t: u8| unit.iter().any(|&(_, _, u)| u == t);
+            let keyframe = has(NAL_IDR);
+            if keyframe || !units.is_empty() {
+                let (start, end) = (unit[0].0, unit[unit.len() - 1].1);
+                let data = if keyframe && !(has(NAL_SPS) && has(NAL_PPS)) {
+                    let (Some(sps), Some(pps)) = (sps, pps) else {
+                        return Err("a keyframe with no SPS and PPS before it".into());
+                    };
+                    [&sps[..], &pps[..], &stream[start..end]].concat().into()
+                } else {
+                    stream.slice(start..end)
+                };
+                units.push((data, keyframe));
+            }
+            unit.clear();
+            Ok(())
+        };
+        for &(start, end, header) in &nals {
+            let kind = stream[header] & 0x1F;
+            let has_slice = unit.iter().any(|&(_, _, t)| t == NAL_SLICE || t == NAL_IDR);
+            // ue(v) first_mb_in_slice is 0 exactly when its first bit is 1.
+            let first_slice = matches!(kind, NAL_SLICE | NAL_IDR)
+                && stream.get(header + 1).is_some_and(|b| b & 0x80 != 0);
+            if has_slice && ((6..=9).contains(&kind) || first_slice) {
+                finish(&mut unit, &sps, &pps)?;
+            }
+            match kind {
+                NAL_SPS => sps = Some(stream.slice(start..end)),
+                NAL_PPS => pps = Some(stream.slice(start..end)),
+                _ => {}
+            }
+            unit.push((start, end, kind));
+        }
+        finish(&mut unit, &sps, &pps)?;
+        if units.is_empty() {
+            return Err("no keyframe (IDR) in the stream".into());
+        }
+        Ok(Clip { units })
+    }
+
+    /// Access units in the clip (at least one).
+    pub fn len(&self) -> usize {
+        self.units.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.units.is_empty()
+    }
+
+    /// Unit `i`: its bytes and whether it is a keyframe.
+    pub fn unit(&self, i: usize) -> (Bytes, bool) {
+        let (data, keyframe) = &self.units[i % self.units.len()];
+        (data.clone(), *keyframe)
+    }
+
+    /// The first keyframe at or after unit `i`, wrapping to the clip's start (a keyframe).
+    pub fn keyframe_from(&self, i: usize) -> usize {
+        (i..self.units.len())
+            .find(|&j| self.units[j].1)
+            .unwrap_or(0)
+    }
+}
+
+/// The NAL units of an Annex B stream: (start with its start code, end, the header byte's offset).
+fn nal_units(stream: &[u8]) -> Vec<(usize, usize, usize)> {
+    let mut starts = Vec::new();
+    let mut i = 0;
+    while i + 3 < stream.len() {
+        if stream[i] == 0 && stream[i + 1] == 0 && stream[i + 2] == 1 {
+            // A four-byte start code's leading zero belongs to this unit.
+            let start = if i > 0 && stream[i - 1] == 0 {
+                i - 1
+            } else {
+                i
+            };
+            starts.push((start, i + 3));
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    starts
+        .iter()
+        .enumerate()
+        .map(|(k, &(start, header))| {
+            let end = starts.get(k + 1).map_or(stream.len(), |&(s, _)| s);
+            (start, end, header)
+        })
+        .collect()
+}
+
 /// A sine tone as interleaved S16LE PCM, one block per time bucket, stamped at the bucket start.
 pub struct SyntheticAudio {
     id: String,
@@ -461,6 +785,8 @@ pub struct SyntheticAudio {
     /// samples (an integral tone): a block is copied from it rather than computed (empty: each
     /// sample is computed).
     period: Vec<i16>,
+    /// Loud intervals at known times (config `burst-every-s`, `burst-s`).
+    burst: Option<crate::synthetic_track::Burst>,
 }
 
 /// The longest tone period kept as a table (samples).
@@ -512,7 +838,14 @@ impl SyntheticAudio {
             bucket_ms,
             clock,
             period: tone_period(sample_rate, tone_hz),
+            burst: None,
         }
+    }
+
+    /// Tone bursts (`crate::synthetic_track::Burst`): loud for a while every so often.
+    pub fn with_burst(mut self, burst: Option<crate::synthetic_track::Burst>) -> Self {
+        self.burst = burst;
+        self
     }
 
     /// Sample frames in bucket `bucket` (see [`crate::audio::frames_in_bucket`]).
@@ -538,6 +871,10 @@ impl SyntheticAudio {
                 tone_sample(cycles.rem_euclid(1.0))
             } else {
                 self.period[k.rem_euclid(self.period.len() as i64) as usize]
+            };
+            let s = match &self.burst {
+                Some(b) => (f64::from(s) * b.gain(k, self.sample_rate)) as i16,
+                None => s,
             };
             for _ in 0..self.channels {
                 out.extend_from_slice(&s.to_le_bytes());
@@ -597,6 +934,8 @@ pub struct SyntheticSerial {
     id: String,
     rate_hz: f64,
     clock: Arc<dyn FrameClock>,
+    /// A closed loop instead of the straight line (config `loop-s`, `loop-radius-m`).
+    track: Option<crate::synthetic_track::Loop>,
 }
 
 impl SyntheticSerial {
@@ -605,7 +944,14 @@ impl SyntheticSerial {
             id: id.to_string(),
             rate_hz,
             clock,
+            track: None,
         }
+    }
+
+    /// Drive round `crate::synthetic_track::Loop` instead of along a line.
+    pub fn with_loop(mut self, track: Option<crate::synthetic_track::Loop>) -> Self {
+        self.track = track;
+        self
     }
 }
 
@@ -616,23 +962,35 @@ pub fn nmea_checksum(body: &[u8]) -> u8 {
 
 /// A `$GPRMC` sentence for time `ns` (UTC) and sample `n`, without the trailing CRLF.
 pub fn rmc_sentence(ns: i64, n: u64) -> String {
+    let (time, date) = rmc_time_date(ns);
+    let lat = 4807.038 + (n % 1000) as f64 * 0.001;
+    let body = format!("GPRMC,{time},A,{lat:08.3},N,01131.000,E,022.4,084.4,{date},003.1,W");
+    format!("${body}*{:02X}", nmea_checksum(body.as_bytes()))
+}
+
+/// A `$GPRMC` sentence of the loop `track` at time `ns`, without the trailing CRLF.
+pub fn rmc_loop_sentence(track: &crate::synthetic_track::Loop, ns: i64) -> String {
+    let (time, date) = rmc_time_date(ns);
+    let body = track.rmc_body(ns, &time, &date);
+    format!("${body}*{:02X}", nmea_checksum(body.as_bytes()))
+}
+
+/// RMC's `hhmmss.ss` and `ddmmyy` of time `ns` (UTC).
+fn rmc_time_date(ns: i64) -> (String, String) {
     let secs = ns.div_euclid(1_000_000_000);
     let centis = ns.rem_euclid(1_000_000_000) / 10_000_000;
     let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let (y, m, d) = civil_from_days(days);
-    let lat = 4807.038 + (n % 1000) as f64 * 0.001;
-    let body = format!(
-        "GPRMC,{:02}{:02}{:02}.{:02},A,{:08.3},N,01131.000,E,022.4,084.4,{:02}{:02}{:02},003.1,W",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60,
-        centis,
-        lat,
-        d,
-        m,
-        y % 100
-    );
-    format!("${body}*{:02X}", nmea_checksum(body.as_bytes()))
+    (
+        format!(
+            "{:02}{:02}{:02}.{:02}",
+            sod / 3600,
+            sod % 3600 / 60,
+            sod % 60,
+            centis
+        ),
+        format!("{:02}{:02}{:02}", d, m, y % 100),
+    )
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
@@ -658,7 +1016,10 @@ impl Source for SyntheticSerial {
         let mut pacer = Pacer::new(Duration::from_secs_f64(1.0 / self.rate_hz));
         while pacer.wait(stop) {
             let stamp = self.clock.now();
-            let line = rmc_sentence(stamp.ns, sink.next_seq());
+            let line = match &self.track {
+                Some(track) => rmc_loop_sentence(track, stamp.ns),
+                None => rmc_sentence(stamp.ns, sink.next_seq()),
+            };
             sink.emit(stamp, Media::Serial { text: true }, Bytes::from(line))
                 .map_err(|_| closed(&self.id))?;
         }
@@ -808,6 +1169,109 @@ mod tests {
             Arc::new(SystemClock),
         );
         assert!(odd.frame(1).is_err());
+    }
+
+    /// An Annex B NAL unit: a four-byte start code, the header byte, a payload.
+    fn nal(header: u8, payload: &[u8]) -> Vec<u8> {
+        [&[0, 0, 0, 1, header][..], payload].concat()
+    }
+
+    #[test]
+    fn a_clip_is_cut_into_access_units_from_its_first_keyframe() {
+        let (sps, pps) = (nal(0x67, &[0x42, 0xC0, 0x1E]), nal(0x68, &[0xCE, 0x38]));
+        let idr = nal(0x65, &[0x88, 0x84, 0x21]); // first_mb_in_slice 0
+        let idr_b = nal(0x65, &[0x40, 0x12]); // a second slice of the same picture
+        let p = |n: u8| nal(0x41, &[0x9A, n]);
+        let stream = [
+            p(0),        // before the first keyframe: left out
+            sps.clone(), // unit 0: SPS, PPS, IDR in two slices
+            pps.clone(),
+            idr.clone(),
+            idr_b.clone(),
+            p(1),               // unit 1
+            nal(0x09, &[0x10]), // unit 2: a delimiter, then its slice
+            p(2),
+            idr.clone(), // unit 3: an IDR without parameter sets gets the stream's in front
+            p(3),        // unit 4
+        ]
+        .concat();
+        let clip = Clip::parse(Bytes::from(stream)).unwrap();
+        let units: Vec<(Vec<u8>, bool)> = (0..clip.len())
+            .map(|i| {
+                let (d, k) = clip.unit(i);
+                (d.to_vec(), k)
+            })
+            .collect();
+        assert_eq!(units.len(), 5);
+        assert_eq!(units[0], ([&sps[..], &pps, &idr, &idr_b].concat(), true));
+        assert_eq!(units[1], (p(1), false));
+        assert_eq!(units[2], ([nal(0x09, &[0x10]), p(2)].concat(), false));
+        assert_eq!(units[3], ([&sps[..], &pps, &idr].concat(), true));
+        assert_eq!(units[4], (p(3), false));
+        assert_eq!(crate::h264::nal_types(&units[3].0), vec![7, 8, 5]);
+        // The next keyframe at or after a unit, wrapping to the start.
+        assert_eq!(
+            (0..6).map(|i| clip.keyframe_from(i)).collect::<Vec<_>>(),
+            vec![0, 3, 3, 3, 0, 0]
+        );
+        // No keyframe, or one with no parameter sets anywhere before it: refused.
+        assert!(Clip::parse(Bytes::from([p(0), p(1)].concat())).is_err());
+        assert!(Clip::parse(Bytes::from([idr.clone(), p(1)].concat())).is_err());
+        assert!(Clip::parse(Bytes::new()).is_err());
+    }
+
+    /// The encoder's own access units, written one after the other, come back as they were.
+    #[cfg(feature = "h264")]
+    #[test]
+    fn a_clip_of_encoded_frames_gives_back_each_access_unit() {
+        let mut pan = crate::scene::Pan::new(160, 96);
+        let mut enc = crate::h264::H264Encoder::new(crate::h264::H264Settings {
+            bitrate: 300_000,
+            rate_control: crate::h264::RateControl::Bitrate,
+            fps: 30.0,
+        })
+        .unwrap();
+        let aus: Vec<_> = (0..12u64)
+            .map(|n| enc.encode(160, 96, pan.draw(n), n % 5 == 0).unwrap())
+            .collect();
+        let stream: Vec<u8> = aus.iter().flat_map(|au| au.data.clone()).collect();
+        let clip = Clip::parse(Bytes::from(stream)).unwrap();
+        assert_eq!(clip.len(), aus.len());
+        for (i, au) in aus.iter().enumerate() {
+            assert_eq!(
+                clip.unit(i),
+                (Bytes::from(au.data.clone()), au.keyframe),
+                "unit {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_keyframe_opens_every_group_and_follows_a_lost_frame() {
+        // 33 ms buckets, groups of 3 buckets (99 ms), frames every 25 ms.
+        let mut g = Groups::default();
+        let keys: Vec<(i64, bool)> = (0..9).map(|i| g.next(i * 25_000_000, 3, 33)).collect();
+        assert_eq!(
+            keys,
+            vec![
+                (0, true),  // 0 ms, bucket 0
+                (0, false), // 25 ms
+                (0, false), // 50 ms, bucket 1
+                (0, false), // 75 ms, bucket 2
+                (3, true),  // 100 ms, bucket 3
+                (3, false), // 125
+                (3, false), // 150
+                (3, false), // 175
+                (6, true),  // 200 ms, bucket 6
+            ]
+        );
+        g.lost();
+        assert_eq!(g.next(225_000_000, 3, 33), (6, true));
+        assert_eq!(g.next(250_000_000, 3, 33), (6, false));
+        // gop 1: every bucket is its group.
+        let mut one = Groups::default();
+        assert_eq!(one.next(0, 1, 33), (0, true));
+        assert_eq!(one.next(33_000_000, 1, 33), (1, true));
     }
 
     #[test]

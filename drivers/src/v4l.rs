@@ -12,7 +12,11 @@
 //!   one plane, NV12M in two (joined into NV12 for the encoder).
 //! - **Payload**: MJPEG buffers pass through byte for byte when they hold a whole JPEG; a buffer that
 //!   does not (the first after stream-on often does not) is rejected and counted as a drop. YUYV and
-//!   NV12 are encoded with [`crate::camera`].
+//!   NV12 are encoded with [`crate::camera`] (or [`crate::h264`] with `codec = "h264"`). H.264
+//!   buffers (a UVC H.264 camera, `codec = "h264"` only) pass through as one access unit each,
+//!   by the rules of [`crate::annexb`]: parameter sets kept and put in front of a keyframe that
+//!   lacks them, P-frames that cannot be decoded dropped up to the next keyframe; where their
+//!   keyframes fall against the rig's groups is measured ([`KeyframePlacement`]).
 //! - **Time**: a buffer whose flags say `TIMESTAMP_MONOTONIC` is stamped with that time mapped through
 //!   [`crate::FrameClock::map_monotonic`]; other drivers' buffers are stamped at dequeue.
 //! - **Drops**: the driver's buffer sequence numbers are tracked ([`SequenceTracker`]); every number
@@ -26,7 +30,7 @@ use std::fmt;
 
 use crate::camera::{nv12_to_jpeg, yuyv_to_jpeg};
 
-/// A pixel format rigd can turn into JPEG frames, named by its V4L2 fourcc (`formats` key).
+/// A pixel format rigd can take from a camera, named by its V4L2 fourcc (`formats` key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
 pub enum PixelFormat {
     /// Motion JPEG: each buffer is a JPEG, passed through untouched.
@@ -41,6 +45,10 @@ pub enum PixelFormat {
     /// NV12 with its two planes in separate buffers (multi-planar devices only), encoded to JPEG.
     #[serde(rename = "NV12M")]
     Nv12m,
+    /// H.264 with start codes (a UVC H.264 camera's own encoder): each buffer one access unit,
+    /// passed through; only with `codec = "h264"`.
+    #[serde(rename = "H264")]
+    H264,
 }
 
 impl PixelFormat {
@@ -50,6 +58,7 @@ impl PixelFormat {
             PixelFormat::Yuyv => *b"YUYV",
             PixelFormat::Nv12 => *b"NV12",
             PixelFormat::Nv12m => *b"NM12",
+            PixelFormat::H264 => *b"H264",
         }
     }
 
@@ -59,6 +68,7 @@ impl PixelFormat {
             b"YUYV" => Some(PixelFormat::Yuyv),
             b"NV12" => Some(PixelFormat::Nv12),
             b"NM12" => Some(PixelFormat::Nv12m),
+            b"H264" => Some(PixelFormat::H264),
             _ => None,
         }
     }
@@ -69,6 +79,7 @@ impl PixelFormat {
             PixelFormat::Yuyv => "YUYV",
             PixelFormat::Nv12 => "NV12",
             PixelFormat::Nv12m => "NV12M",
+            PixelFormat::H264 => "H264",
         }
     }
 }
@@ -89,6 +100,23 @@ pub struct CameraSettings {
     pub buffers: u32,
     /// JPEG quality for encoded formats (1..=100).
     pub jpeg_quality: u8,
+    /// Raw frames (YUYV, NV12) encoded to H.264 instead of JPEG (config `codec = "h264"`), a
+    /// keyframe opening every group; an MJPEG stream is never re-encoded. Also what lets an
+    /// `H264` format be negotiated (passed through; its `gop` is the group width its keyframes
+    /// are measured against).
+    pub video: Option<crate::synthetic::VideoSettings>,
+}
+
+impl CameraSettings {
+    /// The formats to negotiate, in preference order: `H264` only for a video source (a JPEG
+    /// camera source cannot carry H.264; `rigd check` refuses the combination too).
+    pub fn wanted_formats(&self) -> Vec<PixelFormat> {
+        self.formats
+            .iter()
+            .copied()
+            .filter(|f| *f != PixelFormat::H264 || self.video.is_some())
+            .collect()
+    }
 }
 
 /// What the driver agreed to: the frames' real format.
@@ -123,7 +151,7 @@ pub struct CameraCounts {
     pub frames: u64,
     /// Frames the driver skipped (gaps in its sequence numbers).
     pub lost: u64,
-    /// MJPEG buffers that were not a whole JPEG.
+    /// MJPEG buffers that were not a whole JPEG, H.264 buffers that were not Annex B.
     pub rejected: u64,
     /// Buffers flagged `ERROR` or empty.
     pub errored: u64,
@@ -143,12 +171,102 @@ pub struct CameraCounts {
     pub last_sequence: Option<u32>,
     /// Stream-ons (opens that got as far as streaming).
     pub streams: u64,
+    /// H.264 passthrough: keyframes emitted.
+    pub keyframes: u64,
+    /// H.264 passthrough: keyframes that came without SPS/PPS and got the last ones inserted.
+    pub parameter_sets_inserted: u64,
+    /// H.264 passthrough: buffers without a picture (parameter sets, SEI): not frames, not drops.
+    pub headers_only: u64,
+    /// H.264 passthrough: pictures dropped because they cannot be decoded from where the stream
+    /// is (P-frames before the stream's first keyframe or after a lost frame, up to the next
+    /// keyframe; a keyframe with no parameter sets known).
+    pub undecodable: u64,
+    /// H.264 passthrough: a repeated sequence number on the same bytes (the driver handed the
+    /// buffer over again): not emitted twice.
+    pub reread: u64,
+    /// H.264 passthrough: groups (the rig's message keys) its frames opened.
+    pub groups: u64,
+    /// ... of which the first frame was a P-frame (the camera's keyframe was in an earlier group).
+    pub groups_without_keyframe: u64,
+    /// P-frames in a group before the group's first keyframe: a consumer of that group's key
+    /// alone cannot decode them (they need the earlier group's frames).
+    pub frames_before_group_keyframe: u64,
+    /// The camera's last keyframe interval, capture time to capture time (ns).
+    pub keyframe_interval_ns: Option<i64>,
 }
 
 impl CameraCounts {
     /// Everything counted as a drop.
     pub fn drops(&self) -> u64 {
-        self.lost + self.rejected + self.errored + self.encode_failed
+        self.lost + self.rejected + self.errored + self.encode_failed + self.undecodable
+    }
+}
+
+/// Where a passthrough camera's frames fall against the rig's groups, the message keys
+/// (`group_start` of the bucket). rigd cannot place the keyframes of a camera that encodes by
+/// itself, so a group may open on a P-frame whose keyframe is in the group before: pure, counts
+/// what a consumer of one key could not decode alone.
+#[derive(Debug, Default, Clone)]
+pub struct KeyframePlacement {
+    group: Option<i64>,
+    /// The current group has had no keyframe yet (it opened on a P-frame).
+    without_keyframe: bool,
+    last_keyframe_ns: Option<i64>,
+    interval_ns: Option<i64>,
+}
+
+/// What [`KeyframePlacement::observe`] says about one frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// The frame is the first of its group.
+    pub opens_group: bool,
+    /// A P-frame in a group with no keyframe before it: decodes only after the earlier group.
+    pub needs_earlier_group: bool,
+}
+
+impl KeyframePlacement {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A new stream (its first frame is a keyframe: the rules of [`crate::annexb`]).
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// The emitted frame captured at `capture_ns`, of a rig whose groups are `gop` buckets of
+    /// `bucket_ms`.
+    pub fn observe(
+        &mut self,
+        capture_ns: i64,
+        keyframe: bool,
+        gop: u32,
+        bucket_ms: u32,
+    ) -> Placement {
+        let bucket = capture_ns
+            .div_euclid(1_000_000)
+            .div_euclid(i64::from(bucket_ms.max(1)));
+        let group = crate::group_start(bucket, gop);
+        let opens_group = self.group != Some(group);
+        self.group = Some(group);
+        if keyframe {
+            if let Some(last) = self.last_keyframe_ns {
+                self.interval_ns = Some(capture_ns - last);
+            }
+            self.last_keyframe_ns = Some(capture_ns);
+            self.without_keyframe = false;
+        } else if opens_group {
+            self.without_keyframe = true;
+        }
+        Placement {
+            opens_group,
+            needs_earlier_group: !keyframe && self.without_keyframe,
+        }
+    }
+
+    /// The time between the camera's last two keyframes.
+    pub fn keyframe_interval_ns(&self) -> Option<i64> {
+        self.interval_ns
     }
 }
 
@@ -300,6 +418,72 @@ pub fn encode_raw(
             jpeg.extend_from_slice(data);
             Ok(())
         }
+        PixelFormat::H264 => Err(short("H264 (passed through, not encoded)", 0)),
+    }
+}
+
+/// A raw frame (YUYV, NV12/NV12M; rows packed from the driver's stride) as I420 planes in `out`,
+/// for the H.264 encoder. MJPEG is refused: rigd does not decode to re-encode.
+pub fn raw_to_i420(
+    neg: &Negotiated,
+    data: &[u8],
+    packed: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> Result<(), crate::camera::EncodeError> {
+    let (w, h) = (neg.width as usize, neg.height as usize);
+    if w == 0 || h == 0 || w % 2 != 0 || h % 2 != 0 {
+        return Err(crate::camera::EncodeError::BadSize {
+            width: neg.width,
+            height: neg.height,
+        });
+    }
+    let stride = neg.stride as usize;
+    let short = |format, need| crate::camera::EncodeError::ShortBuffer {
+        format,
+        width: neg.width,
+        height: neg.height,
+        need,
+        have: data.len(),
+    };
+    match neg.format {
+        PixelFormat::Yuyv => {
+            let row = w * 2;
+            let frame = if stride <= row {
+                data
+            } else {
+                packed.clear();
+                if !pack_rows(data, stride, row, h, packed) {
+                    return Err(short("YUYV", stride * h));
+                }
+                &packed[..]
+            };
+            if frame.len() < row * h {
+                return Err(short("YUYV", row * h));
+            }
+            crate::camera::yuyv_to_i420(w, h, frame, out);
+            Ok(())
+        }
+        PixelFormat::Nv12 | PixelFormat::Nv12m => {
+            let frame = if stride <= w {
+                data
+            } else {
+                packed.clear();
+                let (luma, chroma) = data.split_at((stride * h).min(data.len()));
+                if !(pack_rows(luma, stride, w, h, packed)
+                    && pack_rows(chroma, stride, w, h / 2, packed))
+                {
+                    return Err(short("NV12", stride * h * 3 / 2));
+                }
+                &packed[..]
+            };
+            if frame.len() < w * h * 3 / 2 {
+                return Err(short("NV12", w * h * 3 / 2));
+            }
+            crate::camera::nv12_to_i420(w, h, frame, out);
+            Ok(())
+        }
+        PixelFormat::Mjpg => Err(short("MJPG (not re-encoded to H.264)", 0)),
+        PixelFormat::H264 => Err(short("H264 (passed through, not re-encoded)", 0)),
     }
 }
 
@@ -327,14 +511,23 @@ mod device {
     use v4l::{Format, FourCC, Fraction};
 
     use super::{
-        choose_formats, encode_raw, interval_for, CameraCounts, CameraSettings, Negotiated,
-        PixelFormat, SeqStep, SequenceTracker, STALL,
+        choose_formats, encode_raw, interval_for, CameraCounts, CameraSettings, KeyframePlacement,
+        Negotiated, PixelFormat, SeqStep, SequenceTracker, STALL,
     };
+    use crate::annexb::{Access, Passthrough, Verdict};
     use crate::camera::mjpeg_frame;
     use crate::{FrameClock, FrameSink, Media, SourceError, Stamp, StopFlag};
 
     /// How long a dequeue waits before the loop checks the stop flag.
     const POLL: Duration = Duration::from_millis(100);
+
+    /// What became of an H.264 camera's buffer.
+    enum Passed {
+        Frame(Bytes, bool),
+        /// Parameter sets, SEI, a re-read: nothing to emit, nothing lost.
+        NotAFrame,
+        Dropped,
+    }
 
     /// A V4L2 capture device.
     pub struct CameraSource {
@@ -347,6 +540,25 @@ mod device {
         path: String,
         jpeg: Vec<u8>,
         packed: Vec<u8>,
+        /// `codec = "h264"`: the frame as I420, the encoder (opened at the first frame) and the
+        /// groups its keyframes open.
+        i420: Vec<u8>,
+        #[cfg(feature = "h264")]
+        h264: Option<Box<dyn crate::h264::VideoEncoder>>,
+        groups: crate::h264::Groups,
+        /// Config `encoder`, resolved at the first frame (both streams use it) and again after
+        /// an encoder device failed (the camera then fails, to be retried).
+        encoder: crate::encoder::EncoderChoice,
+        chosen: Option<crate::encoder::Chosen>,
+        /// `codec = "h264"` from raw frames with `proxy`: the second, small stream of each
+        /// encoded picture (`crate::proxy`), fed into the sink's proxy.
+        proxy: Option<crate::proxy::Proxy>,
+        /// H.264 passthrough: the stream's parameter sets and decodability, the last buffer (to
+        /// tell a re-read from a new access unit), where keyframes fall against the groups.
+        annexb: Passthrough,
+        last_h264: Option<Bytes>,
+        placement: KeyframePlacement,
+        last_group_warning: Option<Instant>,
         last_drop_log: Option<Instant>,
         logged: CameraCounts,
         /// The stream whose first sequence number `counts` holds.
@@ -364,10 +576,35 @@ mod device {
                 negotiated: None,
                 jpeg: Vec::new(),
                 packed: Vec::new(),
+                i420: Vec::new(),
+                #[cfg(feature = "h264")]
+                h264: None,
+                groups: crate::h264::Groups::default(),
+                encoder: crate::encoder::EncoderChoice::default(),
+                chosen: None,
+                proxy: None,
+                annexb: Passthrough::new(),
+                last_h264: None,
+                placement: KeyframePlacement::new(),
+                last_group_warning: None,
                 last_drop_log: None,
                 logged: CameraCounts::default(),
                 stream_of_first: 0,
             }
+        }
+
+        /// Raw frames encoded to H.264 get a proxy as well (config `proxy`; docs/DRIVERS.md
+        /// "Proxy"): made from the I420 picture the camera's own encoder took.
+        pub fn with_proxy(mut self, proxy: Option<crate::proxy::ProxySettings>) -> Self {
+            self.proxy = proxy.map(crate::proxy::Proxy::new);
+            self
+        }
+
+        /// Raw frames encoded to H.264, and their proxy, on this encoder (config `encoder`;
+        /// docs/DRIVERS.md "Encoder choice").
+        pub fn with_encoder(mut self, encoder: crate::encoder::EncoderChoice) -> Self {
+            self.encoder = encoder;
+            self
         }
 
         /// Counters since creation (frames, drops by cause, the driver's last sequence number).
@@ -435,7 +672,7 @@ mod device {
                 self.device_error(format!("VIDIOC_ENUM_FMT (multi-planar): {e}"), true)
             })?;
             let mut answered = Vec::new();
-            for want in choose_formats(&s.formats, &offered) {
+            for want in choose_formats(&s.wanted_formats(), &offered) {
                 let got = crate::v4l_mplane::set_format(fd, s.width, s.height, want.fourcc())
                     .map_err(|e| {
                         self.device_error(format!("VIDIOC_S_FMT (multi-planar): {e}"), true)
@@ -503,6 +740,10 @@ mod device {
                 api, "camera: streaming");
             sink.health().set_detail(&neg.to_string());
             self.counts.streams += 1;
+            // A new stream: an H.264 camera starts again at a keyframe with its parameter sets.
+            self.annexb.reset();
+            self.last_h264 = None;
+            self.placement.reset();
         }
 
         /// The streaming loop of a multi-planar device.
@@ -600,7 +841,7 @@ mod device {
                 .map(|d| d.fourcc.repr)
                 .collect();
             let mut answered = Vec::new();
-            for want in choose_formats(&s.formats, &offered) {
+            for want in choose_formats(&s.wanted_formats(), &offered) {
                 let asked = Format::new(s.width, s.height, FourCC::new(&want.fourcc()));
                 let got = dev
                     .set_format(&asked)
@@ -639,7 +880,8 @@ mod device {
             tracker: &mut SequenceTracker,
             sink: &mut FrameSink,
         ) -> Result<(), SourceError> {
-            let lost = match tracker.observe(meta.sequence) {
+            let step = tracker.observe(meta.sequence);
+            let lost = match step {
                 SeqStep::Lost(n) => n,
                 SeqStep::Repeat => {
                     self.counts.repeated += 1;
@@ -658,13 +900,35 @@ mod device {
             self.counts.last_sequence = Some(meta.sequence);
             self.counts.lost += lost;
             let mut drops = lost;
+            if lost > 0 {
+                // The lost buffer may have been a frame the next P-frames need.
+                self.annexb.lost();
+            }
             let used = (meta.bytesused as usize).min(data.len());
             let stamp = self.stamp(meta);
+            // Some(keyframe) for an H.264 frame.
+            let mut keyframe = None;
+            // A buffer that is no frame and no loss (H.264 parameter sets, a re-read).
+            let mut not_a_frame = false;
             let payload = if meta.flags.contains(Flags::ERROR) || used == 0 {
                 self.counts.errored += 1;
+                self.annexb.lost();
                 None
             } else {
                 match neg.format {
+                    PixelFormat::H264 => {
+                        match self.pass_h264(&data[..used], step == SeqStep::Repeat) {
+                            Passed::Frame(au, key) => {
+                                keyframe = Some(key);
+                                Some(au)
+                            }
+                            Passed::NotAFrame => {
+                                not_a_frame = true;
+                                None
+                            }
+                            Passed::Dropped => None,
+                        }
+                    }
                     PixelFormat::Mjpg => match mjpeg_frame(&data[..used]) {
                         Some(jpeg) => Some(Bytes::copy_from_slice(jpeg)),
                         None => {
@@ -672,6 +936,31 @@ mod device {
                             None
                         }
                     },
+                    PixelFormat::Yuyv | PixelFormat::Nv12 | PixelFormat::Nv12m
+                        if self.settings.video.is_some() =>
+                    {
+                        let t = Instant::now();
+                        let encoded = self.encode_h264(neg, &data[..used], stamp.ns);
+                        self.counts.encode_ns += t.elapsed().as_nanos() as u64;
+                        match encoded {
+                            Ok((au, key)) => {
+                                keyframe = Some(key);
+                                Some(Bytes::from(au))
+                            }
+                            Err(e @ crate::h264::H264Error::Device(_)) => {
+                                // The encoder's device failed: the camera fails, to be retried.
+                                self.encoder_gone();
+                                sink.health().add_drops(1);
+                                return Err(self.device_error(format!("encoder: {e}"), true));
+                            }
+                            Err(e) => {
+                                self.groups.lost();
+                                self.counts.encode_failed += 1;
+                                tracing::debug!(source = %self.id, error = %e, "camera: frame not encodable to H.264");
+                                None
+                            }
+                        }
+                    }
                     PixelFormat::Yuyv | PixelFormat::Nv12 | PixelFormat::Nv12m => {
                         let t = Instant::now();
                         let encoded = self.encode(neg, &data[..used]);
@@ -687,7 +976,7 @@ mod device {
                     }
                 }
             };
-            if payload.is_none() {
+            if payload.is_none() && !not_a_frame {
                 drops += 1;
             }
             if drops > 0 {
@@ -695,17 +984,120 @@ mod device {
                 self.log_drops();
             }
             if let Some(payload) = payload {
-                let media = Media::Camera {
-                    width: neg.width,
-                    height: neg.height,
+                let media = match keyframe {
+                    Some(keyframe) => Media::Camera {
+                        width: neg.width,
+                        height: neg.height,
+                        codec: crate::Codec::H264,
+                        keyframe,
+                    },
+                    None => Media::jpeg(neg.width, neg.height),
                 };
+                if let (PixelFormat::H264, Some(key)) = (neg.format, keyframe) {
+                    self.place(stamp.ns, key);
+                }
                 sink.emit(stamp, media, payload)
                     .map_err(|_| SourceError::PipelineClosed {
                         source_id: self.id.clone(),
                     })?;
                 self.counts.frames += 1;
+                // An encoded raw frame: its proxy from the same picture and stamp, after it.
+                if neg.format != PixelFormat::H264 && keyframe.is_some() {
+                    #[cfg(feature = "h264")]
+                    if let (Some(true), Some(enc)) = (keyframe, self.h264.as_ref()) {
+                        // Once a group: the encoder (a device's copies so far).
+                        sink.health()
+                            .set_detail(&format!("{neg}, encoder {}", enc.describe()));
+                    }
+                    if let (Some(proxy), Some(proxy_sink)) = (self.proxy.as_mut(), sink.proxy_mut())
+                    {
+                        let (w, h) = (neg.width as usize, neg.height as usize);
+                        let planes = crate::scale::planes(&self.i420, w, h);
+                        if let Err(e) = proxy.feed(proxy_sink, stamp, w, h, planes) {
+                            if matches!(e, crate::proxy::ProxyStop::Device(_)) {
+                                self.encoder_gone();
+                            }
+                            return Err(e.into_source_error(&self.id));
+                        }
+                    }
+                }
             }
             Ok(())
+        }
+
+        /// One buffer of an H.264 camera, by the rules of [`crate::annexb`].
+        fn pass_h264(&mut self, buf: &[u8], repeated: bool) -> Passed {
+            if repeated && self.last_h264.as_deref() == Some(buf) {
+                // The driver handed the same buffer over again (a loopback's re-read): an access
+                // unit decoded twice would corrupt the pictures after it.
+                self.counts.reread += 1;
+                return Passed::NotAFrame;
+            }
+            let raw = Bytes::copy_from_slice(buf);
+            let verdict = self.annexb.accept(&raw);
+            self.last_h264 = Some(raw.clone());
+            match verdict {
+                Verdict::Frame { keyframe, access } => {
+                    let au = match access {
+                        Access::Untouched => raw,
+                        Access::WithParameterSets(with) => {
+                            self.counts.parameter_sets_inserted += 1;
+                            Bytes::from(with)
+                        }
+                    };
+                    if keyframe {
+                        self.counts.keyframes += 1;
+                    }
+                    Passed::Frame(au, keyframe)
+                }
+                Verdict::HeadersOnly => {
+                    self.counts.headers_only += 1;
+                    Passed::NotAFrame
+                }
+                Verdict::Rejected(why) => {
+                    self.counts.rejected += 1;
+                    tracing::debug!(source = %self.id, %why, bytes = buf.len(), "camera: H.264 buffer rejected");
+                    Passed::Dropped
+                }
+                Verdict::Undecodable(why) => {
+                    self.counts.undecodable += 1;
+                    tracing::debug!(source = %self.id, ?why, "camera: H.264 picture not decodable from here, dropped");
+                    Passed::Dropped
+                }
+            }
+        }
+
+        /// Where a passthrough keyframe fell against the rig's groups: counted, and a warning
+        /// (at most one a minute) when a group opens on a P-frame.
+        fn place(&mut self, capture_ns: i64, keyframe: bool) {
+            let Some(video) = self.settings.video else {
+                return;
+            };
+            let p = self
+                .placement
+                .observe(capture_ns, keyframe, video.gop, video.bucket_ms);
+            if p.opens_group {
+                self.counts.groups += 1;
+            }
+            if p.needs_earlier_group {
+                self.counts.frames_before_group_keyframe += 1;
+            }
+            self.counts.keyframe_interval_ns = self.placement.keyframe_interval_ns();
+            if !(p.opens_group && p.needs_earlier_group) {
+                return;
+            }
+            self.counts.groups_without_keyframe += 1;
+            let due = self
+                .last_group_warning
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+            if due {
+                self.last_group_warning = Some(Instant::now());
+                let group_ms = u64::from(video.gop) * u64::from(video.bucket_ms);
+                let camera_ms = self.counts.keyframe_interval_ns.map(|ns| ns / 1_000_000);
+                tracing::warn!(source = %self.id, device = %self.path, group_ms, camera_keyframe_interval_ms = ?camera_ms,
+                    groups = self.counts.groups, groups_without_keyframe = self.counts.groups_without_keyframe,
+                    "camera: a group opens on a P-frame (the camera places its own keyframes): a consumer of that group's key alone decodes it from the group's first keyframe on (a camera keyframe interval shorter than the group leaves fewer frames before it); a consumer reading the topic in order decodes all");
+            }
         }
 
         fn stamp(&mut self, meta: &v4l::buffer::Metadata) -> Stamp {
@@ -728,6 +1120,68 @@ mod device {
         ) -> Result<(), crate::camera::EncodeError> {
             let q = self.settings.jpeg_quality;
             encode_raw(neg, data, q, &mut self.packed, &mut self.jpeg)
+        }
+
+        /// An encoder device failed: both streams' encoder is chosen and opened afresh when the
+        /// camera is retried (`auto` looks again).
+        fn encoder_gone(&mut self) {
+            #[cfg(feature = "h264")]
+            {
+                self.h264 = None;
+            }
+            self.chosen = None;
+        }
+
+        /// A raw frame as an H.264 access unit, a keyframe when it opens its group.
+        #[cfg(feature = "h264")]
+        fn encode_h264(
+            &mut self,
+            neg: &Negotiated,
+            data: &[u8],
+            capture_ns: i64,
+        ) -> Result<(Vec<u8>, bool), crate::h264::H264Error> {
+            use crate::h264::H264Error;
+            let Some(video) = self.settings.video else {
+                return Err(H264Error::Encoder("no video settings".into()));
+            };
+            super::raw_to_i420(neg, data, &mut self.packed, &mut self.i420)
+                .map_err(|e| H264Error::Encoder(e.to_string()))?;
+            let (w, h) = (neg.width as usize, neg.height as usize);
+            if self.h264.is_none() {
+                let chosen = match &self.chosen {
+                    Some(c) => c.clone(),
+                    None => {
+                        let c = self.encoder.resolve();
+                        // The proxy on the same encoder as the camera's own stream.
+                        self.proxy = self
+                            .proxy
+                            .take()
+                            .map(|p| crate::proxy::Proxy::chosen(p.settings(), c.clone()));
+                        self.chosen = Some(c.clone());
+                        c
+                    }
+                };
+                self.h264 = Some(chosen.open(video.encoder, w, h, video.gop)?);
+            }
+            let encoder = self.h264.as_mut().expect("opened above");
+            let (_, key) = self.groups.next(capture_ns, video.gop, video.bucket_ms);
+            let (y, chroma) = self.i420.split_at(w * h);
+            let (u, v) = chroma.split_at(w * h / 4);
+            let au = encoder.encode(w, h, (y, u, v), key)?;
+            Ok((au.data, au.keyframe))
+        }
+
+        #[cfg(not(feature = "h264"))]
+        fn encode_h264(
+            &mut self,
+            _neg: &Negotiated,
+            _data: &[u8],
+            _capture_ns: i64,
+        ) -> Result<(Vec<u8>, bool), crate::h264::H264Error> {
+            let _ = (&self.i420, &self.groups, &self.encoder, &self.chosen);
+            Err(crate::h264::H264Error::Encoder(
+                "rigd was built without the `h264` feature".into(),
+            ))
         }
 
         fn log_drops(&mut self) {
@@ -907,6 +1361,14 @@ mod unavailable {
             }
         }
 
+        pub fn with_proxy(self, _proxy: Option<crate::proxy::ProxySettings>) -> Self {
+            self
+        }
+
+        pub fn with_encoder(self, _encoder: crate::encoder::EncoderChoice) -> Self {
+            self
+        }
+
         pub fn counts(&self) -> CameraCounts {
             CameraCounts::default()
         }
@@ -980,6 +1442,56 @@ mod tests {
     }
 
     #[test]
+    fn raw_frames_become_i420_for_h264_padded_or_not() {
+        let (w, h) = (16u32, 16u32);
+        let tight: Vec<u8> = (0..w * h * 2).map(|i| (i * 7 % 251) as u8).collect();
+        let stride = w as usize * 2 + 12;
+        let mut padded = Vec::new();
+        for row in tight.chunks(w as usize * 2) {
+            padded.extend_from_slice(row);
+            padded.extend_from_slice(&[0xEE; 12]);
+        }
+        let mut neg = Negotiated {
+            format: PixelFormat::Yuyv,
+            width: w,
+            height: h,
+            stride: w * 2,
+            fps: None,
+            buffers: 4,
+        };
+        let (mut packed, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
+        raw_to_i420(&neg, &tight, &mut packed, &mut a).unwrap();
+        assert_eq!(a.len(), (w * h * 3 / 2) as usize);
+        let luma: Vec<u8> = tight.iter().step_by(2).copied().collect();
+        assert_eq!(&a[..(w * h) as usize], &luma[..]);
+        neg.stride = stride as u32;
+        raw_to_i420(&neg, &padded, &mut packed, &mut b).unwrap();
+        assert_eq!(a, b, "the padding does not reach the planes");
+        assert!(raw_to_i420(&neg, &padded[..stride * 3], &mut packed, &mut b).is_err());
+        neg.format = PixelFormat::Mjpg;
+        assert!(raw_to_i420(&neg, &tight, &mut packed, &mut b).is_err());
+        neg.format = PixelFormat::Nv12;
+        neg.stride = w;
+        let nv12: Vec<u8> = (0..w * h * 3 / 2).map(|i| (i % 200) as u8).collect();
+        raw_to_i420(&neg, &nv12, &mut packed, &mut b).unwrap();
+        assert_eq!(&b[..(w * h) as usize], &nv12[..(w * h) as usize]);
+        #[cfg(feature = "h264")]
+        {
+            let mut enc = crate::h264::H264Encoder::new(crate::h264::H264Settings {
+                bitrate: 100_000,
+                rate_control: crate::h264::RateControl::Bitrate,
+                fps: 30.0,
+            })
+            .unwrap();
+            let n = (w * h) as usize;
+            let au = enc
+                .encode(16, 16, (&b[..n], &b[n..n + n / 4], &b[n + n / 4..]), true)
+                .unwrap();
+            assert!(au.keyframe);
+        }
+    }
+
+    #[test]
     fn padded_rows_encode_like_packed_ones() {
         let (w, h) = (16u32, 8u32);
         let tight: Vec<u8> = (0..w * h * 2).map(|i| (i * 7 % 251) as u8).collect();
@@ -1022,6 +1534,86 @@ mod tests {
     }
 
     #[test]
+    fn h264_is_negotiated_only_for_a_video_source() {
+        assert_eq!(PixelFormat::from_fourcc(*b"H264"), Some(PixelFormat::H264));
+        assert_eq!(PixelFormat::H264.as_str(), "H264");
+        let mut s = CameraSettings {
+            device: "/dev/video0".into(),
+            width: 640,
+            height: 360,
+            fps: 30.0,
+            formats: vec![PixelFormat::H264, PixelFormat::Yuyv],
+            buffers: 4,
+            jpeg_quality: 80,
+            video: None,
+        };
+        assert_eq!(s.wanted_formats(), [PixelFormat::Yuyv], "a JPEG source");
+        s.video = Some(crate::synthetic::VideoSettings {
+            encoder: crate::h264::H264Settings {
+                bitrate: 1_000_000,
+                rate_control: crate::h264::RateControl::Bitrate,
+                fps: 30.0,
+            },
+            gop: 30,
+            bucket_ms: 33,
+        });
+        assert_eq!(s.wanted_formats(), [PixelFormat::H264, PixelFormat::Yuyv]);
+        let neg = Negotiated {
+            format: PixelFormat::H264,
+            width: 640,
+            height: 360,
+            stride: 0,
+            fps: None,
+            buffers: 2,
+        };
+        let (mut packed, mut out) = (Vec::new(), Vec::new());
+        assert!(raw_to_i420(&neg, &[0, 0, 1, 0x65], &mut packed, &mut out).is_err());
+        assert!(encode_raw(&neg, &[0, 0, 1, 0x65], 80, &mut packed, &mut out).is_err());
+    }
+
+    #[test]
+    fn a_passthrough_cameras_keyframes_are_placed_against_the_groups() {
+        // Groups of 3 buckets of 10 ms (30 ms); the camera makes a keyframe every 4 frames of
+        // 10 ms, starting at 5 ms: it cannot know where rigd's groups start.
+        let mut p = KeyframePlacement::new();
+        let ms = 1_000_000i64;
+        let mut seen = Vec::new();
+        for i in 0..12i64 {
+            let key = i % 4 == 0;
+            let at = (5 + 10 * i) * ms;
+            let pl = p.observe(at, key, 3, 10);
+            seen.push((pl.opens_group, pl.needs_earlier_group));
+        }
+        // Buckets 0..=11 (frame i at 5+10i ms), groups 0,3,6,9; keyframes at frames 0, 4, 8.
+        assert_eq!(
+            seen,
+            [
+                (true, false),  // 0: key, opens group 0
+                (false, false), // 1
+                (false, false), // 2
+                (true, true),   // 3: P opens group 3: needs group 0
+                (false, false), // 4: key
+                (false, false), // 5
+                (true, true),   // 6: P opens group 6
+                (false, true),  // 7: still before group 6's keyframe
+                (false, false), // 8: key
+                (true, true),   // 9: P opens group 9
+                (false, true),
+                (false, true),
+            ]
+        );
+        assert_eq!(p.keyframe_interval_ns(), Some(40 * ms));
+        // A camera whose keyframes land on the groups' first frames: every group opens on one.
+        let mut aligned = KeyframePlacement::new();
+        for i in 0..12i64 {
+            let pl = aligned.observe((1 + 10 * i) * ms, i % 3 == 0, 3, 10);
+            assert!(!pl.needs_earlier_group, "frame {i}");
+        }
+        aligned.reset();
+        assert_eq!(aligned.keyframe_interval_ns(), None);
+    }
+
+    #[test]
     fn fps_becomes_a_reduced_interval() {
         assert_eq!(interval_for(30.0), (1, 30));
         assert_eq!(interval_for(29.97), (100, 2997));
@@ -1053,6 +1645,46 @@ mod tests {
             buffers: 4,
         };
         assert_eq!(n.to_string(), "YUYV 320x180 @ 25.00 fps, 4 buffers");
+    }
+
+    /// H.264 passthrough cost per frame: the Annex B scan and rules plus the copy out of the mmap
+    /// buffer, on OpenH264's 1080p access units of the textured pan (a keyframe every 30).
+    /// `cargo test --release -p rigd-drivers --features h264 --lib -- --ignored --nocapture bench_h264_pass`
+    #[cfg(feature = "h264")]
+    #[test]
+    #[ignore = "benchmark"]
+    fn bench_h264_passthrough() {
+        let (w, h) = (1920usize, 1080usize);
+        let mut pan = crate::scene::Pan::new(w, h);
+        let mut enc = crate::h264::H264Encoder::new(crate::h264::H264Settings {
+            bitrate: 4_000_000,
+            rate_control: crate::h264::RateControl::Bitrate,
+            fps: 30.0,
+        })
+        .unwrap();
+        let aus: Vec<Vec<u8>> = (0..30u64)
+            .map(|n| enc.encode(w, h, pan.draw(n), n == 0).unwrap().data)
+            .collect();
+        let bytes: usize = aus.iter().map(Vec::len).sum();
+        let rounds = 200;
+        let mut s = crate::annexb::Passthrough::new();
+        let t = std::time::Instant::now();
+        let mut total = 0;
+        for _ in 0..rounds {
+            for au in &aus {
+                let copy = bytes::Bytes::copy_from_slice(std::hint::black_box(au));
+                if let crate::annexb::Verdict::Frame { .. } = s.accept(&copy) {
+                    total += copy.len();
+                }
+            }
+        }
+        let per = t.elapsed().as_secs_f64() * 1e6 / (rounds * aus.len()) as f64;
+        assert_eq!(total, bytes * rounds);
+        println!(
+            "h264 passthrough 1920x1080 (keyframe {} bytes, mean {} bytes): {per:.1} us/frame",
+            aus[0].len(),
+            bytes / aus.len()
+        );
     }
 
     /// MJPEG passthrough cost per frame: the whole-JPEG check plus the copy out of the mmap buffer.

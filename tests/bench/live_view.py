@@ -57,7 +57,7 @@ def main():
     if a.quick:
         a.secs, a.rounds = 2, 1
     work = Path(ROOT / "target" / "bench" / unique("live-view"))
-    config = CONFIG.format(rig=unique("bench-live"), format="mjpeg", spool_mode="on-outage", workers=2,
+    config = CONFIG.format(rig=unique("bench-live"), camera='format = "mjpeg"', spool_mode="on-outage", workers=2,
                            url=f"pulsar://127.0.0.1:{free_port()}" if a.no_broker else a.url)
     if a.no_broker:
         config = config.replace('path = "spool"', 'path = "spool"\nmax-bytes = "64MiB"\nwhen-full = "drop-oldest"')

@@ -4,10 +4,16 @@ stereo audio and a 100 Hz serial source publishing live to the broker; measures 
 core), peak RSS, publish rates, then (first profile only) the same during a broker outage and the
 drain after. One profile per camera format side by side: `mjpeg` (pre-encoded JPEGs, as an MJPEG
 camera hands over) and `yuyv` (raw frames rigd encodes to JPEG, as a raw V4L2 camera's), and with
---rigd-without-turbojpeg the yuyv profile again on the pure-Rust encoder.
+--rigd-without-turbojpeg the yuyv profile again on the pure-Rust encoder. Video (issue 48,
+tests/bench/video.sh): `h264` (the textured pan encoded by rigd, `codec = "h264"` at --bitrate) and
+`h264-clip` (an H.264 passthrough camera's stand-in: the access units of --clip handed over in a
+loop, nothing encoded). Issue 49: `proxy4` (four 1080p30 H.264 cameras held on request with
+their 854x480 proxies live) and `h264x4` (the same without proxies), with the capture threads'
+CPU per picture (`/proc/PID/task/*/schedstat` of the `capture-cam*` threads).
 
     python3 tests/bench/rig_profile.py --secs 60 --outage-secs 30 \
-        [--formats mjpeg,yuyv] [--spool-mode always] [--rigd-without-turbojpeg target/bench/rigd-without-turbojpeg]"""
+        [--formats mjpeg,yuyv,h264,h264-clip --clip FILE.h264] [--spool-mode always] \
+        [--rigd-without-turbojpeg target/bench/rigd-without-turbojpeg]"""
 
 import argparse
 import json
@@ -64,7 +70,7 @@ kind = "synthetic-camera"
 width = 1920
 height = 1080
 fps = 30
-format = "{format}"
+{camera}
 [[source]]
 id = "mic"
 kind = "synthetic-audio"
@@ -84,6 +90,37 @@ bind = "127.0.0.1:{{WEB_PORT}}"
 """
 
 
+# The four-camera rig of issue 49 (`--formats proxy4,h264x4`): four 1080p30 H.264 cameras, full
+# resolution held on the rig for recall, each with its 854x480 proxy live (proxy4) or without one
+# (h264x4, the proxy's cost by difference), beside the profile's audio and serial.
+FOUR_CAMERAS = """
+[[source]]
+id = "cam{n}"
+kind = "synthetic-camera"
+width = 1920
+height = 1080
+fps = 30
+codec = "h264"
+bitrate = "{bitrate}"
+upload = "on-request"
+retain-age = "10m"
+encoder = "software"
+{proxy}
+"""
+
+
+def capture_cpu_ns(pid):
+    """CPU ns of the capture threads (`capture-{source}`), summed, from the kernel's accounting."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith("capture-cam"):
+                total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--secs", type=float, default=60)
@@ -92,10 +129,13 @@ def main():
                     help="then stop the broker this long, in the first profile only (0: skip)")
     ap.add_argument("--formats", default="mjpeg,yuyv",
                     help="the camera's `format` per profile, side by side (yuyv: raw frames rigd encodes; "
+                         "h264: the pan encoded by rigd; h264-clip: --clip handed over; "
                          "+encrypted: with end-to-end encryption)")
     ap.add_argument("--worker-threads", type=int, default=2, help="`[rig] worker-threads`")
     ap.add_argument("--spool-mode", default="on-outage", choices=["on-outage", "always"],
                     help="`[spool] mode`: always = every frame durable in the spool before it is sent")
+    ap.add_argument("--clip", type=Path, help="the H.264 file (Annex B) the h264-clip profile hands over")
+    ap.add_argument("--bitrate", default="2mbit", help="the h264 profile's `bitrate`")
     ap.add_argument("--rigd-without-turbojpeg", type=Path,
                     help="a rigd built without the `turbojpeg` feature: one more yuyv profile, pure-Rust encoder")
     a = ap.parse_args()
@@ -119,8 +159,19 @@ def profile(a, fmt, binary, outage_secs):
     """One rig profile with the camera in `fmt`; returns {metric: value} (key "profile": its name)."""
     rig = unique("profile")
     fmt, _, variant = fmt.partition("+")
-    cfg = CONFIG.format(rig=rig, format=fmt, url=a.url, spool_mode=a.spool_mode,
+    if fmt in ("h264", "proxy4", "h264x4"):
+        camera = f'codec = "h264"\nbitrate = "{a.bitrate}"'
+    elif fmt == "h264-clip":
+        camera = f'codec = "h264"\nclip = "{a.clip.resolve()}"'
+    else:
+        camera = f'format = "{fmt}"'
+    cfg = CONFIG.format(rig=rig, camera=camera, url=a.url, spool_mode=a.spool_mode,
                         workers=a.worker_threads)
+    if fmt in ("proxy4", "h264x4"):
+        proxy = 'proxy = { width = 854, height = 480, bitrate = "300kbit" }' if fmt == "proxy4" else ""
+        cams = "".join(FOUR_CAMERAS.format(n=n, bitrate=a.bitrate, proxy=proxy) for n in range(1, 5))
+        start, end = cfg.index('[[source]]\nid = "front"'), cfg.index('[[source]]\nid = "mic"')
+        cfg = cfg[:start] + cams.lstrip("\n") + cfg[end:]
     default_bin = os.environ.get("RIGD_BIN")
     if binary:
         os.environ["RIGD_BIN"] = str(binary)  # what the harness's Rigd starts
@@ -140,9 +191,9 @@ def profile(a, fmt, binary, outage_secs):
             d.wait_for(lambda s: s["uplink"]["connected"], timeout=60, what="connected")
             time.sleep(2)  # warm-up: caches filled, connections up
             pid = d.proc.pid
-            s0, c0, t0 = d.status(), cpu_seconds(pid), time.time()
+            s0, c0, t0, k0 = d.status(), cpu_seconds(pid), time.time(), capture_cpu_ns(pid)
             time.sleep(a.secs)
-            s1, c1, t1 = d.status(), cpu_seconds(pid), time.time()
+            s1, c1, t1, k1 = d.status(), cpu_seconds(pid), time.time(), capture_cpu_ns(pid)
             cpu = 100 * (c1 - c0) / (t1 - t0)
             rss = status_kb(pid, "VmHWM") / 1024
             try:
@@ -150,8 +201,16 @@ def profile(a, fmt, binary, outage_secs):
             except OSError:
                 metrics = ""
             log = d.log_path.read_text(errors="replace")
-            if fmt == "mjpeg":
+            if fmt == "proxy4":
+                name = f"four 1080p30 H.264 cameras ({a.bitrate}, held on request) + 854x480 proxies live"
+            elif fmt == "h264x4":
+                name = f"four 1080p30 H.264 cameras ({a.bitrate}, held on request), no proxy"
+            elif fmt == "mjpeg":
                 name = "1080p MJPEG camera"
+            elif fmt == "h264":
+                name = f"1080p H.264 camera encoded by rigd (OpenH264, {a.bitrate})"
+            elif fmt == "h264-clip":
+                name = f"1080p H.264 passthrough (a {a.clip.stat().st_size / 1e6:.1f} MB clip looped)"
             elif binary:
                 name = "1080p YUYV camera, jpeg-encoder (built without `turbojpeg`)"
             elif "libturbojpeg not available" in log:
@@ -163,6 +222,15 @@ def profile(a, fmt, binary, outage_secs):
             rows["window"] = f"{t1 - t0:.0f} s"
             rows["rigd CPU (% of one core)"] = f"{cpu:.1f} %"
             rows["rigd peak RSS (VmHWM)"] = f"{rss:.1f} MiB"
+            rows["rigd RSS at the window's end (VmRSS)"] = f"{status_kb(pid, 'VmRSS') / 1024:.1f} MiB"
+            if fmt in ("proxy4", "h264x4"):
+                cams = [(x0, x1) for x0, x1 in zip(s0["sources"], s1["sources"]) if x1["id"].startswith("cam")
+                        and x1["kind"] != "proxy"]
+                pictures = sum(x1["frames"] - x0["frames"] for x0, x1 in cams)
+                share = (k1 - k0) / 1e9 / (t1 - t0) * 100
+                rows["capture threads (draw + encodes + proxy scale) CPU"] = (
+                    f"{share:.1f} % of a core, {(k1 - k0) / 1e6 / max(pictures, 1):.1f} ms per picture "
+                    f"({pictures / (t1 - t0):.1f} pictures/s over 4 cameras)")
             for a0, a1 in zip(s0["sources"], s1["sources"]):
                 rate = (a1["frames"] - a0["frames"]) / (t1 - t0)
                 mbps = (a1["bytes"] - a0["bytes"]) / (t1 - t0) / 1e6

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for rigd's performance figures, side by side with the anchors on the same machine:
-#   tests/bench/run.sh           full run (about 20 minutes with the fleet sweep)
+#   tests/bench/run.sh           full run (about 30 minutes with the fleet sweep and the video section)
 #   tests/bench/run.sh --quick   smoke run for CI (small counts; no figure is meaningful)
 # The broker: the one on PULSAR_PORT / PULSAR_HTTP_PORT (6650 / 8080) with data in PULSAR_DATA, started
 # (and stopped at the end) if it is not running. Sections stop, restart and shape it (tc), so give a
@@ -201,6 +201,13 @@ python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs "$outage" --url 
   --formats "$formats" "${fallback[@]}"
 echo
 
+section proxy-rig
+echo "## Four cameras with proxies (issue 49): four 1080p30 H.264 cameras held on request, each with its 854x480 proxy live, + audio + serial; then the same without proxies; capture threads' CPU per picture"
+echo
+secs=30; [ $QUICK = 1 ] && secs=2
+python3 tests/bench/rig_profile.py --secs "$secs" --outage-secs 0 --url "$URL" --formats proxy4,h264x4
+echo
+
 section live-view
 echo "## Live view cost: one Foxglove client on every channel of the rig profile (added CPU, capture-to-client latency on loopback)"
 echo
@@ -227,6 +234,19 @@ section jpeg
 echo "## YUYV and NV12 to JPEG, every encoder side by side (ms per frame, one core)"
 echo
 if [ $QUICK = 1 ]; then tests/bench/jpeg.sh --quick; else tests/bench/jpeg.sh; fi
+echo
+
+section video
+echo "## Video (H.264): MJPEG against H.264 at equal quality, OpenH264 against libx264, the rig profile with an H.264 camera (issue 48)"
+echo
+# the smoke: 10 small frames, two bitrates, libx264 ultrafast, the passthrough profile for 1 s
+if [ $QUICK = 1 ]; then tests/bench/video.sh --quick; else tests/bench/video.sh; fi
+echo
+
+section can
+echo "## CAN: rigd's cost at 2,000 and 8,000 frames/s (issue 52)"
+echo
+python3 tests/bench/can.py --url "$URL" $([ $QUICK = 1 ] && echo --quick)
 echo
 
 section thin-link

@@ -8,12 +8,11 @@ committed. The official client counts every seq."""
 import os
 import subprocess
 import time
-import urllib.error
 
 import pulsar
 import pytest
 
-from harness import (BROKER_URL, ROOT, Rigd, admin, assert_once_each_in_order, consume, free_port, received_seqs,
+from harness import (BROKER_URL, ROOT, Rigd, admin, assert_once_each_in_order, consume, free_port, namespace_without_dedup, received_seqs,
                      unique)
 from test_encryption import fleet_key
 
@@ -63,19 +62,9 @@ def kill9_runs(d, secs):
         d.kill9()
 
 
-def namespace_without_dedup() -> str:
-    ns = f"public/{unique('nodedup')}"
-    try:
-        admin("PUT", f"/admin/v2/namespaces/{ns}", {})
-    except urllib.error.HTTPError as e:
-        if e.code != 409:
-            raise
-    admin("POST", f"/admin/v2/namespaces/{ns}/deduplication", False)
-    return ns
-
 
 def test_without_broker_dedup_a_restart_does_not_resend_what_the_topic_holds(broker, tmp_path):
-    ns = namespace_without_dedup()
+    ns = namespace_without_dedup(unique("nodedup"))
     rig = unique("probe")
     d = Rigd(tmp_path, CONFIG.format(rig=rig, url=BROKER_URL, ns=ns))
     try:
@@ -121,7 +110,7 @@ def test_the_probe_reads_an_encrypted_entry_or_a_compressed_chunk_as_the_last_en
     once (the official client, decrypting with the fleet's private key)."""
     source, sources, extra, published = PROBE_VARIANTS[variant]
     pub, priv = fleet_key(tmp_path)
-    ns = namespace_without_dedup()
+    ns = namespace_without_dedup(unique("nodedup"))
     rig = unique("probe")
     cfg = CONFIG.format(rig=rig, url=BROKER_URL, ns=ns)
     head, tail = cfg.split("[pulsar]", 1)

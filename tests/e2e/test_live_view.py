@@ -426,3 +426,90 @@ def test_a_marker_and_the_alerts_arrive_as_foxglove_log_on_the_rigs_events_chann
     alerts = [m for m in logs if m["name"] == "alert"]
     assert any(m["message"].startswith("uplink: ") for m in alerts), logs
     assert all(m["level"] in (2, 3, 4) for m in alerts), alerts
+
+
+def proxy_rig_config(rig: str, broker: str | None) -> str:
+    """An H.264 camera with a proxy (both published live when there is a broker)."""
+    pulsar = f'[pulsar]\nurl = "{broker}"\n' if broker else ""
+    return f"""
+[rig]
+id = "{rig}"
+[[source]]
+id = "cam"
+kind = "synthetic-camera"
+codec = "h264"
+width = 320
+height = 180
+gop = 10
+proxy = {{ width = 160, height = 90, bitrate = "100kbit" }}
+{pulsar}
+[spool]
+path = "spool"
+[web]
+bind = "127.0.0.1:{{WEB_PORT}}"
+"""
+
+
+def shown(out: dict) -> list[str]:
+    """The topics advertised and not withdrawn."""
+    gone = set(out.get("unadvertised", []))
+    return sorted(c["topic"] for c in out["channels"] if c["id"] not in gone)
+
+
+def test_a_camera_with_a_proxy_shows_the_proxy_and_its_full_resolution_only_with_full(tmp_path):
+    """docs/LIVE.md "Proxies first": Foxglove's client sees `/cam-proxy` (CompressedVideo, its
+    frames) and not `/cam`; connected with `?full=1` it sees both and gets the full frames."""
+    d = Rigd(tmp_path, proxy_rig_config(unique("lvp"), None)).start()
+    try:
+        d.wait_for(lambda s: all(x["frames"] > 0 for x in s["sources"] if x["id"] != "events"),
+                   timeout=30, what="frames")
+        out = live(d, "--protocol", SDK, *subscribe("/cam-proxy", "/cam"), "--seconds", "1.5")
+        assert "/cam-proxy" in shown(out) and "/cam" not in shown(out), shown(out)
+        proxy = [m for m in out["messages"] if m["topic"] == "/cam-proxy"]
+        assert len(proxy) >= 10 and all(m["format"] == "h264" and m["frameId"] == "cam-proxy" for m in proxy), \
+            (len(proxy), out["events"])
+        assert not [m for m in out["messages"] if m["topic"] == "/cam"]
+        url = f"ws://127.0.0.1:{d.port}/foxglove?full=1"
+        r = subprocess.run(["node", str(CLIENT), url, "--protocol", SDK, *subscribe("/cam", "/cam-proxy"),
+                            "--seconds", "1.5"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        full = json.loads(r.stdout)
+        assert {"/cam", "/cam-proxy"} <= set(shown(full)), shown(full)
+        cams = [m for m in full["messages"] if m["topic"] == "/cam"]
+        assert len(cams) >= 10 and all(m["format"] == "h264" and m["frameId"] == "cam" for m in cams), len(cams)
+        proxies = [m for m in full["messages"] if m["topic"] == "/cam-proxy"]
+        # The same pictures: every proxy frame has its full frame at the same capture time.
+        lo, hi = min(int(m["timestamp"]) for m in cams), max(int(m["timestamp"]) for m in cams)
+        inside = {m["timestamp"] for m in proxies if lo <= int(m["timestamp"]) <= hi}
+        assert inside and inside <= {m["timestamp"] for m in cams}, (len(inside), len(cams))
+    finally:
+        d.stop()
+        d.close()
+
+
+def test_rigd_live_shows_the_proxy_and_the_full_resolution_with_full(broker, tmp_path):
+    """`rigd live`: a camera whose `{id}-proxy` arrives is withdrawn from a default client's
+    channels (`unadvertise`); `rigd live --full` keeps both for every client."""
+    name = unique("lvr")
+    d = Rigd(tmp_path, proxy_rig_config(name, broker)).start()
+    try:
+        d.wait_for(lambda s: s["uplink"]["connected"] and all(x["published"] > 0 for x in s["sources"]
+                                                             if x["id"] != "events"),
+                   timeout=60, what="both streams published")
+        with relay(broker, name, tmp_path) as fleet:
+            # The first client is there while the relay meets both sources (in either order); the
+            # second connects to a relay that knows both.
+            first = live(fleet, "--protocol", SDK, "--seconds", "2")
+            out = live(fleet, "--protocol", SDK, *subscribe("/cam-proxy"), "--seconds", "1.5")
+        # Connected before the relay met both: `/cam`, if it was advertised, was withdrawn.
+        assert "/cam" not in shown(first), (shown(first), first["unadvertised"])
+        print(f"first client: shown {shown(first)}, unadvertised {first['unadvertised']}")
+        assert shown(out) == ["/cam-proxy"], (shown(out), out["channels"])
+        assert [m for m in out["messages"] if m["topic"] == "/cam-proxy" and m["format"] == "h264"]
+        with relay(broker, name, tmp_path, "--full") as fleet:
+            out = live(fleet, "--protocol", SDK, "--want-channels", "2", *subscribe("/cam"), "--seconds", "1.5")
+        assert {"/cam", "/cam-proxy"} <= set(shown(out)), shown(out)
+        assert [m for m in out["messages"] if m["topic"] == "/cam" and m["format"] == "h264"]
+    finally:
+        d.stop()
+        d.close()

@@ -405,3 +405,40 @@ def test_with_encryption_a_recalled_range_is_as_encrypted_as_live(broker, tmp_pa
         check_synthetic_jpeg(m["payload"])
         assert t0 + 1 * S <= int(m["properties"]["capture-ns"]) < t0 + 4 * S
     assert consume(BROKER_URL, [topic], idle_timeout_s=4) == [], "nothing for a consumer without the key"
+
+
+def test_requests_batched_and_compressed_by_the_official_client_are_each_answered(broker, tmp_path):
+    """The rig reads its control topic on its own connection (issue 46: through the pool, not the
+    pulsar crate): what the official client sends batched and compressed (LZ4, ZSTD) is unpacked,
+    every request answered (4 batches of 10 with LZ4, more than the reader's 16 permits; 3 batches
+    of 50 with ZSTD, each larger than them: the broker's count goes below zero and the rig's flow
+    must cover the debt, which it did not, so it read nothing after the first such batch); ZLIB,
+    which rigd does not read, is counted unreadable and the rig goes on."""
+    with running(tmp_path, "rpack", fps=5) as (ns, rig, d, op):
+        sent = []
+        for codec, size, n in ((pulsar.CompressionType.LZ4, 10, 40), (pulsar.CompressionType.ZSTD, 50, 150)):
+            p = op.client.create_producer(op.control, batching_enabled=True, batching_max_messages=size,
+                                          batching_max_publish_delay_ms=200, compression_type=codec)
+            ids = [str(uuid.uuid4()) for _ in range(n)]
+            # Batches, each compressed as a whole: more messages than the reader's permits
+            # (the broker charges a batch one permit per message).
+            for k in range(0, len(ids), size):
+                for rid in ids[k:k + size]:
+                    p.send_async(json.dumps({"op": "coverage", "id": rid}).encode(), None)
+                p.flush()
+            p.close()
+            sent += ids
+        for rid in sent:
+            assert op.wait(rid, ("coverage",), timeout=30)["sources"], rid
+        z = op.client.create_producer(op.control, batching_enabled=False,
+                                      compression_type=pulsar.CompressionType.ZLib)
+        z.send(json.dumps({"op": "coverage", "id": "zlib"}).encode())
+        z.close()
+        after = str(uuid.uuid4())
+        op.send({"op": "coverage", "id": after})
+        op.wait(after, ("coverage",), timeout=30)
+        metrics = d.get("/metrics").decode()
+        assert 'rigd_recall_rejected_total{reason="unreadable"} 1' in metrics, metrics[-3000:]
+        assert "compressed with ZLIB" in d.log()
+        assert not any(a["id"] == "zlib" for a in op.seen)
+        assert d.stop() == 0

@@ -199,9 +199,13 @@ frame-bytes = 200000
     # arrived was. The online run's own frames count too: until its uplink is up they spill into
     # the full spool, where drop-oldest may take them as well (20 of 63 in a loaded CI run, which
     # an account of the offline runs' frames alone called 20 too many).
+    # A frame still in the spool when the online run stopped (its receipt not back within the
+    # shutdown grace on a loaded machine) is held, not lost: it goes at the next start.
     missing = sum(r["frames"] for r in runs) - len(seqs)
     dropped = sum(r["spool_dropped"] for r in runs)
-    assert missing == dropped, (missing, dropped, runs)
+    held = runs[2]["spooled"]
+    print(f"missing {missing}, dropped {dropped}, still held {held}, runs {runs}")
+    assert missing == dropped + held, (missing, dropped, held, runs)
 
 
 def test_power_cut_in_on_outage_mode_loses_at_most_the_in_flight_window(broker, tmp_path):

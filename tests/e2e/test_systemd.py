@@ -23,8 +23,9 @@ from harness import ROOT, Rigd, rigd_bin
 SYSTEMD = ROOT / "systemd"
 UNIT = SYSTEMD / "rigd.service"
 # The figure `systemd-analyze security --offline=true` gave when the unit was written; a change that
-# loosens the sandbox has to raise this on purpose.
-MAX_EXPOSURE = 2.0
+# loosens the sandbox has to raise this on purpose. 2.0 -> 2.1 (issue 52): AF_CAN for `kind = "can"`
+# sources, which systemd-analyze counts among the "exotic" address families.
+MAX_EXPOSURE = 2.1
 
 
 def systemd_root(tmp_path: Path) -> Path:

@@ -1,6 +1,8 @@
 """Vehicle in a box: tests/vm/vehicle.sh boots a Debian guest (systemd as PID 1, the rigd .deb,
-vivid, snd-aloop and a host-fed 8250 UART) under QEMU TCG against this run's broker, and judges
-what reached the broker with the official Python client: frames of every device, the web UI, a
+vivid, snd-aloop, a host-fed 8250 UART and a vcan CAN bus) under QEMU TCG against this run's broker,
+and judges what reached the broker with the official Python client: frames of every device, the web
+UI, the CAN bus (canplayer at 2,000 frames/s: every frame as candump logged it, kernel filters, CAN FD;
+the interface down and up: retried, resumed), a
 network cut that spools and drains, the watchdog restarting a SIGSTOPped daemon, config faults (a bad
 key stops the unit, a late token file and a late spool disk are retried until they appear), a power cut (QEMU
 killed) in `always` mode with a reboot from the same disk, and every (source, seq) exactly once.
@@ -27,7 +29,10 @@ VM_PACKAGES = ["debootstrap", "qemu-system-x86", "qemu-utils", "e2fsprogs", "soc
 CHECKS = [
     "service active",
     "frames of vivid, snd-aloop and the UART reach the host's broker",
-    "web UI answers with the three devices running",
+    "web UI answers with the four devices running",
+    "CAN: canplayer at 2,000 frames/s on vcan0",
+    "CAN: vcan0 down then up: the CAN sources retry and say why, then resume",
+    "CAN: a drive replayed: rigd replay --out writes candump's log, canplayer plays it onto vcan1",
     "network cut of 20 s: the spool grows, then drains",
     "watchdog restarts a SIGSTOPped daemon",
     "config faults: a bad key stops the unit (no restart)",

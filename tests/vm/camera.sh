@@ -2,13 +2,17 @@
 # The V4L2 camera driver on a real kernel driver: Debian's stock kernel with vivid, booted from a
 # busybox initramfs under QEMU TCG (never KVM), runs the static `v4l_probe` example
 # (drivers/examples/v4l_probe.rs) against /dev/video0, and its multi-planar checks against
-# /dev/video1 (vivid's second device, loaded with multiplanar=2).
+# /dev/video1 (vivid's second device, loaded with multiplanar=2). With v4l2loopback (built from
+# Debian's v4l2loopback-dkms): MJPEG passthrough on /dev/video10, and H.264 passthrough on
+# /dev/video11 of a libx264 clip the host makes (tests/vm/h264_clip.py, PyAV; copied into the
+# initramfs, and kept in target/vm-camera/h264 for the host to compare with what the guest printed).
 #   tests/vm/camera.sh        exit 0 when every guest check passed; prints the guest's
 #                             `RIGD-VM-CAMERA ...` lines and `camera-vm: passed in N s`
 # Cache: $RIGD_VM_CACHE (default ~/.cache/rigd-vm)/kernel-<abi>: the kernel package, unpacked and
 # depmod'ed once. Work files: target/vm-camera. Needs qemu-system-x86 busybox-static cpio kmod
 # (tests/setup.sh installs them) and the musl target (added with rustup when missing).
-# RIGD_VM_TIMEOUT (default 150 s) bounds the guest.
+# RIGD_VM_TIMEOUT (default 150 s) bounds the guest. RIGD_VM_CAMERA_ONLY=PREFIX runs only the probe's
+# checks whose names start with PREFIX (to iterate on one; the run then does not pass as a whole).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -56,7 +60,67 @@ if [ ! -f "$LOOP_KO" ]; then
     LOOP_SKIP="no linux-headers-$ABI, make or gcc to build v4l2loopback"
   fi
 fi
-[ -z "$LOOP_SKIP" ] || log "MJPEG passthrough check skipped: $LOOP_SKIP"
+[ -z "$LOOP_SKIP" ] || log "MJPEG and H.264 passthrough checks skipped: $LOOP_SKIP"
+
+# 1b'. vicodec (cached) for the M2M encoder checks. Debian's kernel has neither vicodec nor the
+# v4l2-mem2mem core it needs (CONFIG_V4L2_MEM2MEM_DEV is off: no driver of that config uses it), so
+# both are built out of tree, in one folder, from linux-source-6.1 of the kernel's own version
+# (only vicodec's folder and v4l2-mem2mem.c are taken out of the 140 MB tarball; the .deb is
+# deleted after) against linux-headers-$ABI. Without them the m2m checks print SKIP and why.
+VIC=$CACHE/vicodec-$ABI
+M2M_SKIP=""
+if [ ! -f "$VIC/vicodec.ko" ] || [ ! -f "$VIC/v4l2-mem2mem.ko" ]; then
+  HDR=/usr/src/linux-headers-$ABI
+  if [ ! -d "$HDR" ]; then
+    log "installing linux-headers-$ABI (to build vicodec)"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "linux-headers-$ABI" >&2 2>&1 || true
+  fi
+  if [ -d "$HDR" ] && command -v make >/dev/null && command -v gcc >/dev/null && command -v xz >/dev/null; then
+    mkdir -p "$VIC/deb"
+    if ! ls "$VIC"/deb/linux-source-6.1_*.deb >/dev/null 2>&1; then
+      KVER=$(apt-cache show "linux-image-$ABI" 2>/dev/null | awk '/^Version:/{print $2; exit}')
+      log "fetching linux-source-6.1 ${KVER:-(newest)} (140 MB, once) to build vicodec"
+      (cd "$VIC/deb" && { apt-get download "linux-source-6.1${KVER:+=$KVER}" 2>&1 || apt-get download linux-source-6.1 2>&1; } \
+        | grep -v '^W: Download is performed unsandboxed' >&2) || true
+    fi
+    DEB=$(ls "$VIC"/deb/linux-source-6.1_*.deb 2>/dev/null | head -1 || true)
+    if [ -n "$DEB" ]; then
+      rm -rf "$VIC/src" "$VIC/build"; mkdir -p "$VIC/src" "$VIC/build"
+      dpkg-deb --fsys-tarfile "$DEB" | tar -xO --wildcards './usr/src/linux-source-*.tar.xz' \
+        | tar -xJ -C "$VIC/src" --wildcards '*/drivers/media/test-drivers/vicodec/*' '*/drivers/media/v4l2-core/v4l2-mem2mem.c' \
+        || true
+      cp "$VIC"/src/*/drivers/media/test-drivers/vicodec/* "$VIC"/src/*/drivers/media/v4l2-core/v4l2-mem2mem.c "$VIC/build/" 2>/dev/null || true
+      if [ -f "$VIC/build/vicodec-core.c" ] && [ -f "$VIC/build/v4l2-mem2mem.c" ]; then
+        echo 'obj-m += v4l2-mem2mem.o' >> "$VIC/build/Makefile"   # vicodec's own Makefile, plus the core
+        if make -C "$HDR" M="$VIC/build" CONFIG_VIDEO_VICODEC=m modules >"$VIC/build.log" 2>&1; then
+          cp "$VIC/build/vicodec.ko" "$VIC/build/v4l2-mem2mem.ko" "$VIC/"
+          rm -rf "$VIC/deb" "$VIC/src"
+        else
+          M2M_SKIP="vicodec did not build against linux-headers-$ABI (see $VIC/build.log)"
+        fi
+      else
+        M2M_SKIP="linux-source-6.1 ($DEB) has no drivers/media/test-drivers/vicodec or v4l2-mem2mem.c"
+      fi
+    else
+      M2M_SKIP="apt-get download linux-source-6.1 failed"
+    fi
+  else
+    M2M_SKIP="no linux-headers-$ABI, make, gcc or xz to build vicodec"
+  fi
+fi
+[ -z "$M2M_SKIP" ] || log "M2M encoder checks skipped: $M2M_SKIP"
+
+# 1c. The H.264 clip for the passthrough check (libx264 through PyAV; skipped without them).
+H264_ARG=""
+rm -rf "$WORK/h264"
+if [ -f "$LOOP_KO" ]; then
+  mkdir -p "$WORK"
+  if python3 tests/vm/h264_clip.py "$WORK/h264" >&2; then
+    H264_ARG="--h264 /dev/video11 /h264"
+  else
+    log "H.264 passthrough check skipped: tests/vm/h264_clip.py could not make the clip (PyAV with libx264)"
+  fi
+fi
 
 # 2. The static test binary: musl when rustup has (or can add) the target, else glibc +crt-static.
 TARGET=x86_64-unknown-linux-musl
@@ -79,6 +143,7 @@ rm -rf "$WORK/initramfs"; mkdir -p "$WORK/initramfs"/{bin,dev,proc,sys,tmp,modul
 IR=$WORK/initramfs
 cp "$BUSYBOX" "$IR/bin/busybox"
 cp "$PROBE" "$IR/bin/v4l_probe"
+[ -z "$H264_ARG" ] || cp -r "$WORK/h264" "$IR/h264"
 : > "$IR/modules/order"
 while read -r verb path _; do
   [ "$verb" = insmod ] || continue
@@ -86,6 +151,22 @@ while read -r verb path _; do
   basename "$path" >> "$IR/modules/order"
 done < <(modprobe -d "$KROOT/root" -S "$ABI" --show-depends vivid)
 grep -q '^vivid.ko$' "$IR/modules/order" || { log "vivid.ko not found in linux-image-$ABI"; exit 1; }
+# vicodec after v4l2-mem2mem, after the stock modules both need (modinfo's depends, in modprobe's
+# order); loaded single-planar, the probe reloads it multi-planar for its second check.
+M2M_ARG=""
+if [ -z "$M2M_SKIP" ]; then
+  for dep in $( { modinfo -F depends "$VIC/v4l2-mem2mem.ko"; modinfo -F depends "$VIC/vicodec.ko"; } | tr ',' ' '); do
+    case $dep in v4l2_mem2mem|v4l2-mem2mem) continue;; esac
+    while read -r verb path _; do
+      [ "$verb" = insmod ] || continue
+      grep -qx "$(basename "$path")" "$IR/modules/order" && continue
+      cp "$path" "$IR/modules/"; basename "$path" >> "$IR/modules/order"
+    done < <(modprobe -d "$KROOT/root" -S "$ABI" --show-depends "$dep")
+  done
+  cp "$VIC/v4l2-mem2mem.ko" "$VIC/vicodec.ko" "$IR/modules/"
+  printf 'v4l2-mem2mem.ko\nvicodec.ko\n' >> "$IR/modules/order"
+  M2M_ARG="--m2m /modules/vicodec.ko"
+fi
 LOOP_ARG=""
 if [ -f "$LOOP_KO" ]; then
   cp "$LOOP_KO" "$IR/modules/"; echo v4l2loopback.ko >> "$IR/modules/order"; LOOP_ARG=/dev/video10
@@ -100,7 +181,7 @@ for m in \$(cat /modules/order); do
   case \$m in
     # Two devices, video capture nodes only: /dev/video0 single-planar, /dev/video1 multi-planar.
     vivid.ko) args="n_devs=2 node_types=0x1,0x1 multiplanar=1,2";;
-    v4l2loopback.ko) args="video_nr=10 card_label=rigd-loopback";;
+    v4l2loopback.ko) args="devices=2 video_nr=10,11 card_label=rigd-loopback,rigd-h264";;
     *) args="";;
   esac
   insmod /modules/\$m \$args || echo "RIGD-VM-CAMERA FAIL insmod \$m"
@@ -108,7 +189,8 @@ done
 i=0; while [ ! -e /dev/video0 ] && [ \$i -lt 50 ]; do sleep 0.1; i=\$((i+1)); done
 echo; echo "RIGD-VM-CAMERA BOOTED uptime \$(cut -d' ' -f1 /proc/uptime) s, kernel \$(uname -r)"
 i=0; while [ ! -e /dev/video1 ] && [ \$i -lt 50 ]; do sleep 0.1; i=\$((i+1)); done
-/bin/v4l_probe --mplane /dev/video1 /dev/video0 $LOOP_ARG
+[ -z "$M2M_SKIP" ] || echo "RIGD-VM-CAMERA SKIP m2m: $M2M_SKIP"
+/bin/v4l_probe --mplane /dev/video1 $H264_ARG $M2M_ARG ${RIGD_VM_CAMERA_ONLY:+--only $RIGD_VM_CAMERA_ONLY} /dev/video0 $LOOP_ARG
 echo "RIGD-VM-CAMERA EXIT \$?"
 poweroff -f
 INIT

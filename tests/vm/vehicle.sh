@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Vehicle in a box: a Debian guest with systemd as PID 1 under QEMU TCG (never KVM), the rigd .deb
-# installed, three real kernel devices (vivid camera, snd-aloop sound card, an 8250 UART fed NMEA
-# by the host), the Pulsar broker on the host reached through QEMU user networking (10.0.2.2).
+# installed, four real kernel devices (vivid camera, snd-aloop sound card, an 8250 UART fed NMEA
+# by the host, a vcan CAN bus fed by can-utils' canplayer), the Pulsar broker on the host reached through QEMU user networking (10.0.2.2).
 # What reached the broker is judged on the host with the official Python client (vehicle/judge.py).
 #   tests/vm/vehicle.sh     build/boot/check; one `vehicle: PASS: ...` or `FAIL` line per check,
 #                           exit 0 when every check passed
@@ -14,7 +14,8 @@
 # Env: PULSAR_URL (default pulsar://127.0.0.1:6650; started with tests/pulsar/broker.sh when
 # nothing listens, stopped again at the end), PULSAR_ADMIN_URL (default http://127.0.0.1:8080),
 # RIGD_VM_CACHE (default ~/.cache/rigd-vm: the debootstrapped base, reused by every run; base-arm64
-# for arm64). Work files: target/vm (target/vm-arm64). See docs/SYSTEMD.md ("Vehicle in a box").
+# for arm64), RIGD_VM_CAN_SECS (default 20: seconds of CAN traffic at 2,000 frames/s). Work files:
+# target/vm (target/vm-arm64). See docs/SYSTEMD.md ("Vehicle in a box"), docs/DRIVERS.md ("CAN").
 # Checks are functions run through `check` (SC2317); file names here are ours (SC2012).
 # shellcheck disable=SC2317,SC2012
 set -euo pipefail
@@ -62,8 +63,9 @@ fi
 
 # 1. Base image (cached): minimal Debian with systemd, a kernel (its vivid.ko and snd-aloop.ko are
 # what the guest loads), alsa-utils for the test tone, curl to read rigd's status inside the guest,
-# man-db to read the package's manual pages as an operator would.
-GUEST_PKGS=socat,alsa-utils,curl,man-db
+# man-db to read the package's manual pages as an operator would, can-utils (canplayer, candump)
+# for the CAN bus (added to a base cached before it by the loop below).
+GUEST_PKGS=socat,alsa-utils,curl,man-db,can-utils
 if [ ! -f "$BASE/.done" ]; then
   # The mirror the host's apt uses (no host named here).
   MIRROR=$(grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -1 || true)
@@ -147,8 +149,9 @@ fi
 # 3. This run's guest: the base, the package, the rig's config and devices; an ext4 image made
 # without loop mounts. A fresh dedup-enabled namespace per run, so the judge sees only this run.
 started_broker=0
-QEMU=""; QEMU_PID=""; FEED=""
+QEMU=""; QEMU_PID=""; FEED=""; FETCH=""
 cleanup() {
+  if [ -n "$FETCH" ]; then kill "$FETCH" 2>/dev/null || true; fi
   if [ -n "$QEMU" ]; then kill "$QEMU" 2>/dev/null || true; wait "$QEMU" 2>/dev/null || true; fi
   if [ -n "$QEMU_PID" ]; then kill "$QEMU_PID" 2>/dev/null || true; fi
   if [ -n "$FEED" ]; then kill "$FEED" 2>/dev/null || true; wait "$FEED" 2>/dev/null || true; fi
@@ -163,7 +166,10 @@ fi
 NS=$(python3 "$VM/judge.py" namespace "vehicle-$(head -c4 /dev/urandom | od -An -tx1 | tr -d ' \n')")
 RIG=vm-van
 SOURCES=(front mic gps)
-log "topics persistent://$NS/$RIG-{${SOURCES[*]}}"
+# The CAN sources (rigd.toml): judged on their own checks (an idle bus sends nothing), and at the
+# end with the others, exactly once.
+CAN_SOURCES=(bus bus-std)
+log "topics persistent://$NS/$RIG-{${SOURCES[*]} ${CAN_SOURCES[*]}}"
 
 GUEST=$WORK/guest
 rm -rf "$GUEST"; cp -a "$BASE" "$GUEST"
@@ -172,10 +178,10 @@ chroot "$GUEST" dpkg -i /tmp/rigd.deb >"$WORK/dpkg.log" 2>&1 || { cat "$WORK/dpk
 rm -f "$GUEST/tmp/rigd.deb"
 sed -e "s|@TOPIC_NS@|$NS|; s|@BROKER_PORT@|$BROKER_PORT|; s|@TTY_GPS@|$TTY_GPS|" "$VM/rigd.toml" > "$GUEST/etc/rigd/rigd.toml"
 sed -e "s|@BROKER_PORT@|$BROKER_PORT|g" "$VM/broker-relay.service" > "$GUEST/etc/systemd/system/broker-relay.service"
-cp "$VM/rigd-audio-feed.service" "$GUEST/etc/systemd/system/"
+cp "$VM/rigd-audio-feed.service" "$VM/rigd-vcan.service" "$GUEST/etc/systemd/system/"
 cp "$VM/modules-load.conf" "$GUEST/etc/modules-load.d/rigd-vm.conf"
 cp "$VM/modprobe.conf" "$GUEST/etc/modprobe.d/rigd-vm.conf"
-chroot "$GUEST" systemctl enable broker-relay.service rigd-audio-feed.service >/dev/null 2>&1
+chroot "$GUEST" systemctl enable broker-relay.service rigd-audio-feed.service rigd-vcan.service >/dev/null 2>&1
 # Nothing on a display, no periodic jobs: less for TCG to run while the checks are timed.
 chroot "$GUEST" systemctl disable getty@tty1.service e2scrub_reap.service apt-daily.timer \
   apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
@@ -321,16 +327,151 @@ check man_ok
 CHECK="frames of vivid, snd-aloop and the UART reach the host's broker (Python consumer)"
 check python3 "$VM/judge.py" arrived "$NS" "$RIG" "${SOURCES[@]}" --timeout 120
 
-CHECK="web UI answers with the three devices running"
+CHECK="web UI answers with the four devices running (five sources: two on the CAN bus)"
 web_ok() {
   local page; page=$(curl -sf "http://127.0.0.1:$WEB_PORT/") || return 1
   grep -qi '<html' <<<"$page" || return 1
   curl -sf "http://127.0.0.1:$WEB_PORT/api/status" | jq_py \
     '"; ".join(" ".join([s["id"], s["kind"], s["state"], s["detail"]]) for s in d["sources"])' >&2
   curl -sf "http://127.0.0.1:$WEB_PORT/api/status" | jq_py \
-    'all(s["state"] == "running" for s in d["sources"]) and len(d["sources"]) == 3' | grep -q True
+    'all(s["state"] == "running" for s in d["sources"]) and len(d["sources"]) == 5' | grep -q True
 }
 check web_ok
+
+# A file of the guest's into $WORK: the guest sends it to a one-shot listener on the host's
+# loopback (10.0.2.2 in QEMU user networking), faster than the shell's UART.
+fetch() { # fetch GUEST_PATH HOST_PATH
+  local port rc=0
+  port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+  rm -f "$2"
+  timeout 300 socat -u TCP-LISTEN:"$port",bind=127.0.0.1,reuseaddr OPEN:"$2",creat,trunc &
+  FETCH=$!
+  sleep 0.5
+  guest "socat -u FILE:$1 TCP:10.0.2.2:$port" 280 >/dev/null
+  wait "$FETCH" || rc=$?
+  FETCH=""
+  return $rc
+}
+# A file of the host's into the guest, the other way.
+push() { # push HOST_PATH GUEST_PATH
+  local port rc=0
+  port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+  timeout 300 socat -u OPEN:"$1" TCP-LISTEN:"$port",bind=127.0.0.1,reuseaddr &
+  FETCH=$!
+  sleep 0.5
+  guest "rm -f $2; socat -u TCP:10.0.2.2:$port CREATE:$2; wc -l < $2" 280 >/dev/null
+  wait "$FETCH" || rc=$?
+  FETCH=""
+  return $rc
+}
+# SECS seconds of CAN traffic at 2,000 frames/s on vcan0: a log of every kind of frame (standard
+# and extended ids, RTR, CAN FD with and without BRS and ESI; random ids, lengths and data) made
+# here (judge.py canlog) and replayed in the guest by canplayer, which keeps the average rate
+# through the guest's stalls under TCG by sending what is due at once; candump -L logs the bus
+# beside rigd, and its log comes back to $WORK/NAME.log.
+# 20 s in the suite: the minute the issue names (120,000 frames, passed outside the suite,
+# docs/DRIVERS.md "CAN") made the vm lane the suite's longest under CI's load, and its 6 MB log
+# crossing QEMU's user network beside the other lanes once did not finish in the guest's time.
+CAN_SECS=${RIGD_VM_CAN_SECS:-20}
+can_traffic() { # can_traffic NAME SECS
+  local out sent
+  python3 "$VM/judge.py" canlog "$WORK/$1-sent.log" "$2" 2000 >/dev/null || { log "  judge.py canlog failed"; return 1; }
+  push "$WORK/$1-sent.log" "/root/$1-sent.log" || { log "  could not copy the log into the guest"; return 1; }
+  out=$(guest "rm -f /root/$1.log; (candump -L vcan0 > /root/$1.log 2>/root/$1.err & echo \$! > /root/candump.pid); sleep 2;
+    t0=\$(date +%s.%N); canplayer -I /root/$1-sent.log; t1=\$(date +%s.%N); sleep 2; kill \$(cat /root/candump.pid); sleep 1;
+    echo can-sent \$(wc -l < /root/$1-sent.log) \$t0 \$t1 \$(wc -l < /root/$1.log); cat /root/$1.err" $(($2 * 8 + 120))) ||
+    log "  the guest's shell: no answer in $(($2 * 8 + 120)) s"
+  sent=$(grep '^can-sent' <<<"$out" || true)
+  [ -n "$sent" ] || { log "  canplayer/candump: ${out:0:400}"; return 1; }
+  # shellcheck disable=SC2086
+  set -- "$1" $sent
+  log "  canplayer sent $3 frames in $(secs "$4" "$5") s of the guest's clock ($(awk -v n="$3" -v a="$4" -v b="$5" 'BEGIN { printf "%.0f", n / (b - a) }') frames/s); candump logged $6"
+  fetch "/root/$1.log" "$WORK/$1.log" || { log "  could not copy /root/$1.log out of the guest"; return 1; }
+  # Every frame played reached the bus (canplayer stops at a frame the kernel refused).
+  [ "$3" = "$6" ] || { log "  candump logged $6 of the $3 frames played"; return 1; }
+}
+# Both CAN sources against candump's logs: every frame once, in order, ids/flags/data equal, times
+# monotonic and equal to candump's; `bus-std` only the classic frames its filters pass. The
+# judge's lines go to the log.
+judge_can() {
+  local out rc=0
+  out=$(python3 "$VM/judge.py" can "$@") || rc=$?
+  while IFS= read -r line; do log "  $line"; done <<<"$out"
+  return $rc
+}
+can_judge() { # can_judge LOG...
+  local rc=0
+  judge_can "$NS" "$RIG" bus "$@" || rc=1
+  judge_can "$NS" "$RIG" bus-std "$@" --classic --filter 0x100/0x700 --filter 0x10000000/0x10000000 || rc=1
+  return $rc
+}
+
+CHECK="CAN: canplayer at 2,000 frames/s on vcan0 (classic, extended, RTR, CAN FD): every frame once on Pulsar, ids, flags and data as candump logged them, in order, with its timestamps; the kernel filters and fd = false"
+can_bus() {
+  can_traffic can-1 "$CAN_SECS" || return 1
+  can_judge "$WORK/can-1.log"
+}
+check can_bus
+
+CHECK="CAN: vcan0 down then up: the CAN sources retry and say why, then resume (reopened 1), the other sources go on"
+# Every source's frames, state, reason and detail, as JSON.
+snapshot() { status | jq_py 'json.dumps({s["id"]: [s["frames"], s["state"], s["reason"], s["detail"]] for s in d["sources"]})'; }
+can_resumed() { snapshot | jq_py 'all(d[k][1] == "running" and "reopened 1" in d[k][3] for k in ("bus", "bus-std"))' | grep -q True; }
+can_down_up() {
+  local before during after t_up
+  before=$(snapshot)
+  guest 'ip link set vcan0 down' 30 >/dev/null
+  sleep 6
+  during=$(snapshot)
+  log "  vcan0 down 6 s: $(jq_py '"; ".join(f"{k} {v[1]} ({v[2]})" for k, v in d.items() if k.startswith("bus"))' <<<"$during")"
+  guest 'ip link set vcan0 up' 30 >/dev/null
+  t_up=$(now)
+  wait_for 90 can_resumed || { log "  not resumed 90 s after vcan0 came back: $(snapshot)"; return 1; }
+  after=$(snapshot)
+  log "  resumed $(secs "$t_up" "$(now)") s after vcan0 came back: $(jq_py 'd["bus"][3]' <<<"$after")"
+  python3 - "$before" "$during" <<'EOF' >&2 || return 1
+import json, sys
+before, during = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+bad = [f"{k} {during[k][1]} ({during[k][2]!r})" for k in ("bus", "bus-std")
+       if during[k][1] != "retrying" or "down" not in during[k][2]]
+bad += [f"{k} {during[k][1]}, frames {before[k][0]} -> {during[k][0]}" for k in ("front", "mic", "gps")
+        if during[k][1] != "running" or during[k][0] <= before[k][0]]
+print("vehicle:   while vcan0 was down: " + ("; ".join(bad) if bad else "the CAN sources retrying on 'down', the others running and capturing"))
+sys.exit(1 if bad else 0)
+EOF
+  # Traffic after the reopen reaches Pulsar too: the two logs, one after the other, are what the
+  # topics hold.
+  can_traffic can-2 2 || return 1
+  can_judge "$WORK/can-1.log" "$WORK/can-2.log"
+}
+check can_down_up
+
+CHECK="CAN: a drive replayed: rigd replay --out writes candump's log, canplayer plays it onto vcan1, candump there logs the same frames"
+# The spool is made on the host (rigd with a synthetic CAN FD bus, no broker: every record stays
+# in the spool); the guest's own spool holds no published frame to replay. The judge reads both
+# logs with python-can's candump-log reader, not with rigd's or its own parser.
+can_replay() {
+  local dir=$WORK/can-replay out pid
+  rm -rf "$dir" && mkdir -p "$dir"
+  printf '[rig]\nid = "canreplay"\n[[source]]\nid = "drive"\nkind = "synthetic-can"\nrate-hz = 1000\nfd = true\n[spool]\npath = "%s"\n[web]\nbind = "127.0.0.1:0"\n' \
+    "$dir/spool" >"$dir/rigd.toml"
+  "$ROOT/target/release/rigd" run --config "$dir/rigd.toml" >"$dir/rigd.log" 2>&1 &
+  pid=$!
+  sleep 4
+  kill -TERM "$pid"
+  wait "$pid" || { log "  the host's rigd: $(tail -3 "$dir/rigd.log")"; return 1; }
+  "$ROOT/target/release/rigd" replay --spool "$dir/spool" --source drive --out "$dir/out" 2>"$dir/replay.err" ||
+    { log "  replay --out: $(tail -3 "$dir/replay.err")"; return 1; }
+  push "$dir/out/drive.log" /root/drive.log || { log "  could not copy the log into the guest"; return 1; }
+  out=$(guest "ip link show vcan1 >/dev/null 2>&1 || ip link add dev vcan1 type vcan; ip link set vcan1 mtu 72 up;
+    rm -f /root/replayed.log; (candump -L vcan1 > /root/replayed.log & echo \$! > /root/candump1.pid); sleep 1;
+    canplayer -I /root/drive.log vcan1=drive; echo canplayer-exit \$?; sleep 1; kill \$(cat /root/candump1.pid); sleep 1" 120)
+  grep -q '^canplayer-exit 0' <<<"$out" || { log "  canplayer: ${out:0:400}"; return 1; }
+  fetch /root/replayed.log "$dir/replayed.log" || { log "  could not copy the candump log out of the guest"; return 1; }
+  out=$(python3 "$VM/judge.py" canreplay "$dir/out/drive.log" "$dir/replayed.log") || { log "  $out"; return 1; }
+  log "  $out"
+}
+check can_replay
 
 CHECK="network cut of 20 s: the spool grows, then drains"
 NIC=$(guest "ip -o link show | awk -F': ' '\$2 ~ /^en/ {print \$2; exit}'" 30)
@@ -475,7 +616,7 @@ power_cut() {
 check power_cut
 
 CHECK="every (source, seq) on the broker exactly once, no gaps, the spool at the power cut included"
-check python3 "$VM/judge.py" exactly-once "$NS" "$RIG" "${SOURCES[@]}" ${SURVIVED:+--survived "$SURVIVED"}
+check python3 "$VM/judge.py" exactly-once "$NS" "$RIG" "${SOURCES[@]}" "${CAN_SOURCES[@]}" ${SURVIVED:+--survived "$SURVIVED"}
 
 log "total $(secs "$t_begin" "$(now)") s"
 if [ $fail = 0 ]; then log "all checks passed"; else log "some checks failed"; fi

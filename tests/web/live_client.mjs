@@ -67,6 +67,9 @@ function summary(ch, msg) {
     case "foxglove.CompressedImage":
       return { timestamp: ns(msg.timestamp), format: msg.format, frameId: msg.frame_id ?? msg.frameId,
                bytes: msg.data.length, sha256: createHash("sha256").update(msg.data).digest("hex") };
+    case "foxglove.CompressedVideo":
+      return { timestamp: ns(msg.timestamp), format: msg.format, frameId: msg.frame_id ?? msg.frameId,
+               bytes: msg.data.length, data: Buffer.from(msg.data).toString("base64") };
     case "foxglove.RawAudio":
       return { timestamp: ns(msg.timestamp), format: msg.format, sampleRate: msg.sample_rate ?? msg.sampleRate,
                channels: msg.number_of_channels ?? msg.numberOfChannels, bytes: msg.data.length };
@@ -74,7 +77,16 @@ function summary(ch, msg) {
       return { timestamp: ns(msg.timestamp), latitude: msg.latitude, longitude: msg.longitude };
     case "foxglove.Log":
       return { timestamp: ns(msg.timestamp), level: msg.level, name: msg.name, message: msg.message };
+    case "rigd.CanFrame":
+      return { timestamp: ns(msg.timestamp), id: msg.id, extended: msg.extended, fd: msg.fd,
+               data: Buffer.from(msg.data).toString("hex") };
     default:
+      // A CAN source's decoded DBC message (rigd.can.{Message}): its signals, NaN as null.
+      if (ch.schemaName.startsWith("rigd.can.")) {
+        const signals = {};
+        for (const f of ch.decoder.fieldsArray) if (f.name !== "timestamp") signals[f.name] = msg[f.name];
+        return { timestamp: ns(msg.timestamp), signals };
+      }
       return {};
   }
 }
@@ -90,6 +102,9 @@ client.on("open", () => {
   out.protocol = ws.protocol;
 });
 client.on("serverInfo", (info) => (out.serverInfo = info));
+// A channel withdrawn after it was advertised (a camera's full resolution once its proxy shows).
+out.unadvertised = [];
+client.on("unadvertise", (ids) => out.unadvertised.push(...ids));
 client.on("status", (s) => out.statuses.push({ at: at(), level: s.level, message: s.message }));
 client.on("error", (e) => out.events.push({ at: at(), error: String(e?.message ?? e) }));
 client.on("close", (e) => out.events.push({ at: at(), close: e?.code ?? null }));

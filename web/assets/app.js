@@ -106,6 +106,7 @@
   function makeSourceCard(src) {
     const card = el("section", "card source");
     card.dataset.source = src.id;
+    card.id = "source-" + src.id;
     const h = el("h2");
     h.append(el("span", null, src.id), el("span", "kind", src.kind));
     const badge = el("span", "badge idle", "…");
@@ -120,8 +121,11 @@
     }
     const detail = el("p", "detail");
     const reason = el("p", "reason");
-    card.append(h, big, detail, dl, reason);
-    const c = { card, badge, big, fields, detail, reason, modality: src.modality };
+    // A camera's proxy (`{id}-proxy`, kind "proxy") is a card of its own: each links the other.
+    const proxyLink = el("a", "proxy-link");
+    proxyLink.hidden = true;
+    card.append(h, big, detail, proxyLink, dl, reason);
+    const c = { card, badge, big, fields, detail, reason, proxyLink, modality: src.modality };
     if (src.modality === "camera") {
       const box = el("div", "thumb-box");
       const img = el("img", "thumb");
@@ -152,9 +156,16 @@
 
   function pct(db) { return Math.max(0, Math.min(100, (db + 60) / 60 * 100)); }
 
-  function renderSource(src) {
+  function renderSource(src, kinds) {
     let c = sourceCards.get(src.id);
     if (!c) { c = makeSourceCard(src); sourceCards.set(src.id, c); }
+    const other = src.kind === "proxy" ? src.id.replace(/-proxy$/, "") : src.id + "-proxy";
+    const linked = src.modality === "camera" && kinds.has(other) && (src.kind === "proxy") !== (kinds.get(other) === "proxy");
+    c.proxyLink.hidden = !linked;
+    if (linked) {
+      c.proxyLink.href = "#source-" + other;
+      setText(c.proxyLink, src.kind === "proxy" ? "proxy of " + other + " (full resolution: recall)" : "live proxy: " + other);
+    }
     const stalled = src.state === "running" && src.last_frame_age_ms != null && src.last_frame_age_ms > src.stall_after_ms;
     const cls = src.state !== "running" || stalled ? "bad" : src.drop_rate ? "warn" : "ok";
     setBadge(c.badge, stalled ? "STALLED" : src.state.toUpperCase(), cls);
@@ -216,7 +227,8 @@
       setText("live-clients", "(" + s.live.clients + " of " + s.live.max_clients + " clients connected)");
     }
     const seen = new Set();
-    for (const src of s.sources) { renderSource(src); seen.add(src.id); }
+    const kinds = new Map(s.sources.map((x) => [x.id, x.kind]));
+    for (const src of s.sources) { renderSource(src, kinds); seen.add(src.id); }
     for (const [id, c] of sourceCards) if (!seen.has(id)) { c.card.remove(); sourceCards.delete(id); }
     $("actions-disabled").hidden = s.control_enabled;
     const sel = $("spool-source");

@@ -66,6 +66,8 @@ pub struct Status {
     /// Recall (docs/RECALL.md); absent when it is not running (no broker, or no source with
     /// `upload = "on-request"`).
     pub recall: Option<RecallStatus>,
+    /// Campaigns (docs/CAMPAIGNS.md); absent when recall is not running.
+    pub campaigns: Option<CampaignsStatus>,
 }
 
 /// The live view for Foxglove (`/foxglove`).
@@ -162,6 +164,12 @@ pub struct SourceStatus {
     /// The source has frames in the spool while the uplink is up: they wait for bandwidth, this
     /// is not an outage.
     pub bandwidth_waiting: bool,
+    /// How long this source's queued frames have waited on the broker connection now, behind
+    /// better ranks or a broker that reads nothing (0: not waiting); every rank is served within
+    /// 2 s (docs/UPLINK.md, "Ranks on one connection").
+    pub starved_ms: u64,
+    /// `starved_ms` is a second or more.
+    pub starved: bool,
     /// Seconds until this source's backlog is drained at the rate it drains now.
     pub backlog_eta_s: Option<f64>,
     /// Sequence number of the frame at `/api/sources/{id}/preview.jpg` (cameras).
@@ -224,10 +232,38 @@ pub struct UplinkStatus {
     /// Sources whose topic the broker terminated: nothing more can be published there; their
     /// frames stay in the spool.
     pub terminated: Vec<String>,
-    /// `pulsar.max-bandwidth` in bytes per second; None: unlimited.
+    /// `pulsar.max-bandwidth` in bytes per second (under `auto`: what the budget paces at now);
+    /// None: unlimited.
     pub budget_bytes_per_second: Option<u64>,
+    /// Under `max-bandwidth = "auto"`: the link's estimate (docs/UPLINK.md "auto").
+    pub estimate: Option<LinkEstimate>,
+    /// Bytes per second the budget granted each rank over the last few seconds (ranks with
+    /// traffic; 0-9 live priorities, 10 recall, 11-20 backlogs).
+    pub rank_shares: Vec<RankShare>,
     /// Bytes per second written to the broker by every source over the last few seconds.
     pub wire_rate: Option<f64>,
+}
+
+/// The link's capacity as rigd estimates it (`max-bandwidth = "auto"`).
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct LinkEstimate {
+    /// The estimated capacity, bytes per second.
+    pub bytes_per_second: u64,
+    /// What the budget paces at now (the estimate times the mode's gain), bytes per second.
+    pub pacing_bytes_per_second: u64,
+    /// The smallest write-to-receipt time of the last 10 s, ms.
+    pub base_rtt_ms: Option<f64>,
+    /// How long bytes wait in the link's queues now, ms.
+    pub queueing_ms: f64,
+    /// grow | cruise | probe | drain | backoff
+    pub mode: String,
+}
+
+/// One budget rank's share of the link.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct RankShare {
+    pub rank: u32,
+    pub bytes_per_second: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -283,6 +319,43 @@ pub struct RecallStatus {
     pub bytes_sent: u64,
     /// The last failure of the control topic's link or of an upload (it is retried).
     pub last_error: Option<String>,
+}
+
+/// Campaigns: conditions pushed from the fleet, each trigger a recall-style upload of a window.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
+pub struct CampaignsStatus {
+    /// Campaigns evaluated now.
+    pub active: u64,
+    /// Campaign messages rejected since start, and by reason kind.
+    pub rejected: u64,
+    pub rejected_by_reason: BTreeMap<String, u64>,
+    /// Frames the evaluation could not take (its queue was full); capture never waits for it.
+    pub feed_dropped: u64,
+    pub campaigns: Vec<CampaignStatus>,
+}
+
+/// One campaign's state (also the `campaign` of its answers on the status topic).
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default, PartialEq, Eq)]
+pub struct CampaignStatus {
+    pub id: String,
+    /// `active`, `quota-reached` (active, the day's quota spent), `expired`, `stopped`.
+    pub state: String,
+    pub priority: u8,
+    pub sources: Vec<String>,
+    /// Times the condition turned true; windows queued for upload; triggers within the gap,
+    /// while the quota was spent, or whose window overlapped the last one (merged).
+    pub triggers: u64,
+    pub windows: u64,
+    pub skipped_gap: u64,
+    pub skipped_quota: u64,
+    pub merged: u64,
+    pub last_trigger_ns: Option<i64>,
+    /// Payload bytes uploaded this UTC day (rig clock) and since the campaign began.
+    pub bytes_today: u64,
+    pub bytes_total: u64,
+    pub quota_bytes: u64,
+    pub quota_reached: bool,
+    pub expires_ns: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -741,8 +814,13 @@ async fn preview(State(state): State<AppState>, Path(source): Path<String>) -> R
         && source
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    // A blocking task: an H.264 camera's still is a keyframe decoded on first request.
     let image = if valid {
-        state.status.preview(&source)
+        let (status, name) = (state.status.clone(), source.clone());
+        tokio::task::spawn_blocking(move || status.preview(&name))
+            .await
+            .ok()
+            .flatten()
     } else {
         None
     };
@@ -824,6 +902,7 @@ async fn foxglove(
     State(state): State<AppState>,
     peer: Option<axum::Extension<access::Peer>>,
     headers: HeaderMap,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
     ws: Result<
         axum::extract::ws::WebSocketUpgrade,
         axum::extract::ws::rejection::WebSocketUpgradeRejection,
@@ -835,6 +914,7 @@ async fn foxglove(
             state.shutdown.clone(),
             peer.map(|p| p.0 .0.ip()),
             &headers,
+            query.as_deref(),
             ws,
         ),
         None => not_found().await.into_response(),

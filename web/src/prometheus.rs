@@ -208,6 +208,13 @@ pub fn render(s: &Status) -> String {
     );
     e.per_source(
         s,
+        "rigd_uplink_starved_seconds",
+        "gauge",
+        "Seconds the source's queued frames have waited on the broker connection now (0: not waiting).",
+        |x| Some(x.starved_ms as f64 / 1e3),
+    );
+    e.per_source(
+        s,
         "rigd_source_backlog_eta_seconds",
         "gauge",
         "Seconds until the source's backlog is drained at the rate it drains now.",
@@ -222,6 +229,47 @@ pub fn render(s: &Status) -> String {
     );
     if let Some(b) = s.uplink.budget_bytes_per_second {
         e.sample("rigd_uplink_budget_bytes_per_second", &[], b as f64);
+    }
+    if let Some(x) = &s.uplink.estimate {
+        e.family(
+            "rigd_uplink_estimate_bytes_per_second",
+            "gauge",
+            "max-bandwidth = \"auto\": the link's estimated capacity.",
+        );
+        e.sample(
+            "rigd_uplink_estimate_bytes_per_second",
+            &[],
+            x.bytes_per_second as f64,
+        );
+        e.family(
+            "rigd_uplink_queueing_seconds",
+            "gauge",
+            "max-bandwidth = \"auto\": how long bytes wait in the link's queues now.",
+        );
+        e.sample("rigd_uplink_queueing_seconds", &[], x.queueing_ms / 1e3);
+        if let Some(b) = x.base_rtt_ms {
+            e.family(
+                "rigd_uplink_base_rtt_seconds",
+                "gauge",
+                "max-bandwidth = \"auto\": the smallest write-to-receipt time of the last 10 s.",
+            );
+            e.sample("rigd_uplink_base_rtt_seconds", &[], b / 1e3);
+        }
+    }
+    if !s.uplink.rank_shares.is_empty() {
+        e.family(
+            "rigd_uplink_rank_bytes_per_second",
+            "gauge",
+            "Bytes per second the budget granted each rank (0-9 live, 10 recall, 11-20 backlogs).",
+        );
+        for r in &s.uplink.rank_shares {
+            let rank = r.rank.to_string();
+            e.sample(
+                "rigd_uplink_rank_bytes_per_second",
+                &[("rank", rank.as_str())],
+                r.bytes_per_second,
+            );
+        }
     }
     e.family(
         "rigd_uplink_configured",
@@ -413,7 +461,72 @@ pub fn render(s: &Status) -> String {
     );
     e.sample("rigd_events_marked_total", &[], s.events.marked as f64);
     recall(&mut e, s.recall.as_ref());
+    campaigns(&mut e, s.campaigns.as_ref());
     e.out
+}
+
+/// A family of one sample per item: name, type, help, the item's value.
+type Family<T> = (&'static str, &'static str, &'static str, fn(&T) -> f64);
+
+/// Campaigns' families (docs/CAMPAIGNS.md): samples while recall runs, one series per campaign.
+fn campaigns(e: &mut Exposition, c: Option<&crate::CampaignsStatus>) {
+    e.single(
+        "rigd_campaigns_active",
+        "gauge",
+        "Campaigns evaluated now.",
+        c.map(|c| c.active as f64),
+    );
+    e.family(
+        "rigd_campaign_rejected_total",
+        "counter",
+        "Campaign messages rejected, by reason.",
+    );
+    for (reason, n) in c.iter().flat_map(|c| &c.rejected_by_reason) {
+        e.sample(
+            "rigd_campaign_rejected_total",
+            &[("reason", reason)],
+            *n as f64,
+        );
+    }
+    let list = c.map_or(&[][..], |c| &c.campaigns[..]);
+    let families: [Family<crate::CampaignStatus>; 5] = [
+        (
+            "rigd_campaign_triggers_total",
+            "counter",
+            "Times a campaign's condition turned true.",
+            |s| s.triggers as f64,
+        ),
+        (
+            "rigd_campaign_windows_total",
+            "counter",
+            "Windows a campaign queued for upload.",
+            |s| s.windows as f64,
+        ),
+        (
+            "rigd_campaign_bytes_today",
+            "gauge",
+            "Payload bytes a campaign uploaded this UTC day.",
+            |s| s.bytes_today as f64,
+        ),
+        (
+            "rigd_campaign_quota_bytes",
+            "gauge",
+            "A campaign's byte quota per day.",
+            |s| s.quota_bytes as f64,
+        ),
+        (
+            "rigd_campaign_quota_reached",
+            "gauge",
+            "1 while a campaign's quota for the day is spent.",
+            |s| flag(s.quota_reached),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        e.family(name, kind, help);
+        for s in list {
+            e.sample(name, &[("campaign", &s.id)], value(s));
+        }
+    }
 }
 
 /// Recall's families; their samples only while recall runs (a broker and an on-request source).

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 mod clock;
 mod locate;
+mod proxy;
 mod pulsar;
 mod source;
 mod spool;
@@ -21,6 +22,7 @@ mod web;
 
 pub use clock::*;
 use locate::*;
+pub use proxy::*;
 pub use pulsar::*;
 pub use source::*;
 pub use spool::*;
@@ -277,16 +279,18 @@ impl Config {
             match head.map(|k| k.as_str()) {
                 None => problems.push(Ok(format!(
                     "source[{i}]: missing field `kind` (one of {})",
-                    SOURCE_KINDS.join(", ")
+                    source_kinds_list()
                 ))),
                 Some(None) => problems.push(Ok(format!(
                     "source[{i}].kind: must be a string, one of {}",
-                    SOURCE_KINDS.join(", ")
+                    source_kinds_list()
                 ))),
-                Some(Some(kind)) if !SOURCE_KINDS.contains(&kind) => problems.push(Ok(format!(
-                    "source[{i}].kind: unknown kind `{kind}` (one of {})",
-                    SOURCE_KINDS.join(", ")
-                ))),
+                Some(Some(kind)) if !source_kinds().any(|k| k == kind) => {
+                    problems.push(Ok(format!(
+                        "source[{i}].kind: unknown kind `{kind}` (one of {})",
+                        source_kinds_list()
+                    )))
+                }
                 Some(Some(kind)) => {
                     match every_error(text, &written, |t| read_source(t, i, kind)) {
                         Ok(s) => {
@@ -406,7 +410,11 @@ impl Config {
         let mut seen = std::collections::HashSet::new();
         for (i, s) in self.sources.iter().enumerate() {
             let key = self.source_key(i);
-            s.problems(&mut p, &key, self.pulsar.max_frame_bytes.0);
+            let limits = Limits {
+                max_frame_bytes: self.pulsar.max_frame_bytes.0,
+                bucket_ms: self.rig.bucket_ms,
+            };
+            s.problems(&mut p, &key, limits);
             if !seen.insert(s.id()) {
                 p.push(format!("{key}.id: `{}` is used by another source", s.id()));
             }
@@ -423,10 +431,43 @@ impl Config {
                 }
             }
         }
+        proxy_id_problems(self, &mut p);
+        self.group_problems(&mut p);
         self.pulsar.problems(&mut p);
         self.spool.problems(&mut p);
         self.web.problems(&mut p);
         p
+    }
+
+    /// The rig's group width in buckets: the `gop` of its video sources, 1 without video. A
+    /// group is the key of every message of the rig (a GOP never split across Key_Shared
+    /// consumers or partitions, and every modality of a group together), so every video source
+    /// must have the same `gop` ([`Config::problems`]).
+    pub fn group_buckets(&self) -> u32 {
+        self.sources
+            .iter()
+            .find_map(|s| s.gop(self.rig.bucket_ms))
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    /// Video sources whose `gop` differs from the first one's: one group width per rig.
+    fn group_problems(&self, p: &mut Vec<String>) {
+        let mut first: Option<(usize, u32)> = None;
+        for (i, s) in self.sources.iter().enumerate() {
+            let Some(gop) = s.gop(self.rig.bucket_ms) else {
+                continue;
+            };
+            match first {
+                None => first = Some((i, gop)),
+                Some((j, g)) if g != gop => p.push(format!(
+                    "{}.gop: {gop} differs from {}.gop ({g}): a rig's video sources share one group width (the message key of every source)",
+                    self.source_key(i),
+                    self.source_key(j)
+                )),
+                Some(_) => {}
+            }
+        }
     }
 
     /// What `check` says without refusing the config (`key: what to know`), from the config
@@ -455,7 +496,7 @@ impl Config {
         if self.sourceless {
             vec![format!(
                 "source: no [[source]] table: a rig captures nothing without one (add [[source]] with id = \"...\" and kind = one of {})",
-                SOURCE_KINDS.join(", ")
+                source_kinds_list()
             )]
         } else {
             Vec::new()
@@ -499,10 +540,16 @@ impl Config {
 
     /// Bytes of one audio block (one bucket of 16-bit samples) of an audio source.
     fn audio_block_bytes(&self, s: &SourceConfig) -> Option<u64> {
-        let (rate, channels) = match s {
-            SourceConfig::SyntheticAudio(c) => (c.sample_rate, c.channels),
-            SourceConfig::Alsa(c) => (c.sample_rate, c.channels),
-            _ => return None,
+        let (rate, channels) = match &s.kind {
+            SourceKind::SyntheticAudio(c) => (c.sample_rate, c.channels),
+            SourceKind::Alsa(c) => (c.sample_rate, c.channels),
+            SourceKind::SyntheticCamera(_)
+            | SourceKind::SyntheticSerial(_)
+            | SourceKind::Serial(_)
+            | SourceKind::V4l(_)
+            | SourceKind::Proxy(_)
+            | SourceKind::Can(_)
+            | SourceKind::SyntheticCan(_) => return None,
         };
         Some((rate as u64 * self.rig.bucket_ms as u64).div_ceil(1000) * channels as u64 * 2)
     }

@@ -11,6 +11,79 @@ pub enum Compression {
     Zstd,
 }
 
+/// `max-bandwidth`: a fixed rate (`"1800kbit"`), or `"auto"`: the link's capacity estimated from
+/// rigd's own sends and the broker's receipts (`uplink::estimate`), optionally under a cap
+/// (`"auto, at most 8mbit"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxBandwidth {
+    Fixed(Bandwidth),
+    Auto { cap: Option<Bandwidth> },
+}
+
+/// Under `auto` without a cap, chunks and windows are sized for this rate (8 Mbit/s).
+const AUTO_SIZING: Bandwidth = Bandwidth(8_000_000);
+
+impl MaxBandwidth {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let Some(rest) = t.strip_prefix("auto") else {
+            return Bandwidth::parse(t).map(MaxBandwidth::Fixed);
+        };
+        let rest = rest.trim();
+        if rest.is_empty() {
+            return Ok(MaxBandwidth::Auto { cap: None });
+        }
+        let cap = rest
+            .strip_prefix(',')
+            .map(str::trim)
+            .and_then(|r| r.strip_prefix("at most"))
+            .ok_or_else(|| {
+                format!("`{s}`: write a rate like 1800kbit, \"auto\" or \"auto, at most 8mbit\"")
+            })?;
+        Ok(MaxBandwidth::Auto {
+            cap: Some(Bandwidth::parse(cap)?),
+        })
+    }
+
+    /// The fixed rate, or under `auto` the rate that sizes a SEND and a source's window (the
+    /// cap, at most 8 Mbit/s), in bytes per second.
+    pub fn bytes_per_second(self) -> u64 {
+        match self {
+            MaxBandwidth::Fixed(b) => b.bytes_per_second(),
+            MaxBandwidth::Auto { cap } => cap
+                .map_or(AUTO_SIZING, |c| c.min(AUTO_SIZING))
+                .bytes_per_second(),
+        }
+    }
+
+    /// The rate that must lie within the bounds: the fixed one, or the cap.
+    fn bound(self) -> Option<Bandwidth> {
+        match self {
+            MaxBandwidth::Fixed(b) => Some(b),
+            MaxBandwidth::Auto { cap } => cap,
+        }
+    }
+}
+
+impl Serialize for MaxBandwidth {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MaxBandwidth::Fixed(b) => b.serialize(s),
+            MaxBandwidth::Auto { cap: None } => s.serialize_str("auto"),
+            MaxBandwidth::Auto { cap: Some(c) } => {
+                s.serialize_str(&format!("auto, at most {}bit", c.0))
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MaxBandwidth {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        MaxBandwidth::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
 /// `hashing-scheme`: how a message's key picks its partition on a partitioned topic, as the Java
 /// client's `HashingScheme` (`uplink::route`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -72,15 +145,26 @@ pub struct PulsarConfig {
     /// ... held at most this long waiting for more frames of the same key.
     #[serde(default = "default_batch_delay_ms")]
     pub batch_delay_ms: u64,
-    /// One budget for all that rigd sends to the broker (every source, framing included);
+    /// One budget for all that rigd sends to the broker (every source, framing included): a
+    /// rate, or `"auto"` (estimated from the link, `"auto, at most 8mbit"` under a cap);
     /// absent: unlimited.
-    pub max_bandwidth: Option<Bandwidth>,
+    pub max_bandwidth: Option<MaxBandwidth>,
     /// A partitioned topic's key -> partition mapping (the same as Java producers that use it).
     #[serde(default)]
     pub hashing_scheme: HashingScheme,
     /// Where recall requests are read (docs/RECALL.md), with `{rig}`; answers go to
     /// `{control-topic}-status`. Default: the topic template's tenant and namespace, `{rig}-control`.
     pub control_topic: Option<String>,
+    /// The fleet's coverage topic (docs/FLEET.md): every rig's digest of what it holds, keyed by
+    /// rig, compacted. Default: the topic template's tenant and namespace, `rigd-coverage`.
+    pub coverage_topic: Option<String>,
+    /// A digest at least this often (s); sooner when what the rig holds changes shape.
+    #[serde(default = "default_coverage_interval_s")]
+    pub coverage_interval_s: u64,
+}
+
+fn default_coverage_interval_s() -> u64 {
+    60
 }
 
 /// Batching defaults (the Java client's): 1000 messages, 128 KiB, 1 ms.
@@ -137,6 +221,8 @@ impl Default for PulsarConfig {
             max_bandwidth: None,
             hashing_scheme: HashingScheme::default(),
             control_topic: None,
+            coverage_topic: None,
+            coverage_interval_s: default_coverage_interval_s(),
         }
     }
 }
@@ -146,19 +232,29 @@ impl PulsarConfig {
     pub fn control_topic(&self, rig: &str) -> String {
         let template = match &self.control_topic {
             Some(t) => t.clone(),
-            None => {
-                // `persistent://tenant/namespace/...`: the same tenant and namespace.
-                let scheme = self.topic.find("://").map_or(0, |i| i + 3);
-                let parts: Vec<&str> = self.topic[scheme..].splitn(3, '/').collect();
-                match parts.as_slice() {
-                    [tenant, ns, _] if !tenant.contains('{') && !ns.contains('{') => {
-                        format!("{}{tenant}/{ns}/{{rig}}-control", &self.topic[..scheme])
-                    }
-                    _ => "persistent://public/default/{rig}-control".to_string(),
-                }
-            }
+            None => self.beside_topic("{rig}-control"),
         };
         template.replace("{rig}", rig)
+    }
+
+    /// The fleet's coverage topic (one for every rig).
+    pub fn coverage_topic(&self) -> String {
+        self.coverage_topic
+            .clone()
+            .unwrap_or_else(|| self.beside_topic("rigd-coverage"))
+    }
+
+    /// `name` in the topic template's tenant and namespace (`persistent://tenant/namespace/...`),
+    /// or in public/default when the template's are placeholders.
+    fn beside_topic(&self, name: &str) -> String {
+        let scheme = self.topic.find("://").map_or(0, |i| i + 3);
+        let parts: Vec<&str> = self.topic[scheme..].splitn(3, '/').collect();
+        match parts.as_slice() {
+            [tenant, ns, _] if !tenant.contains('{') && !ns.contains('{') => {
+                format!("{}{tenant}/{ns}/{name}", &self.topic[..scheme])
+            }
+            _ => format!("persistent://public/default/{name}"),
+        }
     }
 
     /// The topic of one source.
@@ -233,6 +329,20 @@ impl PulsarConfig {
             } else if t.replace("{rig}", "").contains(['{', '}']) {
                 p.push("pulsar.control-topic: the only placeholder is {rig}".to_string());
             }
+        }
+        if let Some(t) = &self.coverage_topic {
+            if t.contains(['{', '}']) || t.is_empty() {
+                p.push(
+                    "pulsar.coverage-topic: one topic for the whole fleet, without placeholders (the rig id is the message key)"
+                        .to_string(),
+                );
+            }
+        }
+        if !(1..=3600).contains(&self.coverage_interval_s) {
+            p.push(format!(
+                "pulsar.coverage-interval-s: {} is not 1 to 3600 seconds",
+                self.coverage_interval_s
+            ));
         }
         if self.max_in_flight == 0 {
             p.push("pulsar.max-in-flight: must be at least 1".to_string());
@@ -316,8 +426,11 @@ impl PulsarConfig {
         if self.batch_delay_ms > 1000 {
             p.push("pulsar.batch-delay-ms: must be at most 1000".to_string());
         }
-        if let Some(b) = self.max_bandwidth {
-            if !(MIN_BANDWIDTH..=MAX_BANDWIDTH).contains(&b.0) {
+        if let Some(max) = self.max_bandwidth {
+            if let Some(b) = max
+                .bound()
+                .filter(|b| !(MIN_BANDWIDTH..=MAX_BANDWIDTH).contains(&b.0))
+            {
                 p.push(format!(
                     "pulsar.max-bandwidth: {} bit/s must be between 64kbit and 100gbit (below, a 16 KiB grant and a chunk ahead of a keepalive answer can outlast the broker's keepalive)",
                     b.0
@@ -332,5 +445,29 @@ impl PulsarConfig {
         if self.max_frame_bytes.0 == 0 || self.max_frame_bytes.0 > 1 << 30 {
             p.push("pulsar.max-frame-bytes: must be between 1 and 1GiB".to_string());
         }
+    }
+}
+
+#[cfg(test)]
+mod coverage_tests {
+    use super::*;
+
+    #[test]
+    fn the_coverage_topic_defaults_beside_the_topics_and_refuses_placeholders() {
+        let mut p = PulsarConfig::default();
+        assert_eq!(
+            p.coverage_topic(),
+            "persistent://public/default/rigd-coverage"
+        );
+        p.topic = "persistent://ai/ingest/{rig}-{source}".into();
+        assert_eq!(p.coverage_topic(), "persistent://ai/ingest/rigd-coverage");
+        assert_eq!(p.control_topic("r"), "persistent://ai/ingest/r-control");
+        p.coverage_topic = Some("persistent://ai/ingest/{rig}-coverage".into());
+        p.coverage_interval_s = 0;
+        let mut problems = Vec::new();
+        p.problems(&mut problems);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].starts_with("pulsar.coverage-topic:"));
+        assert!(problems[1].starts_with("pulsar.coverage-interval-s:"));
     }
 }

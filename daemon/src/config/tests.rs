@@ -150,7 +150,7 @@ fn serial_and_alsa_sources_have_defaults() {
         "t",
     )
     .unwrap();
-    let SourceConfig::Serial(s) = &c.sources[0] else {
+    let SourceKind::Serial(s) = &c.sources[0].kind else {
         panic!("{:?}", c.sources[0])
     };
     let s = s.settings(33);
@@ -160,7 +160,7 @@ fn serial_and_alsa_sources_have_defaults() {
         (s.delimiter.as_slice(), s.max_record_bytes),
         (&b"\n"[..], 4096)
     );
-    let SourceConfig::Alsa(a) = &c.sources[1] else {
+    let SourceKind::Alsa(a) = &c.sources[1].kind else {
         panic!("{:?}", c.sources[1])
     };
     let a = a.settings(33);
@@ -207,10 +207,10 @@ fn v4l_source_has_defaults_and_problems_name_the_key() {
         "t",
     )
     .unwrap();
-    let SourceConfig::V4l(front) = &c.sources[0] else {
+    let SourceKind::V4l(front) = &c.sources[0].kind else {
         panic!("{:?}", c.sources[0])
     };
-    let s = front.settings();
+    let s = front.settings(33);
     assert_eq!(
         (s.device.as_str(), s.width, s.height, s.fps),
         ("/dev/video0", 640, 480, 30.0)
@@ -221,11 +221,11 @@ fn v4l_source_has_defaults_and_problems_name_the_key() {
     );
     assert_eq!((s.buffers, s.jpeg_quality), (4, 80));
     assert_eq!(c.sources[0].kind(), "v4l");
-    let SourceConfig::V4l(rear) = &c.sources[1] else {
+    let SourceKind::V4l(rear) = &c.sources[1].kind else {
         panic!("{:?}", c.sources[1])
     };
-    assert_eq!(rear.settings().device, "USB Camera");
-    assert_eq!(rear.settings().formats, [PixelFormat::Yuyv]);
+    assert_eq!(rear.settings(33).device, "USB Camera");
+    assert_eq!(rear.settings(33).formats, [PixelFormat::Yuyv]);
 
     let p = problems(
         "[rig]\nid = \"a\"\n[[source]]\nid = \"cam\"\nkind = \"v4l\"\ndevice = \"\"\nwidth = 641\n\
@@ -382,7 +382,10 @@ fn bandwidth_priority_and_drain_have_defaults_and_are_validated() {
         "t",
     )
     .unwrap();
-    assert_eq!(c.pulsar.max_bandwidth, Some(Bandwidth(1_800_000)));
+    assert_eq!(
+        c.pulsar.max_bandwidth,
+        Some(MaxBandwidth::Fixed(Bandwidth(1_800_000)))
+    );
     assert_eq!(c.pulsar.max_bandwidth.unwrap().bytes_per_second(), 225_000);
     let prio: Vec<_> = c
         .sources
@@ -733,5 +736,186 @@ fn issue_47_a_source_after_a_broken_one_keeps_its_index() {
     assert!(
         p[1].starts_with("t.toml:10: source[1].width: 0 must be"),
         "{p:?}"
+    );
+}
+
+#[test]
+fn issue_48_an_h264_camera_sets_the_rig_group_width() {
+    let rig = "[rig]\nid = \"a\"\n";
+    let video = "[[source]]\nid = \"cam\"\nkind = \"synthetic-camera\"\ncodec = \"h264\"\nwidth = 320\nheight = 240\nbitrate = \"800kbit\"\ngop = 15\nrate-control = \"quality\"\n";
+    let c = Config::parse(
+        &format!("{rig}{video}[[source]]\nid = \"gps\"\nkind = \"synthetic-serial\"\n"),
+        "t",
+    )
+    .unwrap();
+    let SourceKind::SyntheticCamera(cam) = &c.sources[0].kind else {
+        panic!("{:?}", c.sources[0])
+    };
+    assert_eq!(cam.codec, rigd_drivers::Codec::H264);
+    assert_eq!(cam.bitrate, Bandwidth(800_000));
+    assert_eq!(cam.rate_control, rigd_drivers::h264::RateControl::Quality);
+    assert_eq!(c.sources[0].gop(33), Some(15));
+    assert_eq!(c.sources[1].gop(33), None);
+    assert_eq!(c.group_buckets(), 15);
+    // Without video a group is a bucket, as before.
+    let jpeg = Config::parse(
+        &format!("{rig}[[source]]\nid = \"cam\"\nkind = \"synthetic-camera\"\ngop = 15\n"),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(jpeg.group_buckets(), 1);
+    // Two video sources with different groups: one width per rig.
+    let second =
+        "[[source]]\nid = \"cam2\"\nkind = \"synthetic-camera\"\ncodec = \"h264\"\ngop = 30\n";
+    let p = problems(&format!("{rig}{video}{second}"));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].contains("source[1].gop: 30 differs from source[0].gop (15)"),
+        "{p:?}"
+    );
+    // What the encoder cannot take is said at its key.
+    let p = problems(&format!("{rig}[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\ncodec = \"h264\"\nwidth = 321\ngop = 0\n"));
+    assert!(
+        p.iter()
+            .any(|l| l.contains("source[0].width: 321 must be even")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter()
+            .any(|l| l.contains("source[0].gop: 0 must be between")),
+        "{p:?}"
+    );
+    let p = problems(&format!(
+        "{rig}[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\ncodec = \"vp8\"\n"
+    ));
+    assert!(
+        p[0].starts_with("t.toml:6: source[0].codec: unknown variant `vp8`"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn issue_48_the_shared_head_is_read_once_for_every_kind() {
+    // The head's keys anywhere in the table, before or after the kind's own keys.
+    let c = Config::parse(
+        "[rig]\nid = \"a\"\n[[source]]\nfps = 5.0\nkind = \"synthetic-camera\"\nupload = \"on-request\"\nid = \"c\"\nretain-age = \"2h\"\npriority = 4\ndrain = \"in-order\"\n",
+        "t",
+    )
+    .unwrap();
+    let h = c.sources[0].head();
+    assert_eq!(h.id, "c");
+    assert_eq!(h.priority, Some(4));
+    assert_eq!(h.drain, Drain::InOrder);
+    assert_eq!(h.upload, Upload::OnRequest);
+    assert_eq!(
+        h.retain_age,
+        Some(Age(std::time::Duration::from_secs(7200)))
+    );
+    // A head value of the wrong type names its key and line.
+    let p = problems(
+        "[rig]\nid = \"a\"\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\ndrain = 3\n",
+    );
+    assert!(p[0].starts_with("t.toml:6: source[0].drain:"), "{p:?}");
+    // The effective config reads back as the same sources.
+    let again = Config::parse(&c.effective().unwrap(), "t").unwrap();
+    assert_eq!(again.sources[0].head(), h);
+    assert_eq!(again.sources[0].kind(), "synthetic-camera");
+}
+
+#[test]
+fn issue_48_a_raw_v4l_camera_encodes_h264_but_never_reencodes_mjpeg() {
+    let rig = "[rig]\nid = \"a\"\n";
+    let raw = "[[source]]\nid = \"cam\"\nkind = \"v4l\"\ncodec = \"h264\"\nformats = [\"YUYV\", \"NV12\"]\ngop = 10\n";
+    let c = Config::parse(&format!("{rig}{raw}"), "t").unwrap();
+    assert_eq!(c.group_buckets(), 10);
+    let SourceKind::V4l(v) = &c.sources[0].kind else {
+        panic!("{:?}", c.sources[0])
+    };
+    let video = v.settings(33).video.unwrap();
+    assert_eq!(
+        (video.gop, video.bucket_ms, video.encoder.bitrate),
+        (10, 33, 2_000_000)
+    );
+    let p = problems(&format!(
+        "{rig}[[source]]\nid = \"cam\"\nkind = \"v4l\"\ncodec = \"h264\"\n"
+    ));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].contains("source[0].formats: MJPG is not re-encoded"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn issue_48_gop_as_a_duration_is_the_nearest_whole_number_of_buckets() {
+    let cam = |gop: &str, bucket: u32| {
+        format!("[rig]\nid = \"a\"\nbucket-ms = {bucket}\n[[source]]\nid = \"c\"\nkind = \"synthetic-camera\"\ncodec = \"h264\"\ngop = {gop}\n")
+    };
+    // SPEC.md's example: 1 s at 33 ms buckets is 30 buckets (990 ms).
+    assert_eq!(
+        Config::parse(&cam("\"1s\"", 33), "t")
+            .unwrap()
+            .group_buckets(),
+        30
+    );
+    assert_eq!(
+        Config::parse(&cam("\"500ms\"", 20), "t")
+            .unwrap()
+            .group_buckets(),
+        25
+    );
+    assert_eq!(
+        Config::parse(&cam("12", 33), "t").unwrap().group_buckets(),
+        12
+    );
+    // Shorter than half a bucket is still one bucket; a wrong unit is said at its key.
+    assert_eq!(
+        Config::parse(&cam("\"5ms\"", 33), "t")
+            .unwrap()
+            .group_buckets(),
+        1
+    );
+    let p = problems(&cam("\"2h\"", 33));
+    assert!(
+        p[0].starts_with("t.toml:8: source[0].gop: unknown gop unit `h`"),
+        "{p:?}"
+    );
+    let p = problems(&cam("\"3h\"", 33).replace("3h", "7200s"));
+    assert!(
+        p.iter()
+            .any(|l| l.contains("source[0].gop: 218182 must be between 1 and 3600")),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn max_bandwidth_auto_is_estimated_under_an_optional_cap_and_a_number_stays_a_cap() {
+    assert_eq!(
+        MaxBandwidth::parse("auto"),
+        Ok(MaxBandwidth::Auto { cap: None })
+    );
+    assert_eq!(
+        MaxBandwidth::parse("auto, at most 8mbit"),
+        Ok(MaxBandwidth::Auto {
+            cap: Some(Bandwidth(8_000_000))
+        })
+    );
+    assert_eq!(
+        MaxBandwidth::parse("1800kbit"),
+        Ok(MaxBandwidth::Fixed(Bandwidth(1_800_000)))
+    );
+    let e = MaxBandwidth::parse("auto 8mbit").unwrap_err();
+    assert!(e.contains("\"auto, at most 8mbit\""), "{e}");
+    assert!(MaxBandwidth::parse("auto, at most 8mb").is_err());
+    // Sizing: the cap, at most 8 Mbit/s.
+    assert_eq!(
+        MaxBandwidth::parse("auto").unwrap().bytes_per_second(),
+        1_000_000
+    );
+    assert_eq!(
+        MaxBandwidth::parse("auto, at most 2mbit")
+            .unwrap()
+            .bytes_per_second(),
+        250_000
     );
 }

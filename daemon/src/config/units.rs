@@ -125,6 +125,61 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
+/// `gop`: a keyframe interval as a whole number of buckets (`30`), or as a duration (`"1s"`,
+/// `"500ms"`) taken to the nearest whole number of buckets, at least one ([`Gop::buckets`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gop {
+    Buckets(u32),
+    Millis(u64),
+}
+
+impl Gop {
+    /// The interval in buckets of `bucket_ms` (0 when written as 0 buckets, which the checks
+    /// refuse).
+    pub fn buckets(self, bucket_ms: u32) -> u32 {
+        match self {
+            Gop::Buckets(n) => n,
+            Gop::Millis(ms) => {
+                let b = u64::from(bucket_ms.max(1));
+                ((ms + b / 2) / b).clamp(1, u64::from(u32::MAX)) as u32
+            }
+        }
+    }
+}
+
+impl Serialize for Gop {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Gop::Buckets(n) => s.serialize_u32(*n),
+            Gop::Millis(ms) => s.serialize_str(&format!("{ms}ms")),
+        }
+    }
+}
+
+impl Written for Gop {
+    const EXPECTING: &'static str =
+        "a whole number of buckets or a duration like \"1s\" or \"500ms\"";
+    const WHAT: &'static str = "gop";
+    fn from_number(n: u64) -> Self {
+        Gop::Buckets(n.min(u64::from(u32::MAX)) as u32)
+    }
+    fn parse(s: &str) -> Result<Self, String> {
+        let (n, unit) = number_and_unit(s, "a duration like 1s")?;
+        let ms = match unit {
+            "ms" => n,
+            "s" => n.saturating_mul(1000),
+            other => return Err(format!("unknown gop unit `{other}` (use ms or s)")),
+        };
+        Ok(Gop::Millis(ms))
+    }
+}
+
+impl<'de> Deserialize<'de> for Gop {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(WrittenVisitor(std::marker::PhantomData))
+    }
+}
+
 /// A duration written as a string with a unit: "90s", "20m", "2h", "7d" (or an integer of seconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Age(pub std::time::Duration);

@@ -17,6 +17,18 @@
 //! - [`Lane::acked`] true: remove the frame from the spool (nothing else removes a record).
 //! - [`Lane::retire`]: close that epoch's producer and append what it gives back.
 //!
+//! - [`Capture::Skip`]: neither publish nor spool it, count it dropped (its group broke).
+//!   [`Capture::SplitFirst`]: perform [`Action::PersistEpoch`] at `start` (this frame), then ask
+//!   [`Lane::captured_in_group`] again.
+//!
+//! Groups of pictures (a video source, issue 48.4): a frame that decodes only after the frames
+//! before it in its group (an H.264 P-frame, a "delta") is never published once a frame of its
+//! group was lost (not admitted under the floor, dropped by a full spool): the lane skips to the
+//! next keyframe ([`Capture::Skip`]). A live-first split of a video source starts its new epoch
+//! at a keyframe ([`Capture::SplitFirst`]), so a group is never cut between the backlog's
+//! producer and the live one; and a live frame the producer gives back spills it and every frame
+//! after it (the rest of its group included) to the spool, in order, as any source's.
+//!
 //! Then: a source's frames reach each producer in capture order; while a backlog is active no
 //! frame of its epoch goes live; in `always` mode nothing is handed over before its commit is
 //! durable; a spooled frame leaves the spool only on its own ack; every captured frame ends
@@ -45,6 +57,22 @@ pub enum Capture {
     Spool,
     /// Neither: its number is at or past the durable sequence floor.
     Drop,
+    /// Neither: a delta whose group lost a frame (no consumer could decode it); count it dropped.
+    Skip,
+    /// A keyframe with a live-first split due: persist the split starting at this frame
+    /// ([`Action::PersistEpoch`]), then ask again.
+    SplitFirst { start: u64 },
+}
+
+/// How a captured frame decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Picture {
+    /// Alone, and the source is not video (an image, audio, serial).
+    Whole,
+    /// A video keyframe: it starts a group of pictures.
+    Key,
+    /// A video frame that decodes only after the frames before it in its group (a P-frame).
+    Delta,
 }
 
 /// What a drain may do with the next spooled frame.
@@ -120,6 +148,20 @@ pub struct Lane {
     /// The next capture sequence (what a split starts at); None until known: the spool could
     /// not say at open and no frame was captured yet (no split meanwhile).
     next_seq: Option<u64>,
+    /// Groups of pictures: whether the source sends deltas, whether its group broke.
+    groups: Groups,
+}
+
+/// A video source's groups as the lane saw them.
+#[derive(Debug, Default)]
+struct Groups {
+    /// A video frame was captured: the source's splits wait for a keyframe.
+    video: bool,
+    /// A frame of the group being captured was lost: its deltas are skipped up to the next
+    /// keyframe.
+    broken: bool,
+    /// A live-first split is due and waits for the next keyframe.
+    split_wanted: bool,
 }
 
 /// What the spool held for the source when the lane opened.
@@ -187,6 +229,7 @@ impl Lane {
             older,
             live,
             next_seq: o.next_seq,
+            groups: Groups::default(),
         };
         (lane, actions)
     }
@@ -221,8 +264,36 @@ impl Lane {
     }
 
     /// Frame `seq` was captured. `admitted`: its number is below the durable floor (else
-    /// dropped); `paused`: a technician paused publishing.
+    /// dropped); `paused`: a technician paused publishing. A frame that decodes alone (not
+    /// video, or a keyframe); see [`Lane::captured_in_group`].
     pub fn captured(&mut self, seq: u64, admitted: bool, paused: bool) -> Capture {
+        self.captured_in_group(seq, Picture::Whole, admitted, paused)
+    }
+
+    /// [`Lane::captured`] for a frame of any source, video included.
+    pub fn captured_in_group(
+        &mut self,
+        seq: u64,
+        picture: Picture,
+        admitted: bool,
+        paused: bool,
+    ) -> Capture {
+        let keyframe = picture != Picture::Delta;
+        let g = &mut self.groups;
+        g.video |= picture != Picture::Whole;
+        if keyframe {
+            if g.split_wanted && admitted {
+                g.split_wanted = false;
+                return Capture::SplitFirst { start: seq };
+            }
+            g.broken = false;
+        } else if g.broken && admitted {
+            self.next_seq = Some(self.next_seq.map_or(seq + 1, |n| n.max(seq + 1)));
+            return Capture::Skip;
+        }
+        if !admitted {
+            self.groups.broken = true;
+        }
         if self.next_seq.is_none() {
             // This run's first frame: every seq below it is an earlier run's, durable.
             for e in self.older.iter_mut().chain(std::iter::once(&mut self.live)) {
@@ -257,6 +328,12 @@ impl Lane {
         e.order.spooled(seq, commit);
     }
 
+    /// Frame `seq` (captured live) was lost: the spool could not store it (full, a write
+    /// error). The deltas after it up to the next keyframe are skipped.
+    pub fn lost(&mut self, _seq: u64) {
+        self.groups.broken = true;
+    }
+
     /// The ack for `seq` came. True: it was handed over from the spool, remove it there.
     pub fn acked(&mut self, seq: u64) -> bool {
         self.epoch_of(seq).is_some_and(|e| e.order.acked(seq))
@@ -281,8 +358,11 @@ impl Lane {
                 connected: live_up,
                 open: self.open_epochs(),
             });
+        // A video source's split starts at its next keyframe ([`Capture::SplitFirst`]): a
+        // group is never cut between two producers.
+        self.groups.split_wanted = due && self.groups.video;
         // A split starts at the next capture sequence: not before it is known.
-        if let (true, Some(start)) = (due, self.next_seq) {
+        if let (true, false, Some(start)) = (due, self.groups.video, self.next_seq) {
             return vec![Action::PersistEpoch { start }];
         }
         if paused {

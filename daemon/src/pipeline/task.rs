@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
-use super::lane::{Action, Capture, Lane, Link, Offer, Opening};
+use super::lane::{Action, Capture, Lane, Link, Offer, Opening, Picture};
 use super::{LaneStats, Uplink};
 use crate::config::{Drain, SpoolMode};
 use crate::payload::Held;
@@ -91,12 +91,12 @@ impl LaneTask {
             tokio::select! {
                 frame = self.frames.recv() => {
                     let Some(frame) = frame else { break };
-                    self.on_frame(frame, &mut lane, &producers);
+                    self.on_frame(frame, &mut lane, &mut producers);
                 }
                 _ = self.shutdown.changed() => {
                     // A capture thread that did not stop still holds the channel open.
                     while let Ok(frame) = self.frames.try_recv() {
-                        self.on_frame(frame, &mut lane, &producers);
+                        self.on_frame(frame, &mut lane, &mut producers);
                     }
                     break;
                 }
@@ -251,7 +251,7 @@ impl LaneTask {
         }
     }
 
-    fn on_frame(&self, frame: Frame, lane: &mut Lane, producers: &Producers) {
+    fn on_frame(&self, frame: Frame, lane: &mut Lane, producers: &mut Producers) {
         let next = frame.seq + 1;
         self.stats.preview.offer(&frame);
         self.stats.live.offer(&frame);
@@ -260,8 +260,31 @@ impl LaneTask {
         // A number at or past the durable floor could have been handed out before a crash: such
         // a frame is neither published nor stored (counted by the spool).
         let admitted = self.seq_call(frame.seq, || self.spool.admit_seq(&self.source, frame.seq));
-        let spill = match lane.captured(frame.seq, admitted, paused) {
+        let picture = match &frame.media {
+            rigd_drivers::Media::Camera {
+                codec, keyframe, ..
+            } if !codec.intra_only() => {
+                if *keyframe {
+                    Picture::Key
+                } else {
+                    Picture::Delta
+                }
+            }
+            _ => Picture::Whole,
+        };
+        let mut capture = lane.captured_in_group(frame.seq, picture, admitted, paused);
+        if let Capture::SplitFirst { start } = capture {
+            // A video source's live-first split, at this keyframe.
+            self.perform(Action::PersistEpoch { start }, lane, producers);
+            capture = lane.captured_in_group(frame.seq, picture, admitted, paused);
+        }
+        let spill = match capture {
             Capture::Drop => return,
+            Capture::Skip => {
+                self.spool.skipped(&self.source);
+                None
+            }
+            Capture::SplitFirst { .. } => Some(frame),
             // The lane submits only to an epoch it opened a producer for; were one missing, the
             // frame is refused like any other and waits in the spool (no panic in a lane).
             Capture::Submit { start } => match producers.get(start) {
@@ -290,6 +313,9 @@ impl LaneTask {
             // The epoch is read after the append: a commit in between only makes the lane wait
             // one more commit, never publish a record before it is durable.
             let stored = self.append(&frame);
+            if !stored {
+                lane.lost(frame.seq);
+            }
             let commit = stored.then(|| self.spool.current_commit());
             lane.spooled(frame.seq, commit, paused, producers.link(lane.live()));
         }

@@ -109,20 +109,79 @@ pub fn request(id: &str, ask: &Ask) -> serde_json::Value {
 }
 
 async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, RecallError> {
-    let perr = |why: String| RecallError::Pulsar {
-        url: cfg.url.clone(),
-        why,
-    };
     let id = match &cfg.ask {
         Ask::Cancel { id } => id.clone(),
         _ => cfg.id.clone().unwrap_or_else(new_id),
     };
-    let status_topic = format!("{}-status", cfg.control_topic);
-    let (builder, _bridge) = crate::tail::connect(&cfg.url, &cfg.access)
+    let body = serde_json::to_vec(&request(&id, &cfg.ask)).expect("a request serializes");
+    let link = Link {
+        url: &cfg.url,
+        control_topic: &cfg.control_topic,
+        access: &cfg.access,
+        timeout: cfg.timeout,
+    };
+    let mut bar: Option<Progress> = None;
+    let mut last: Option<Answer> = None;
+    let said = (!cfg.json).then_some("recall");
+    let end = converse(&link, &id, body, said, interrupt, |a| {
+        if cfg.json {
+            println!(
+                "{}",
+                serde_json::to_string(a).expect("an answer serializes")
+            );
+        } else if let (Some(total), Some(sent)) = (a.total, a.sent) {
+            let b = bar.get_or_insert_with(|| Progress::new(total.bytes, "recall"));
+            b.set_message(format!(
+                "{} of {} frames sent{}",
+                sent.frames,
+                total.frames,
+                a.already_sent
+                    .filter(|&n| n > 0)
+                    .map(|n| format!(", {n} sent before"))
+                    .unwrap_or_default()
+            ));
+            b.inc(sent.bytes.saturating_sub(b_bytes(&last)));
+        }
+        last = Some(a.clone());
+        a.state.is_final() || (!cfg.wait && a.state == State::Accepted)
+    })
+    .await;
+    if let Some(b) = bar {
+        b.finish();
+    }
+    end
+}
+
+/// Where an operator's control message goes, and how long the rig may take to answer.
+pub struct Link<'a> {
+    pub url: &'a str,
+    pub control_topic: &'a str,
+    pub access: &'a crate::tail::Access,
+    pub timeout: Duration,
+}
+
+/// Subscribes to the status topic (from its end), sends `body` to the control topic (said on
+/// stderr as `rigd {tool}: ...` when `tool` is given) and hands each answer keyed `id` to `each`
+/// until it says settled (true); returns that answer. Shared by `rigd recall` and `rigd campaign`.
+pub async fn converse(
+    link: &Link<'_>,
+    id: &str,
+    body: Vec<u8>,
+    tool: Option<&str>,
+    interrupt: &Interrupt,
+    mut each: impl FnMut(&Answer) -> bool,
+) -> Result<Answer, RecallError> {
+    let url = link.url.to_string();
+    let perr = |why: String| RecallError::Pulsar {
+        url: url.clone(),
+        why,
+    };
+    let status_topic = format!("{}-status", link.control_topic);
+    let (builder, _bridge) = crate::tail::connect(link.url, link.access)
         .await
         .map_err(perr)?;
     // Connecting has a deadline of its own: --timeout is how long the rig may take to answer.
-    let connect_within = cfg.timeout.min(crate::tail::CONNECT_TIMEOUT);
+    let connect_within = link.timeout.min(crate::tail::CONNECT_TIMEOUT);
     let failed = tokio::select! {
         r = builder.build() => match r {
             Ok(p) => Ok(p),
@@ -137,12 +196,12 @@ async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, Rec
         Ok(p) => p,
         Err(why) => {
             return Err(RecallError::Unreachable {
-                url: cfg.url.clone(),
-                why: crate::tail::unreachable(&cfg.url, &cfg.access, &why).await,
+                url: url.clone(),
+                why: crate::tail::unreachable(link.url, link.access, &why).await,
             })
         }
     };
-    let deadline = tokio::time::sleep(cfg.timeout);
+    let deadline = tokio::time::sleep(link.timeout);
     tokio::pin!(deadline);
     // Subscribed before the request goes out, so no answer is missed.
     let mut answers: Consumer<Vec<u8>, TokioExecutor> = pulsar
@@ -164,27 +223,24 @@ async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, Rec
         .map_err(|e| perr(format!("cannot subscribe to {status_topic}: {e}")))?;
     let mut producer = pulsar
         .producer()
-        .with_topic(&cfg.control_topic)
+        .with_topic(link.control_topic)
         .build()
         .await
-        .map_err(|e| perr(format!("cannot publish to {}: {e}", cfg.control_topic)))?;
-    let body = serde_json::to_vec(&request(&id, &cfg.ask)).expect("a request serializes");
+        .map_err(|e| perr(format!("cannot publish to {}: {e}", link.control_topic)))?;
     producer
         .send_non_blocking(body)
         .await
         .map_err(|e| perr(format!("sending the request: {e}")))?
         .await
         .map_err(|e| perr(format!("sending the request: {e}")))?;
-    if !cfg.json {
-        eprintln!("rigd recall: request {id} sent to {}", cfg.control_topic);
+    if let Some(tool) = tool {
+        eprintln!("rigd {tool}: request {id} sent to {}", link.control_topic);
     }
-    let mut bar: Option<Progress> = None;
-    let mut last: Option<Answer> = None;
     loop {
         let m = tokio::select! {
             m = answers.next() => m,
-            _ = &mut deadline => return Err(RecallError::Timeout(cfg.timeout.as_secs())),
-            _ = interrupt.wait() => return Err(RecallError::Interrupted(Some(id))),
+            _ = &mut deadline => return Err(RecallError::Timeout(link.timeout.as_secs())),
+            _ = interrupt.wait() => return Err(RecallError::Interrupted(Some(id.to_string()))),
         };
         let msg = match m {
             Some(Ok(m)) => m,
@@ -198,35 +254,11 @@ async fn recall(cfg: &RecallConfig, interrupt: &Interrupt) -> Result<Answer, Rec
         if a.id != id {
             continue;
         }
-        if cfg.json {
-            println!(
-                "{}",
-                serde_json::to_string(&a).expect("an answer serializes")
-            );
-        } else if let (Some(total), Some(sent)) = (a.total, a.sent) {
-            let b = bar.get_or_insert_with(|| Progress::new(total.bytes, "recall"));
-            b.set_message(format!(
-                "{} of {} frames sent{}",
-                sent.frames,
-                total.frames,
-                a.already_sent
-                    .filter(|&n| n > 0)
-                    .map(|n| format!(", {n} sent before"))
-                    .unwrap_or_default()
-            ));
-            b.inc(sent.bytes.saturating_sub(b_bytes(&last)));
-        }
-        let settled = a.state.is_final() || (!cfg.wait && a.state == State::Accepted);
-        last = Some(a);
-        if settled {
-            break;
+        if each(&a) {
+            let _ = answers.close().await;
+            return Ok(a);
         }
     }
-    if let Some(b) = bar {
-        b.finish();
-    }
-    let _ = answers.close().await;
-    Ok(last.expect("the loop ends on an answer"))
 }
 
 fn b_bytes(last: &Option<Answer>) -> u64 {
@@ -247,6 +279,13 @@ pub fn describe(a: &Answer) -> String {
     }
     if let Some(r) = &a.reason {
         out.push_str(&format!(": {r}"));
+    }
+    for k in &a.from_keyframe {
+        out.push_str(&format!(
+            "\n  {}: the range starts inside a group of pictures; sent from its keyframe, captured {}",
+            k.source,
+            crate::civil::format(k.from)
+        ));
     }
     for m in &a.missing {
         for s in &m.evicted {
@@ -283,6 +322,21 @@ pub fn describe(a: &Answer) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_names_a_range_moved_back_to_its_keyframe() {
+        let mut a = Answer::new("r1", "rig", State::Done, 0);
+        assert!(!describe(&a).contains("keyframe"));
+        a.from_keyframe = vec![super::super::protocol::FromKeyframe {
+            source: "cam".into(),
+            from: 1_700_000_000_000_000_000,
+        }];
+        let said = describe(&a);
+        assert!(
+            said.contains("cam: the range starts inside a group of pictures; sent from its keyframe, captured 2023-11-14T22:13:20"),
+            "{said}"
+        );
+    }
 
     #[test]
     fn ids_are_uuids_the_rig_accepts() {

@@ -21,7 +21,7 @@ pub mod upload;
 pub use retention::{spawn_retention, Retention};
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::{mpsc, Notify};
 
 use crate::spool::Spool;
@@ -51,6 +51,21 @@ pub struct Recall {
     pub(crate) turn: Mutex<Turn>,
     pub(crate) wake: Notify,
     pub stats: RecallStats,
+    /// Campaigns (crate::campaign), once they run: their control messages, quota and priority.
+    extension: OnceLock<Arc<dyn Extension>>,
+}
+
+/// What campaigns add to recall (crate::campaign implements it; recall does not know them).
+pub trait Extension: Send + Sync {
+    /// Answers a control message that is theirs; None: not theirs (recall reads it).
+    fn control(&self, bytes: &[u8]) -> Option<Result<Vec<Answer>, crate::spool::SpoolError>>;
+    /// Whether a frame of `bytes` (payload) of upload `id` may go now; counted if so. An upload
+    /// that is not a campaign's always may.
+    fn take(&self, id: &str, bytes: u64) -> bool;
+    /// Upload `id`'s priority, 0 (first) to 9; an operator's request is 0.
+    fn priority(&self, id: &str) -> u8;
+    /// Their state for the status page and `/metrics`.
+    fn status(&self) -> rigd_web::CampaignsStatus;
 }
 
 #[derive(Debug, Default)]
@@ -113,9 +128,25 @@ impl Recall {
             turn: Mutex::default(),
             wake: Notify::new(),
             stats: RecallStats::default(),
+            extension: OnceLock::new(),
         };
         r.stats.pending.store(pending, Ordering::Relaxed);
         Ok((Arc::new(r), rx))
+    }
+
+    /// Adds campaigns (once).
+    pub fn extend(&self, e: Arc<dyn Extension>) {
+        let _ = self.extension.set(e);
+    }
+
+    pub(crate) fn extension(&self) -> Option<&Arc<dyn Extension>> {
+        self.extension.get()
+    }
+
+    /// Whether a request is still pending or finished under `id` (a campaign's window ids).
+    pub fn known(&self, id: &str) -> Result<bool, crate::spool::SpoolError> {
+        Ok(self.store.finished(id)?.is_some()
+            || self.store.pending()?.iter().any(|p| p.upload.id == id))
     }
 
     pub(crate) fn turn(&self) -> std::sync::MutexGuard<'_, Turn> {

@@ -200,12 +200,16 @@ pub enum State {
     Rejected,
     Cancelled,
     Coverage,
+    /// A campaign's answers (docs/CAMPAIGNS.md): a trigger became a window; stopped; the list.
+    Triggered,
+    Stopped,
+    Campaigns,
 }
 
 impl State {
     /// No answer follows this one for the request.
     pub fn is_final(self) -> bool {
-        !matches!(self, State::Accepted | State::Progress)
+        !matches!(self, State::Accepted | State::Progress | State::Triggered)
     }
 }
 
@@ -259,6 +263,20 @@ pub struct Answer {
     pub missing: Vec<Missing>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<Held>,
+    /// Sources whose range started inside a group of pictures (H.264): sent from its keyframe.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from_keyframe: Vec<FromKeyframe>,
+    /// A campaign's answer: its state, or every campaign's (docs/CAMPAIGNS.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub campaign: Option<serde_json::Value>,
+}
+
+/// A video source's range moved back to the keyframe of the group it started in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FromKeyframe {
+    pub source: String,
+    /// The keyframe's capture time, ns: what is sent of this source starts here.
+    pub from: i64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -280,6 +298,8 @@ impl Answer {
             already_sent: None,
             missing: Vec::new(),
             sources: Vec::new(),
+            from_keyframe: Vec::new(),
+            campaign: None,
         }
     }
 

@@ -4,14 +4,10 @@
 //! ([`super::store`]). Every message gets an answer, after bounded work: a malformed or refused
 //! request is `rejected` with the reason and counted, and the daemon goes on.
 //!
-//! The connection is the `pulsar` crate's (its keepalive finds a silent link; a consumer or
-//! producer that fails is rebuilt after a backoff of at most [`MAX_BACKOFF`]).
+//! Both go through the rig's own connections ([`crate::uplink::control`]: the pool's one connection
+//! per broker, its keepalive, token and TLS identity); a consumer or producer that fails is rebuilt
+//! after a backoff of at most [`MAX_BACKOFF`].
 
-use futures::StreamExt;
-use pulsar::consumer::{ConsumerOptions, InitialPosition};
-use pulsar::message::proto::command_subscribe::SubType;
-use pulsar::producer::Message;
-use pulsar::{Consumer, Producer, Pulsar, TokioExecutor};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +16,10 @@ use tokio::sync::{mpsc, watch};
 use super::protocol::{self, Answer, Held, Request, Span, State};
 use super::Recall;
 use crate::spool::SpoolError;
+use crate::uplink::{
+    self,
+    control::{Publisher, Subscription},
+};
 
 /// Longest pause between attempts to reach the control topic.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -33,12 +33,6 @@ const RUN_GAP_NS: i64 = 2_000_000_000;
 /// Where to read and answer.
 #[derive(Debug, Clone)]
 pub struct Link {
-    pub url: String,
-    pub token_file: Option<std::path::PathBuf>,
-    pub tls_ca: Option<std::path::PathBuf>,
-    /// `[pulsar] tls-cert-file` and `tls-key-file`: a broker that requires mutual TLS is
-    /// reached through [`crate::tail::bridge`] (the `pulsar` crate presents no certificate).
-    pub tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
     pub control_topic: String,
 }
 
@@ -100,81 +94,32 @@ pub async fn run(
 }
 
 struct Session {
-    consumer: Consumer<Vec<u8>, TokioExecutor>,
-    producer: Producer<TokioExecutor>,
-    /// The TLS bridge of a client certificate, for as long as the session lives.
-    _bridge: Option<crate::tail::bridge::Bridge>,
+    requests: Subscription,
+    answers: Publisher,
 }
 
 impl Session {
     async fn open(recall: &Recall, link: &Link) -> Result<Session, String> {
-        let token = match &link.token_file {
-            Some(p) => Some(crate::config::read_token(p)?),
-            None => None,
-        };
-        let (builder, bridge) = match &link.tls_client {
-            Some(cert) => {
-                let access = crate::tail::Access {
-                    token,
-                    tls_ca: link.tls_ca.clone(),
-                    tls_client: Some(cert.clone()),
-                };
-                crate::tail::connect(&link.url, &access).await?
-            }
-            None => (
-                crate::tail::client(&link.url, token, link.tls_ca.as_deref())?,
-                None,
-            ),
-        };
-        let builder = builder
-            .with_connection_retry_options(pulsar::ConnectionRetryOptions {
-                min_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(2),
-                max_retries: 3,
-                connection_timeout: Duration::from_secs(10),
-                keep_alive: Duration::from_secs(10),
-                ..Default::default()
-            })
-            .with_operation_retry_options(pulsar::OperationRetryOptions {
-                operation_timeout: Duration::from_secs(30),
-                retry_delay: Duration::from_millis(500),
-                max_retries: Some(10),
-            });
-        let pulsar: Pulsar<TokioExecutor> = builder
-            .build()
-            .await
-            .map_err(|e| format!("cannot connect to {}: {e}", link.url))?;
-        let consumer = pulsar
-            .consumer()
-            .with_topic(&link.control_topic)
-            .with_subscription(format!("rigd-{}", recall.rig))
-            .with_subscription_type(SubType::Failover)
-            .with_consumer_name(format!("rigd-{}", recall.rig))
-            .with_options(
-                ConsumerOptions::default()
-                    .durable(true)
-                    // Requests sent before the rig ever subscribed wait too.
-                    .with_initial_position(InitialPosition::Earliest),
-            )
-            .build()
+        // The rig's producer settings (its pool, token, TLS), for the control topics.
+        let base = (recall.producer)("control");
+        let name = format!("rigd-{}", recall.rig);
+        let requests = uplink::control::subscribe(&base, &link.control_topic, &name)
             .await
             .map_err(|e| format!("cannot subscribe to {}: {e}", link.control_topic))?;
-        let producer = pulsar
-            .producer()
-            .with_topic(link.status_topic())
-            .build()
-            .await
-            .map_err(|e| format!("cannot publish to {}: {e}", link.status_topic()))?;
-        Ok(Session {
-            consumer,
-            producer,
-            _bridge: bridge,
-        })
+        let answers = uplink::control::publisher(
+            &base,
+            &link.status_topic(),
+            &format!("rigd-{}-control", recall.rig),
+            ANSWER_TIMEOUT,
+        )
+        .await
+        .map_err(|e| format!("cannot publish to {}: {e}", link.status_topic()))?;
+        Ok(Session { requests, answers })
     }
 
-    async fn close(mut self) {
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.consumer.close()).await;
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.producer.close()).await;
+    async fn close(self) {
+        drop(self.requests);
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.answers.close()).await;
     }
 
     /// Until shutdown (Ok) or a failure of the connection (Err, to rebuild it).
@@ -191,16 +136,26 @@ impl Session {
         }
         loop {
             tokio::select! {
-                m = self.consumer.next() => {
-                    let msg = match m {
-                        Some(Ok(m)) => m,
-                        Some(Err(e)) => return Err(format!("reading requests: {e}")),
-                        None => return Err("the request stream ended".to_string()),
+                m = self.requests.next() => {
+                    let delivery = m.map_err(|e| format!("reading requests: {e}"))?;
+                    let replies = match delivery.messages {
+                        Ok(messages) => {
+                            let mut replies = Vec::new();
+                            for m in messages {
+                                replies.extend(handle(recall, &m, coverage).await
+                                    .map_err(|e| format!("recording a request: {e}"))?);
+                            }
+                            replies
+                        }
+                        // Nothing to answer: no id can be read out of it.
+                        Err(why) => {
+                            recall.stats.reject("unreadable");
+                            tracing::warn!(reason = %why, "recall: a control message cannot be read; dropped");
+                            Vec::new()
+                        }
                     };
-                    let replies = handle(recall, &msg.payload.data, coverage).await
-                        .map_err(|e| format!("recording a request: {e}"))?;
                     // Recorded: the broker may forget it now. Then the answers.
-                    self.consumer.ack(&msg).await.map_err(|e| format!("acknowledging a request: {e}"))?;
+                    self.requests.ack(&delivery.id);
                     for a in replies {
                         self.send(&a).await?;
                     }
@@ -219,28 +174,11 @@ impl Session {
 
     async fn send(&mut self, a: &Answer) -> Result<(), String> {
         let payload = serde_json::to_vec(a).expect("an answer serializes");
-        let msg = Message {
-            payload,
-            partition_key: Some(a.id.clone()),
-            properties: [("state".to_string(), format!("{:?}", a.state).to_lowercase())]
-                .into_iter()
-                .collect(),
-            ..Default::default()
-        };
-        let receipt = self
-            .producer
-            .send_non_blocking(msg)
+        let state = format!("{:?}", a.state).to_lowercase();
+        self.answers
+            .send(&a.id, &[("state", state)], &payload)
             .await
-            .map_err(|e| format!("answering {}: {e}", a.id))?;
-        match tokio::time::timeout(ANSWER_TIMEOUT, receipt).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("answering {}: {e}", a.id)),
-            Err(_) => Err(format!(
-                "answering {}: no receipt in {} s",
-                a.id,
-                ANSWER_TIMEOUT.as_secs()
-            )),
-        }
+            .map_err(|e| format!("answering {}: {e}", a.id))
     }
 }
 
@@ -250,6 +188,10 @@ async fn handle(
     bytes: &[u8],
     coverage: &mut Coverage,
 ) -> Result<Vec<Answer>, SpoolError> {
+    // A campaign's message (op `campaign`, `campaigns`): theirs to answer (crate::campaign).
+    if let Some(answers) = recall.extension().and_then(|e| e.control(bytes)) {
+        return answers;
+    }
     let pending = recall.stats.pending.load(Ordering::Relaxed) as usize;
     let request = match protocol::parse(bytes, recall.sources.as_slice(), pending) {
         Ok(r) => r,
@@ -340,43 +282,235 @@ impl Coverage {
     }
 }
 
-/// Each on-request source's frames and the runs of capture time they cover (index only).
-fn held(recall: &Recall) -> Result<Vec<Held>, SpoolError> {
+/// Each on-request source's frames and the runs of capture time they cover (index only): the
+/// `coverage` answer; [`HeldScan`] keeps the same answer up to date for the fleet's digest.
+pub(crate) fn held(recall: &Recall) -> Result<Vec<Held>, SpoolError> {
     let mut out = Vec::new();
     for (source, on_request) in &recall.sources {
         if !on_request {
             continue;
         }
-        let id: Arc<str> = source.as_str().into();
-        let mut h = Held {
-            source: source.clone(),
-            frames: 0,
-            bytes: 0,
-            held: Vec::new(),
-        };
-        let mut cursor = 0;
-        let mut last: Option<(u64, i64)> = None;
-        loop {
-            let batch = recall.spool.entries(&id, cursor, 4096)?;
-            let Some(end) = batch.last() else { break };
-            cursor = end.seq + 1;
-            for e in &batch {
-                h.frames += 1;
-                h.bytes += e.len as u64;
-                let joins = last.is_some_and(|(seq, t)| {
-                    e.seq == seq + 1 && e.capture_ns >= t && e.capture_ns - t <= RUN_GAP_NS
-                });
-                match h.held.last_mut() {
-                    Some(run) if joins => run.to = e.capture_ns + 1,
-                    _ => h.held.push(Span {
-                        from: e.capture_ns,
-                        to: e.capture_ns + 1,
-                    }),
-                }
-                last = Some((e.seq, e.capture_ns));
-            }
-        }
-        out.push(h);
+        let mut r = Runs::default();
+        r.read(recall, &source.as_str().into())?;
+        out.push(r.held(source));
     }
     Ok(out)
+}
+
+/// One source's runs of held frames as [`held`] reads them, with their seqs (first, last), so
+/// that what the spool appends later extends them.
+#[derive(Debug, Default)]
+struct Runs {
+    runs: Vec<(Span, u64, u64)>,
+    bytes: u64,
+    /// The next seq to read.
+    next: u64,
+}
+
+impl Runs {
+    /// Reads the index from `next` on.
+    fn read(&mut self, recall: &Recall, id: &Arc<str>) -> Result<(), SpoolError> {
+        loop {
+            let batch = recall.spool.entries(id, self.next, 4096)?;
+            let Some(end) = batch.last() else {
+                return Ok(());
+            };
+            self.next = end.seq + 1;
+            for e in &batch {
+                self.bytes += e.len as u64;
+                match self.runs.last_mut() {
+                    // The run's last frame is at `to - 1`.
+                    Some((run, _, last))
+                        if e.seq == *last + 1
+                            && e.capture_ns >= run.to - 1
+                            && e.capture_ns - (run.to - 1) <= RUN_GAP_NS =>
+                    {
+                        run.to = e.capture_ns + 1;
+                        *last = e.seq;
+                    }
+                    _ => self.runs.push((
+                        Span {
+                            from: e.capture_ns,
+                            to: e.capture_ns + 1,
+                        },
+                        e.seq,
+                        e.seq,
+                    )),
+                }
+            }
+        }
+    }
+
+    fn frames(&self) -> u64 {
+        self.runs
+            .iter()
+            .map(|(_, first, last)| last - first + 1)
+            .sum()
+    }
+
+    /// Forgets the frames before `first` (the source's oldest frame now): evicted or dropped,
+    /// they went from the front.
+    fn forget_before(&mut self, first: Option<(u64, i64)>) {
+        let Some((seq, capture_ns)) = first else {
+            self.runs.clear();
+            return;
+        };
+        self.runs.retain(|(_, _, last)| *last >= seq);
+        if let Some((run, from, _)) = self.runs.first_mut().filter(|(_, from, _)| *from < seq) {
+            (run.from, *from) = (capture_ns, seq);
+        }
+    }
+
+    fn held(&self, source: &str) -> Held {
+        Held {
+            source: source.to_string(),
+            frames: self.frames(),
+            bytes: self.bytes,
+            held: self.runs.iter().map(|(span, _, _)| *span).collect(),
+        }
+    }
+}
+
+/// [`held`] kept up to date without reading the whole index again: each call reads what the
+/// spool appended since the last, and when frames left (the source's `popped` counter moved)
+/// forgets those before its oldest frame. Checked against the spool's own count of the source's
+/// frames (`records`): read again from the start when they differ (frames left from the middle,
+/// or a count caught between its index and its counters).
+#[derive(Debug, Default)]
+pub(crate) struct HeldScan {
+    sources: std::collections::HashMap<String, (Runs, u64)>,
+    /// Whole reads of a source's index (the first, and each one the check asked for).
+    pub(crate) full_reads: u64,
+}
+
+impl HeldScan {
+    pub(crate) fn held(&mut self, recall: &Recall) -> Result<Vec<Held>, SpoolError> {
+        let mut out = Vec::new();
+        for (source, on_request) in &recall.sources {
+            if !on_request {
+                continue;
+            }
+            let id: Arc<str> = source.as_str().into();
+            let stats = recall.spool.stats(&id);
+            let popped = stats.popped.load(Ordering::Relaxed);
+            if !self.sources.contains_key(source) {
+                self.full_reads += 1;
+            }
+            let (runs, seen) = self
+                .sources
+                .entry(source.clone())
+                .or_insert_with(|| (Runs::default(), popped));
+            let went = *seen != popped;
+            if went {
+                *seen = popped;
+                let first = recall.spool.entries(&id, 0, 1)?;
+                runs.forget_before(first.first().map(|e| (e.seq, e.capture_ns)));
+            }
+            runs.read(recall, &id)?;
+            if runs.frames() != stats.records.load(Ordering::Relaxed) {
+                self.full_reads += 1;
+                *runs = Runs::default();
+                runs.read(recall, &id)?;
+            } else if went {
+                // The bytes of what went are the spool's to say.
+                runs.bytes = stats.bytes.load(Ordering::Relaxed);
+            }
+            out.push(runs.held(source));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ByteSize, SpoolConfig};
+    use crate::spool::Spool;
+    use rigd_drivers::{ClockState, Frame, Media};
+
+    const S: i64 = 1_000_000_000;
+
+    fn recall(dir: &std::path::Path) -> Arc<Recall> {
+        let cfg = SpoolConfig {
+            path: dir.join("spool"),
+            free_reserve: ByteSize(0),
+            ..Default::default()
+        };
+        let spool = Spool::open(&cfg).unwrap();
+        let sources = vec![("cam".to_string(), true), ("gps".to_string(), false)];
+        let producer = Box::new(|_: &str| -> uplink::ProducerConfig { unreachable!() });
+        Recall::new("van".into(), sources, spool, producer, Box::new(|| 0))
+            .unwrap()
+            .0
+    }
+
+    fn append(r: &Recall, seqs: std::ops::Range<u64>, t0: i64, every: i64) {
+        for seq in seqs {
+            let frame = Frame {
+                source: "cam".into(),
+                seq,
+                capture_ns: t0 + seq as i64 * every,
+                clock: ClockState::Unsynced,
+                media: Media::Serial { text: false },
+                payload: vec![7u8; 100 + (seq % 3) as usize].into(),
+            };
+            r.spool.append(&crate::payload::Held::plain(frame)).unwrap();
+        }
+    }
+
+    /// What `coverage` answers, kept up to date by reading only what came since: appends, a gap,
+    /// eviction from the front (inside a run and of a whole run), and frames that left from the
+    /// middle (read again).
+    #[test]
+    fn the_held_scan_answers_as_a_whole_read_and_reads_only_what_came() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = recall(dir.path());
+        let mut scan = HeldScan::default();
+        assert_eq!(scan.held(&r).unwrap(), held(&r).unwrap());
+        append(&r, 0..300, 0, S / 30);
+        assert_eq!(scan.held(&r).unwrap(), held(&r).unwrap());
+        // A gap of 10 s: a second run.
+        append(&r, 300..600, 10 * S, S / 30);
+        let h = scan.held(&r).unwrap();
+        assert_eq!(h, held(&r).unwrap());
+        assert_eq!(h[0].held.len(), 2);
+        // Evicted inside the first run, then the whole of it.
+        let cam: Arc<str> = "cam".into();
+        r.spool.evict(&cam, Some(5 * S), None, None).unwrap();
+        assert_eq!(scan.held(&r).unwrap(), held(&r).unwrap());
+        append(&r, 600..700, 10 * S, S / 30);
+        r.spool.evict(&cam, Some(15 * S), None, None).unwrap();
+        let h = scan.held(&r).unwrap();
+        assert_eq!(h, held(&r).unwrap());
+        assert_eq!(h[0].held.len(), 1);
+        assert_eq!(scan.full_reads, 1, "only the first read was whole");
+        // A frame gone from the middle: the count disagrees, read again.
+        r.spool.remove(&cam, 650).unwrap();
+        let h = scan.held(&r).unwrap();
+        assert_eq!(h, held(&r).unwrap());
+        assert_eq!(h[0].held.len(), 2);
+        assert_eq!(scan.full_reads, 2);
+    }
+
+    /// An hour of a 30 fps camera held: a whole read against the scan's read of what came since.
+    /// `cargo test --release -p rigd held_scan_cost -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn held_scan_cost() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = recall(dir.path());
+        append(&r, 0..108_000, 0, S / 30);
+        r.spool.commit().unwrap();
+        let mut scan = HeldScan::default();
+        scan.held(&r).unwrap();
+        append(&r, 108_000..108_150, 0, S / 30);
+        let t = Instant::now();
+        let whole = held(&r).unwrap();
+        let whole_t = t.elapsed();
+        let t = Instant::now();
+        let kept = scan.held(&r).unwrap();
+        let kept_t = t.elapsed();
+        assert_eq!(whole, kept);
+        eprintln!("108,150 frames: whole read {whole_t:?}, the scan's 150 new {kept_t:?}");
+    }
 }

@@ -2,8 +2,11 @@
 //! in the spool; [`spawn_retention`] evicts the oldest of them once a second, those captured
 //! longer ago than `retain-age` (on the rig's clock, as their capture times) and those beyond
 //! `retain-bytes`, each counted (`rigd_retention_evicted_total{source}`) and logged, but never a
-//! frame a pending recall request still wants (captured at or after its `from`). The spool's own
-//! limits (`max-bytes`, `when-full`) still apply on top.
+//! frame a pending recall request still wants (captured at or after its `from`). A video
+//! source's groups of pictures go whole ([`Spool::evict`](crate::spool::Spool::evict)): an
+//! eviction ending inside a group takes the rest of it, one stopped by a wanted frame keeps that
+//! frame's whole group from its keyframe. The spool's own limits (`max-bytes`, `when-full`) still
+//! apply on top.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

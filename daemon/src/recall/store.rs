@@ -11,6 +11,12 @@
 //!   again gets it again), `fin#{n}` their order.
 //!
 //! A request's end (its final answer, the sent sets, leaving the queue) is one sled batch.
+//!
+//! A request's producer names carry its generation (issue 46.5): an id asked again after its
+//! final answer left the last [`KEEP_FINISHED`] is a new request under new names, so neither the
+//! broker's deduplication state of the old names (which would drop the new request's frames as
+//! duplicates: skipped) nor their marks (a forward read finding the old request's frames) say
+//! anything of it.
 
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -29,6 +35,23 @@ pub struct Pending {
     pub upload: Upload,
     /// Frames sent with a receipt, by this request.
     pub sent: Counts,
+    /// Set at acceptance (the rig's clock, ns, made unique in the store), part of the request's
+    /// producer names ([`Pending::producer_name`]); None: accepted by a rigd before generations,
+    /// whose names it keeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+}
+
+impl Pending {
+    /// The producer name this request sends `source`'s frames under:
+    /// `rigd-{rig}-{source}-recall-{id}-g{generation, hex}` (without generation, as before).
+    pub fn producer_name(&self, rig: &str, source: &str) -> String {
+        let name = crate::wire::recall_producer_name(rig, source, &self.upload.id);
+        match self.generation {
+            Some(g) => format!("{name}-g{g:x}"),
+            None => name,
+        }
+    }
 }
 
 pub struct Store {
@@ -48,7 +71,12 @@ impl Store {
         })
     }
 
-    fn err(&self) -> impl Fn(sled::Error) -> SpoolError + '_ {
+    /// Recall's tree, for what campaigns keep beside its records (crate::campaign::store).
+    pub(crate) fn tree(&self) -> &sled::Tree {
+        &self.tree
+    }
+
+    pub(crate) fn err(&self) -> impl Fn(sled::Error) -> SpoolError + '_ {
         |source| SpoolError::Index {
             path: self.spool.path().to_path_buf(),
             source,
@@ -67,7 +95,7 @@ impl Store {
             .map_or(0, |b| read(&b)))
     }
 
-    fn flush(&self) -> Result<(), SpoolError> {
+    pub(crate) fn flush(&self) -> Result<(), SpoolError> {
         self.spool.flush_index()
     }
 
@@ -89,11 +117,26 @@ impl Store {
 
     /// Records a newly accepted upload, durably (before its message is acknowledged).
     pub fn add(&self, upload: Upload) -> Result<Pending, SpoolError> {
+        self.add_at(upload, rigd_drivers::realtime_ns().max(0) as u64)
+    }
+
+    /// [`Store::add`] with the rig's clock `now_ns`: the generation is above every one this
+    /// store gave before, whatever the clock did.
+    fn add_at(&self, upload: Upload, now_ns: u64) -> Result<Pending, SpoolError> {
         let arrival = self.next("next")?;
+        let read = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+        let generation = self
+            .tree
+            .update_and_fetch("generation", |v| {
+                Some(now_ns.max(v.map_or(0, read) + 1).to_le_bytes().to_vec())
+            })
+            .map_err(self.err())?
+            .map_or(now_ns, |b| read(&b));
         let p = Pending {
             arrival,
             upload,
             sent: Counts::default(),
+            generation: Some(generation),
         };
         self.put(&p)?;
         self.flush()?;
@@ -182,10 +225,19 @@ impl Store {
     }
 }
 
+/// A spool in `dir` for unit tests (no free-space reserve): recall's and campaigns' stores.
+#[cfg(test)]
+pub(crate) fn spool_config(dir: &std::path::Path) -> crate::config::SpoolConfig {
+    crate::config::SpoolConfig {
+        path: dir.join("spool"),
+        free_reserve: crate::config::ByteSize(0),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{ByteSize, SpoolConfig};
     use crate::recall::protocol::State;
 
     fn upload(id: &str) -> Upload {
@@ -201,11 +253,7 @@ mod tests {
     #[test]
     fn requests_checkpoints_and_ends_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = SpoolConfig {
-            path: dir.path().join("spool"),
-            free_reserve: ByteSize(0),
-            ..Default::default()
-        };
+        let cfg = spool_config(dir.path());
         let spool = Spool::open(&cfg).unwrap();
         let store = Store::open(spool.clone()).unwrap();
         let mut a = store.add(upload("a")).unwrap();
@@ -249,5 +297,54 @@ mod tests {
         }
         assert_eq!(store.finished("a").unwrap(), None);
         assert!(store.finished("x0").unwrap().is_some());
+    }
+
+    #[test]
+    fn an_id_asked_again_after_its_answer_was_forgotten_sends_under_new_names() {
+        // Issue 46.5: "a" finished and left the last KEEP_FINISHED answers; asked again, it is a
+        // new request. Under the old name the broker's deduplication state (the old request's
+        // highest id) would drop its frames as duplicates, and a forward read from the old
+        // name's mark would take the old frames for its own: the name must differ.
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = spool_config(dir.path());
+        let spool = Spool::open(&cfg).unwrap();
+        let store = Store::open(spool.clone()).unwrap();
+        let first = store.add_at(upload("a"), 5_000).unwrap();
+        store
+            .finish(
+                Some(first.arrival),
+                &Answer::new("a", "van", State::Done, 5),
+                &[],
+            )
+            .unwrap();
+        for i in 0..KEEP_FINISHED {
+            let a = Answer::new(&format!("x{i}"), "van", State::Done, 5);
+            store.finish(None, &a, &[]).unwrap();
+        }
+        assert_eq!(store.finished("a").unwrap(), None, "forgotten");
+        // The same id, even with the rig clock stepped back below the first acceptance.
+        let again = store.add_at(upload("a"), 4_000).unwrap();
+        assert_eq!(first.generation, Some(5_000));
+        assert_eq!(again.generation, Some(5_001));
+        assert_ne!(
+            first.producer_name("van", "cam"),
+            again.producer_name("van", "cam")
+        );
+        assert_eq!(
+            again.producer_name("van", "cam"),
+            "rigd-van-cam-recall-a-g1389"
+        );
+        // A request accepted by a rigd before generations resumes under its old name.
+        let old: Pending = serde_json::from_str(
+            r#"{"arrival":1,"upload":{"id":"a","sources":["cam"],"from":1,"to":2,"force":false},"sent":{"frames":0,"bytes":0}}"#,
+        )
+        .unwrap();
+        assert_eq!(old.producer_name("van", "cam"), "rigd-van-cam-recall-a");
+        // It survives a reopen.
+        drop(store);
+        spool.close().unwrap();
+        drop(spool);
+        let store = Store::open(Spool::open(&cfg).unwrap()).unwrap();
+        assert_eq!(store.pending().unwrap()[0].generation, Some(5_001));
     }
 }

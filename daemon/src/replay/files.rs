@@ -2,14 +2,21 @@
 //!
 //! Layout under DIR:
 //! - `{source}/{capture_ns}-{seq}.jpg`: one JPEG per camera frame, the bytes as captured.
+//! - `{source}.h264`: an H.264 camera's access units in order, one Annex B elementary stream
+//!   (`ffplay`/`ffmpeg -f h264` read it), from its first keyframe (the P-frames before it need a
+//!   keyframe the export does not hold: skipped and counted); and `{source}.timestamps.ndjson`,
+//!   one line per access unit: `capture_ns`, `seq`, `bucket`, `keyframe`.
 //! - `{source}.wav`: one 16-bit PCM WAV per audio source, blocks placed by capture time; gaps
 //!   longer than [`GAP_TOLERANCE_NS`] are filled with silence and listed, with overlaps, in
 //!   `{source}.gaps.json`.
 //! - `{source}.ndjson`: one line per serial record: `capture_ns`, `seq`, `bucket`, `clock`,
 //!   `record` and its `encoding` (`text`, or `base64` for binary records).
+//! - `{source}.log`: a CAN source's frames in can-utils' log format, `(1700000000.123456) SOURCE
+//!   123#DEADBEEF` ([`crate::can::candump`]), the source id as the interface name, so that
+//!   `canplayer -I {source}.log can0={source}` replays the drive onto `can0`.
 
 use base64::Engine;
-use rigd_drivers::{Frame, Media};
+use rigd_drivers::{Codec, Frame, Media};
 use serde::Serialize;
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -94,6 +101,79 @@ pub fn export(
     Ok(tally.finish(dir.display().to_string(), interrupted))
 }
 
+/// An H.264 camera's stream and its timestamps.
+struct VideoOut {
+    path: PathBuf,
+    out: BufWriter<File>,
+    times_path: PathBuf,
+    times: BufWriter<File>,
+    /// A keyframe was written: the frames after it decode.
+    started: bool,
+}
+
+/// One line of `{source}.timestamps.ndjson`.
+#[derive(Serialize)]
+struct AccessUnitLine {
+    capture_ns: i64,
+    seq: u64,
+    bucket: i64,
+    keyframe: bool,
+}
+
+impl VideoOut {
+    fn create(dir: &Path, source: &str) -> Result<Self, ReplayError> {
+        let path = dir.join(format!("{source}.h264"));
+        let times_path = dir.join(format!("{source}.timestamps.ndjson"));
+        let out = File::create(&path).map_err(ReplayError::output(&path, "create"))?;
+        let times =
+            File::create(&times_path).map_err(ReplayError::output(&times_path, "create"))?;
+        Ok(VideoOut {
+            path,
+            out: BufWriter::with_capacity(1 << 20, out),
+            times_path,
+            times: BufWriter::new(times),
+            started: false,
+        })
+    }
+
+    fn write(
+        &mut self,
+        f: &Frame,
+        keyframe: bool,
+        bucket_ms: u32,
+    ) -> Result<Option<String>, ReplayError> {
+        self.started |= keyframe;
+        if !self.started {
+            return Ok(Some(
+                "an H.264 frame before the export's first keyframe (it cannot be decoded)".into(),
+            ));
+        }
+        self.out
+            .write_all(&f.payload)
+            .map_err(ReplayError::output(&self.path, "write"))?;
+        let line = AccessUnitLine {
+            capture_ns: f.capture_ns,
+            seq: f.seq,
+            bucket: Bucket::of(f.capture_ns, bucket_ms).0,
+            keyframe,
+        };
+        serde_json::to_writer(&mut self.times, &line)
+            .map_err(std::io::Error::from)
+            .and_then(|_| self.times.write_all(b"\n"))
+            .map_err(ReplayError::output(&self.times_path, "write"))?;
+        Ok(None)
+    }
+
+    fn finish(mut self) -> Result<(), ReplayError> {
+        self.out
+            .flush()
+            .map_err(ReplayError::output(&self.path, "write"))?;
+        self.times
+            .flush()
+            .map_err(ReplayError::output(&self.times_path, "write"))
+    }
+}
+
 /// Refuses an output that is not a directory, and a non-empty one without `force`: a second
 /// export into the same directory would leave the first one's files beside its own, and nothing
 /// would tell which frames belong to which.
@@ -129,15 +209,30 @@ fn check_output(dir: &Path, force: bool) -> Result<(), ReplayError> {
 
 /// Where one source's frames go.
 enum Sink {
-    Camera { dir: PathBuf },
+    Camera {
+        dir: PathBuf,
+    },
+    Video(Box<VideoOut>),
     Audio(Box<AudioOut>),
-    Serial { path: PathBuf, out: BufWriter<File> },
+    Serial {
+        path: PathBuf,
+        out: BufWriter<File>,
+    },
+    Can {
+        path: PathBuf,
+        out: BufWriter<File>,
+        /// The record's lines, written at once.
+        line: String,
+    },
 }
 
 impl Sink {
     fn open(dir: &Path, first: &Frame) -> Result<Self, ReplayError> {
         let source = &*first.source;
         Ok(match first.media {
+            Media::Camera {
+                codec: Codec::H264, ..
+            } => Sink::Video(Box::new(VideoOut::create(dir, source)?)),
             Media::Camera { .. } => {
                 let dir = dir.join(source);
                 std::fs::create_dir_all(&dir)
@@ -154,6 +249,15 @@ impl Sink {
                 sample_rate,
                 channels,
             )?)),
+            Media::Can { .. } => {
+                let path = dir.join(format!("{source}.log"));
+                let file = File::create(&path).map_err(ReplayError::output(&path, "create"))?;
+                Sink::Can {
+                    path,
+                    out: BufWriter::with_capacity(1 << 20, file),
+                    line: String::new(),
+                }
+            }
             Media::Serial { .. } => {
                 let path = dir.join(format!("{source}.ndjson"));
                 let file = File::create(&path).map_err(ReplayError::output(&path, "create"))?;
@@ -168,12 +272,38 @@ impl Sink {
     /// Writes a frame; `Ok(Some(why))` when it does not fit this sink and was skipped.
     fn write(&mut self, f: &Frame, bucket_ms: u32) -> Result<Option<String>, ReplayError> {
         match (self, &f.media) {
-            (Sink::Camera { dir }, Media::Camera { .. }) => {
+            (
+                Sink::Video(v),
+                Media::Camera {
+                    codec: Codec::H264,
+                    keyframe,
+                    ..
+                },
+            ) => v.write(f, *keyframe, bucket_ms),
+            (
+                Sink::Camera { dir },
+                Media::Camera {
+                    codec: Codec::Jpeg, ..
+                },
+            ) => {
                 let path = dir.join(format!("{}-{}.jpg", f.capture_ns, f.seq));
                 std::fs::write(&path, &f.payload).map_err(ReplayError::output(&path, "write"))?;
                 Ok(None)
             }
             (Sink::Audio(a), Media::Audio { .. }) => a.write(f),
+            (Sink::Can { path, out, line }, Media::Can { .. }) => {
+                let frames = match rigd_drivers::can_record::decode(&f.payload) {
+                    Ok(frames) => frames,
+                    Err(e) => return Ok(Some(e.to_string())),
+                };
+                line.clear();
+                for frame in &frames {
+                    crate::can::candump::write_line(frame, &f.source, line);
+                }
+                out.write_all(line.as_bytes())
+                    .map_err(ReplayError::output(&*path, "write"))?;
+                Ok(None)
+            }
             (Sink::Serial { path, out }, Media::Serial { text }) => {
                 let line = serial_line(f, *text, bucket_ms);
                 serde_json::to_writer(&mut *out, &line)
@@ -192,8 +322,9 @@ impl Sink {
     fn finish(self) -> Result<(), ReplayError> {
         match self {
             Sink::Camera { .. } => Ok(()),
+            Sink::Video(v) => v.finish(),
             Sink::Audio(a) => a.finish(),
-            Sink::Serial { path, mut out } => {
+            Sink::Serial { path, mut out } | Sink::Can { path, mut out, .. } => {
                 out.flush().map_err(ReplayError::output(path, "write"))
             }
         }

@@ -8,6 +8,9 @@
 //!   `base64:...`); on a source whose records are NMEA sentences also `foxglove.LocationFix` on
 //!   `/{source}/fix`, one per GGA/RMC epoch ([`crate::nmea`]). A sentence that does not parse stays
 //!   a Log line (level WARNING) and is counted.
+//! - CAN: one `rigd.CanFrame` per frame of each record, stamped with the frame's own time; with
+//!   a DBC (`--dbc`) also `/{source}/{Message}` per DBC message seen, its signals as numbers
+//!   ([`crate::foxglove::can`]).
 //!
 //! Encodings: `protobuf` (default; each schema's data is a `FileDescriptorSet`, [`crate::foxglove`])
 //! or `json` (Foxglove's JSON schemas, [`json`]; no `/fix` channels). Chunks are compressed with
@@ -100,6 +103,18 @@ pub struct Options {
     /// The rig id (empty when neither the spool nor `--rig` says it: no `foxglove` record).
     pub rig: String,
     pub bucket_ms: u32,
+    /// DBC files for CAN sources: `(Some(source), dbc)` for one source, `(None, dbc)` for every
+    /// other CAN source.
+    pub dbc: Vec<(Option<String>, std::sync::Arc<crate::can::Dbc>)>,
+}
+
+impl Options {
+    /// The DBC of a CAN source: its own, else the one for every source.
+    pub fn dbc_for(&self, source: &str) -> Option<&crate::can::Dbc> {
+        let own = self.dbc.iter().find(|(s, _)| s.as_deref() == Some(source));
+        own.or_else(|| self.dbc.iter().find(|(s, _)| s.is_none()))
+            .map(|(_, d)| &**d)
+    }
 }
 
 /// A chunk closes once a message is [`CHUNK_NS`] later than the chunk's first, or, for a second of
@@ -126,6 +141,9 @@ pub struct McapReport {
     pub nmea_unparsed: u64,
     /// Technician markers written as `rigd.event` metadata.
     pub markers: u64,
+    /// CAN frames written (`rigd.CanFrame`), and of those, the ones decoded with a DBC.
+    pub can_frames: u64,
+    pub can_decoded: u64,
 }
 
 fn channel_metadata(f: &Frame, bucket_ms: u32) -> BTreeMap<String, String> {
@@ -172,6 +190,9 @@ struct SourceOut {
     fix_channel: Option<u16>,
     fixes: FixBuilder,
     clock: ClockRuns,
+    /// CAN: the channel of each DBC message seen, by its index in the DBC; frames written.
+    can_channels: BTreeMap<usize, u16>,
+    can_seq: u32,
 }
 
 /// The MCAP writer and the channels and schemas it has so far.
@@ -297,6 +318,98 @@ impl Out<'_> {
         self.message(channel, fix.seq, fix.capture_ns, buf)?;
         self.report.location_fixes += 1;
         Ok(())
+    }
+}
+
+impl Out<'_> {
+    /// A schema whose name and data are made at run time (a DBC message's signals).
+    fn dynamic_schema(&mut self, name: &str, data: &[u8]) -> Result<u16, ReplayError> {
+        let encoding = match self.encoding {
+            Encoding::Protobuf => "protobuf",
+            Encoding::Json => "jsonschema",
+        };
+        let err = self.err();
+        self.writer.add_schema(name, encoding, data).map_err(err)
+    }
+
+    /// A CAN record: each frame on the source's channel, and with a DBC each frame it knows on
+    /// its message's channel; `Some(why)` for a record that does not read.
+    fn can(
+        &mut self,
+        src: &mut SourceOut,
+        channel: u16,
+        frame: &Frame,
+        dbc: Option<&crate::can::Dbc>,
+        bin: &mut Vec<u8>,
+        text: &mut String,
+    ) -> Result<Option<String>, ReplayError> {
+        use crate::foxglove::can as m;
+        let frames = match rigd_drivers::can_record::decode(&frame.payload) {
+            Ok(f) => f,
+            Err(e) => return Ok(Some(e.to_string())),
+        };
+        for f in &frames {
+            let seq = src.can_seq;
+            src.can_seq = src.can_seq.wrapping_add(1);
+            match self.encoding {
+                Encoding::Protobuf => {
+                    m::can_frame(f, &frame.source, bin);
+                    self.message(channel, seq as u64, f.ts_ns, bin)?;
+                }
+                Encoding::Json => {
+                    m::can_frame_json(f, &frame.source, text);
+                    self.message(channel, seq as u64, f.ts_ns, text.as_bytes())?;
+                }
+            }
+            self.report.can_frames += 1;
+            let Some(dbc) = dbc else { continue };
+            let Some((index, message)) = dbc.message_index(f.id) else {
+                continue;
+            };
+            let Some(decoded) = dbc.decode(f.id, &f.data) else {
+                continue;
+            };
+            let ch = match src.can_channels.get(&index) {
+                Some(c) => *c,
+                None => {
+                    let name = m::signals_schema_name(message);
+                    let schema = match self.encoding {
+                        Encoding::Protobuf => {
+                            self.dynamic_schema(&name, &m::signals_descriptor_set(message))?
+                        }
+                        Encoding::Json => {
+                            self.dynamic_schema(&name, m::signals_json_schema(message).as_bytes())?
+                        }
+                    };
+                    let mut meta = BTreeMap::new();
+                    meta.insert("source".into(), frame.source.to_string());
+                    meta.insert("modality".into(), "can".into());
+                    meta.insert("derived-from".into(), "DBC".into());
+                    meta.insert("can-id".into(), format!("{:#x}", message.can_id));
+                    let encoding = self.encoding.as_str();
+                    let topic = format!("/{}/{}", frame.source, message.name);
+                    let err = self.err();
+                    let id = self
+                        .writer
+                        .add_channel(schema, &topic, encoding, &meta)
+                        .map_err(err)?;
+                    src.can_channels.insert(index, id);
+                    id
+                }
+            };
+            match self.encoding {
+                Encoding::Protobuf => {
+                    m::signals_protobuf(message, &decoded, f.ts_ns, bin);
+                    self.message(ch, seq as u64, f.ts_ns, bin)?;
+                }
+                Encoding::Json => {
+                    m::signals_json(&decoded, f.ts_ns, text);
+                    self.message(ch, seq as u64, f.ts_ns, text.as_bytes())?;
+                }
+            }
+            self.report.can_decoded += 1;
+        }
+        Ok(None)
     }
 }
 
@@ -479,6 +592,14 @@ fn write(
                 continue;
             }
             src.clock.push(frame.capture_ns, frame.clock);
+            if let Media::Can { .. } = frame.media {
+                let dbc = opts.dbc_for(&p.source);
+                match out.can(src, channel, &frame, dbc, &mut bin, &mut text)? {
+                    None => tally.done(i, &e),
+                    Some(why) => tally.skipped(format!("{}/{}: {why}", p.source, e.seq)),
+                }
+                continue;
+            }
             if *p.source == *crate::events::EVENTS_SOURCE {
                 out.metadata("rigd.event", marker(&frame))?;
                 out.report.markers += 1;

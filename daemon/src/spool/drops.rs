@@ -37,6 +37,9 @@ pub enum Loss {
     /// The final commit failed: the frame was still in the write buffer and never reached the
     /// disk.
     Unwritten,
+    /// A delta (an H.264 P-frame) whose group lost a frame before it: no consumer could decode
+    /// it, so the lane skipped it up to the next keyframe (issue 48.4).
+    GroupBroken,
 }
 
 /// Why a record already stored left the index unsent ([`super::counts::Gone::Dropped`]).
@@ -85,6 +88,10 @@ impl Loss {
             Loss::Cleared => "spool: records cleared by a technician (clear action)".into(),
             Loss::Unwritten => {
                 "spool: the final commit failed; frames still in the write buffer never reached the disk"
+                    .into()
+            }
+            Loss::GroupBroken => {
+                "video: a frame of the group was lost, its later frames skipped up to the next keyframe (they would not decode)"
                     .into()
             }
         }

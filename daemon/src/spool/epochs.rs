@@ -20,6 +20,14 @@
 //! `uplink::topic::Routes`), same write discipline. Source ids are `[a-z0-9-]+`, so the name
 //! never meets a source's epochs file.
 //!
+//! Beside them, `epochs/marks/` ([`read_mark`], [`write_mark`], issue 46.5): per producer name and
+//! topic, where that name's frames can be found on the topic again: the message id of the entry of
+//! its last receipt (or of the topic's last entry before the name's first frame), one line
+//! `{topic} {producer} {ledger} {entry} {sequence id}` (`earliest` for an empty topic's start,
+//! `-` for no sequence id), same write discipline, written at most every second while receipts
+//! come and at a producer's end (`uplink::probe::Receipts`). A mark is a lower bound: the probe
+//! reads forward from it, so a mark older than the last receipt costs reading, never a frame.
+//!
 //! Invariant: a split is durable before any frame is sent under its new name ([`Epochs::add`]
 //! returns only then), and its start is above every sequence already captured, so no frame of
 //! the new epoch was ever sent under an earlier epoch's name. Every write goes through the
@@ -167,6 +175,106 @@ pub fn add_partitions(dir: &Path, source: &str, change: RouteChange) -> Result<(
     }
 }
 
+/// Where a producer name's frames can be found on a topic again (module doc, issue 46.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    /// The entry (ledger, entry) to read forward from; None: the topic's first entry.
+    pub at: Option<(u64, u64)>,
+    /// The highest sequence id of the name that entry holds (a receipt's); None: a start mark,
+    /// the topic's last entry before the name's first frame.
+    pub sequence_id: Option<u64>,
+}
+
+/// The mark file of `producer` on `topic` (a topic name holds `:` and `/`: made a file name).
+fn mark_path(dir: &Path, topic: &str, producer: &str) -> PathBuf {
+    let clean: String = topic
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '.' | '_' => c,
+            _ => '_',
+        })
+        .collect();
+    dir.join("epochs")
+        .join("marks")
+        .join(format!("{producer}@{clean}"))
+}
+
+/// `producer`'s mark on `topic` as the spool directory `dir` holds it; None when there is none. A
+/// file that names another topic or producer (two names made the same file name) is none.
+pub fn read_mark(dir: &Path, topic: &str, producer: &str) -> Result<Option<Mark>, SpoolError> {
+    let path = mark_path(dir, topic, producer);
+    let Some(text) = read_text(&Os, &path, "read mark")? else {
+        return Ok(None);
+    };
+    let bad = |what: &str| SpoolError::Io {
+        path: path.clone(),
+        op: "read mark",
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string()),
+    };
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let (t, p, rest) = match f[..] {
+        [t, p, "earliest", s] => (t, p, (None, s)),
+        [t, p, l, e, s] => {
+            let n = |x: &str| x.parse::<u64>().map_err(|_| bad("not a number"));
+            (t, p, (Some((n(l)?, n(e)?)), s))
+        }
+        _ => return Err(bad("not a mark")),
+    };
+    if t != topic || p != producer {
+        return Ok(None);
+    }
+    let sequence_id = match rest.1 {
+        "-" => None,
+        s => Some(s.parse().map_err(|_| bad("not a number"))?),
+    };
+    Ok(Some(Mark {
+        at: rest.0,
+        sequence_id,
+    }))
+}
+
+/// Records `producer`'s mark on `topic`: on disk when it returns (written whole, fsynced, renamed).
+pub fn write_mark(dir: &Path, topic: &str, producer: &str, mark: Mark) -> Result<(), SpoolError> {
+    let path = mark_path(dir, topic, producer);
+    let parent = path.parent().expect("in epochs/marks").to_path_buf();
+    let name = path
+        .file_name()
+        .expect("a file")
+        .to_string_lossy()
+        .to_string();
+    let io = |op: &'static str| {
+        let path = path.clone();
+        move |source| SpoolError::Io { path, op, source }
+    };
+    let at = match mark.at {
+        Some((l, e)) => format!("{l} {e}"),
+        None => "earliest".into(),
+    };
+    let seq = mark.sequence_id.map_or("-".into(), |s| s.to_string());
+    let text = format!("{topic} {producer} {at} {seq}\n");
+    Os.create_dir(&parent)
+        .map_err(io("create marks directory"))?;
+    match replace_file_on(&Os, &parent, &name, text.as_bytes()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.renamed => Ok(()),
+        Err(e) => Err(io(e.op)(e.source)),
+    }
+}
+
+/// Removes `producer`'s marks on every topic (a finished recall request's names: never used
+/// again). Best effort: a mark left behind costs a few bytes.
+pub fn remove_marks(dir: &Path, producer: &str) {
+    let Ok(list) = std::fs::read_dir(dir.join("epochs").join("marks")) else {
+        return;
+    };
+    for e in list.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.split_once('@').is_some_and(|(p, _)| p == producer) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// The epoch lists of a spool (`epochs/` under `root`).
 pub(super) struct Epochs {
     root: PathBuf,
@@ -252,6 +360,48 @@ mod tests {
         assert_eq!(read_partitions(d, "cam").unwrap(), []);
         std::fs::write(d.join("epochs/gps.partitions"), "0 0\n").unwrap();
         assert!(read_partitions(d, "gps").is_err(), "never a guess");
+    }
+
+    #[test]
+    fn marks_survive_and_name_their_topic_and_producer() {
+        use super::{read_mark, remove_marks, write_mark, Mark};
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let t = "persistent://public/default/cam-partition-1";
+        assert_eq!(read_mark(d, t, "rigd-van-cam").unwrap(), None);
+        let start = Mark {
+            at: None,
+            sequence_id: None,
+        };
+        write_mark(d, t, "rigd-van-cam", start).unwrap();
+        assert_eq!(read_mark(d, t, "rigd-van-cam").unwrap(), Some(start));
+        let m = Mark {
+            at: Some((12, 345)),
+            sequence_id: Some(7 << 11),
+        };
+        write_mark(d, t, "rigd-van-cam", m).unwrap();
+        write_mark(d, t, "rigd-van-cam-recall-r1", m).unwrap();
+        assert_eq!(read_mark(d, t, "rigd-van-cam").unwrap(), Some(m));
+        // Another topic that makes the same file name is not this one's.
+        assert_eq!(
+            read_mark(
+                d,
+                "persistent://public/default/cam_partition-1",
+                "rigd-van-cam"
+            )
+            .unwrap(),
+            None
+        );
+        remove_marks(d, "rigd-van-cam-recall-r1");
+        assert_eq!(read_mark(d, t, "rigd-van-cam-recall-r1").unwrap(), None);
+        assert_eq!(read_mark(d, t, "rigd-van-cam").unwrap(), Some(m));
+        let f = std::fs::read_dir(d.join("epochs/marks"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        std::fs::write(f.path(), "x y 1\n").unwrap();
+        assert!(read_mark(d, t, "rigd-van-cam").is_err(), "never a guess");
     }
 
     #[test]

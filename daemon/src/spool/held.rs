@@ -13,6 +13,8 @@ pub struct Entry {
     pub seq: u64,
     pub capture_ns: i64,
     pub len: u32,
+    /// A frame that decodes only after the earlier ones of its group (an H.264 P-frame).
+    pub delta: bool,
 }
 
 /// `meta` key of a source's lost-through capture time.
@@ -35,6 +37,7 @@ impl Spool {
                 seq,
                 capture_ns: loc.capture_ns,
                 len: loc.len,
+                delta: loc.delta,
             })
             .collect())
     }

@@ -75,6 +75,7 @@ mod disk;
 mod drops;
 pub mod epochs;
 pub mod floor;
+mod gop;
 mod held;
 pub mod identity;
 mod index;
@@ -729,9 +730,18 @@ impl Spool {
                 n += 1;
             }
         }
+        // A group of pictures whose start went with the segment goes whole: the deltas left at
+        // the head of its source would decode for nobody ([`gop`]).
+        let mut broken = 0;
+        for (source, t) in lost.iter_mut() {
+            let (k, last) = self.drop_broken_head(source, Gone::Dropped(Dropped::Oldest))?;
+            broken += k;
+            *t = (*t).max(last);
+        }
         for (source, t) in lost {
             self.note_lost(&source, t)?;
         }
+        n += broken;
         // The segment goes now, to make room: its removals are made durable first.
         self.index.apply_removals_now()?;
         let free_before = self.capacity.free_bytes();
@@ -756,9 +766,36 @@ impl Spool {
         tracing::warn!(
             segment = id,
             records = n,
+            rest_of_groups = broken,
             "spool full: dropped the oldest segment (when-full = drop-oldest)"
         );
         Ok(Room::Made(n))
+    }
+
+    /// After a drop of a source's oldest records: the deltas now at its head (the rest of a group
+    /// of pictures whose keyframe went) leave the index too, counted as `gone`. Reads only the
+    /// index. Returns how many and the latest capture time among them (`i64::MIN`: none).
+    fn drop_broken_head(&self, source: &Arc<str>, gone: Gone) -> Result<(u64, i64), SpoolError> {
+        let (mut n, mut last) = (0, i64::MIN);
+        loop {
+            let batch = self.entries_from(source, 0, 256)?;
+            let deltas: Vec<bool> = batch.values().map(|l| l.delta).collect();
+            let cut = gop::extend(&deltas, 0, true);
+            if cut == 0 {
+                break;
+            }
+            for (seq, loc) in batch.into_iter().take(cut) {
+                if self.index.unindex(source, seq)?.is_some() {
+                    self.count_out(source, seq, loc, gone);
+                    last = last.max(loc.capture_ns);
+                    n += 1;
+                }
+            }
+            if cut < deltas.len() {
+                break;
+            }
+        }
+        Ok((n, last))
     }
 
     /// A record that left the index is counted out ([`Counts::count_out`]) and, unless the
@@ -865,7 +902,10 @@ impl Spool {
     /// A source's retention: evicts its oldest records while they were captured before
     /// `captured_before` (ns) or the source holds more than `max_bytes`, but none from one
     /// captured at or after `keep_from` on (a recall still wants it); each is counted
-    /// (`evicted`). Reads only the index. Returns how many went.
+    /// (`evicted`). Groups of pictures go whole ([`gop`]): an eviction that ends inside a group
+    /// takes the rest of it; one stopped by a wanted frame stops at the start of that frame's group
+    /// (when its keyframe is in the same batch of 256 records, else at the frame). Reads only the
+    /// index. Returns how many went.
     pub fn evict(
         &self,
         source: &Arc<str>,
@@ -876,19 +916,32 @@ impl Spool {
         let stats = self.stats(source);
         let mut n = 0;
         let mut lost = i64::MIN;
-        'batches: loop {
+        loop {
             let batch = self.entries_from(source, 0, 256)?;
             if batch.is_empty() {
                 break;
             }
-            let mut any = false;
-            for (seq, loc) in batch {
+            // The plan first (the bytes as they will be), then the removals.
+            let mut bytes = stats.bytes.load(Ordering::Relaxed);
+            let mut stop = None;
+            for (i, loc) in batch.values().enumerate() {
                 let old = captured_before.is_some_and(|t| loc.capture_ns < t);
-                let over = max_bytes.is_some_and(|m| stats.bytes.load(Ordering::Relaxed) > m);
+                let over = max_bytes.is_some_and(|m| bytes > m);
                 let wanted = keep_from.is_some_and(|t| loc.capture_ns >= t);
                 if (!old && !over) || wanted {
-                    break 'batches;
+                    stop = Some((i, wanted));
+                    break;
                 }
+                bytes = bytes.saturating_sub(loc.len as u64);
+            }
+            let deltas: Vec<bool> = batch.values().map(|l| l.delta).collect();
+            let cut = match stop {
+                Some((i, true)) => gop::keep_whole(&deltas, i).unwrap_or(i),
+                Some((i, false)) => gop::extend(&deltas, i, n > 0 || i > 0),
+                None => deltas.len(),
+            };
+            let mut any = false;
+            for (seq, loc) in batch.into_iter().take(cut) {
                 if self.index.unindex(source, seq)?.is_some() {
                     self.count_out(source, seq, loc, Gone::Evicted);
                     lost = lost.max(loc.capture_ns);
@@ -896,7 +949,7 @@ impl Spool {
                     any = true;
                 }
             }
-            if !any {
+            if !any || cut < deltas.len() {
                 break;
             }
         }
@@ -905,6 +958,12 @@ impl Spool {
             self.update_oldest(source)?;
         }
         Ok(n)
+    }
+
+    /// A frame of `source` the lane skipped because its group of pictures lost a frame before
+    /// it: counted and logged as dropped ([`drops`]), never stored.
+    pub fn skipped(&self, source: &Arc<str>) {
+        self.counts.lost(source, Loss::GroupBroken);
     }
 
     /// Removes a record after its receipt. Missing records (dropped meanwhile) are fine: a

@@ -9,7 +9,14 @@
 //! Value layout (integers little-endian):
 //! ```text
 //! version u8 = 2 | count u32 | count x (seq u64 | segment u64 | offset u64 | len u32 | capture_ns i64)
+//! version u8 = 3 | count u32 | count x (seq u64 | segment u64 | offset u64 | len u32 | capture_ns i64 | flags u8)
 //! ```
+//! Version 3 (issue 48.4) adds a flags byte per entry; bit 0 is [`Location::delta`], a frame that
+//! decodes only after an earlier one (an H.264 P-frame), which drop-oldest and retention need to
+//! keep a group of pictures whole without reading records. A page is written as version 2 when no
+//! entry of it is a delta (every spool without video stays byte for byte what it was, and an
+//! older rigd reads it); a version 3 page is one an older rigd does not decode, so it rebuilds its
+//! index from the segments (the module doc of [`super`]), losing nothing. Both versions are read.
 //! A 28-byte value is the earlier format: one record's location, its seq being the key.
 //!
 //! One sled entry per page rather than per record: a group commit of thousands of small frames
@@ -23,6 +30,9 @@ pub(super) struct Location {
     pub(super) len: u32,
     /// Capture time of the frame, so the oldest age is known without reading the record.
     pub(super) capture_ns: i64,
+    /// The frame decodes only after an earlier one of its source (an H.264 P-frame): dropping
+    /// the frames before it leaves it useless ([`super::gop`]).
+    pub(super) delta: bool,
 }
 
 impl Location {
@@ -45,6 +55,7 @@ impl Location {
             offset: u64::from_le_bytes(b[8..16].try_into().ok()?),
             len: u32::from_le_bytes(b[16..20].try_into().ok()?),
             capture_ns: i64::from_le_bytes(b[20..].try_into().ok()?),
+            delta: false,
         })
     }
 }
@@ -53,16 +64,45 @@ impl Location {
 pub const PAGE_MAX: usize = 256;
 
 const VERSION: u8 = 2;
+/// Version 3: an entry is followed by its flags byte.
+const VERSION_FLAGS: u8 = 3;
 const HEADER: usize = 5;
 const ENTRY: usize = 36;
 const LEGACY: usize = 28;
+/// Flags bit: [`Location::delta`].
+const DELTA: u8 = 1;
+
+/// A page's entry size by its version byte; None for an unknown version.
+fn entry_size(version: u8) -> Option<usize> {
+    match version {
+        VERSION => Some(ENTRY),
+        VERSION_FLAGS => Some(ENTRY + 1),
+        _ => None,
+    }
+}
+
+/// One entry of a page's bytes (`e` is `entry_size` long).
+fn entry_at(e: &[u8]) -> (u64, Location) {
+    let u64_at = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().unwrap_or_default());
+    let loc = Location {
+        segment: u64_at(8),
+        offset: u64_at(16),
+        len: u32::from_le_bytes(e[24..28].try_into().unwrap_or_default()),
+        capture_ns: u64_at(28) as i64,
+        delta: e.get(ENTRY).is_some_and(|f| f & DELTA != 0),
+    };
+    (u64_at(0), loc)
+}
 
 /// One page: (seq, location), strictly increasing seq.
 pub type Page = Vec<(u64, Location)>;
 
 pub fn encode(page: &[(u64, Location)]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(HEADER + ENTRY * page.len());
-    b.push(VERSION);
+    let flags = page.iter().any(|(_, l)| l.delta);
+    let version = if flags { VERSION_FLAGS } else { VERSION };
+    let size = entry_size(version).unwrap_or(ENTRY);
+    let mut b = Vec::with_capacity(HEADER + size * page.len());
+    b.push(version);
     b.extend((page.len() as u32).to_le_bytes());
     for (seq, loc) in page {
         b.extend(seq.to_le_bytes());
@@ -70,6 +110,9 @@ pub fn encode(page: &[(u64, Location)]) -> Vec<u8> {
         b.extend(loc.offset.to_le_bytes());
         b.extend(loc.len.to_le_bytes());
         b.extend(loc.capture_ns.to_le_bytes());
+        if flags {
+            b.push(if loc.delta { DELTA } else { 0 });
+        }
     }
     b
 }
@@ -82,19 +125,21 @@ pub fn decode(key: u64, v: &[u8]) -> Option<Page> {
     let (&version, rest) = v.split_first()?;
     let count = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
     let body = &rest[4..];
-    if version != VERSION || body.len() != count.checked_mul(ENTRY)? {
+    let size = entry_size(version)?;
+    if body.len() != count.checked_mul(size)? {
+        return None;
+    }
+    // A version 3 page is written only when an entry is a delta, and a flags byte holds only
+    // the delta bit: anything else is not a page this code wrote.
+    if version == VERSION_FLAGS
+        && (body.chunks_exact(size).all(|e| e[ENTRY] == 0)
+            || body.chunks_exact(size).any(|e| e[ENTRY] & !DELTA != 0))
+    {
         return None;
     }
     let mut page = Vec::with_capacity(count);
-    for e in body.chunks_exact(ENTRY) {
-        let u64_at = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().unwrap_or_default());
-        let seq = u64_at(0);
-        let loc = Location {
-            segment: u64_at(8),
-            offset: u64_at(16),
-            len: u32::from_le_bytes(e[24..28].try_into().unwrap_or_default()),
-            capture_ns: u64_at(28) as i64,
-        };
+    for e in body.chunks_exact(size) {
+        let (seq, loc) = entry_at(e);
         if seq < key || page.last().is_some_and(|(prev, _)| *prev >= seq) {
             return None;
         }
@@ -108,10 +153,11 @@ pub fn last_seq(key: u64, v: &[u8]) -> Option<u64> {
     if v.len() == LEGACY {
         return Some(key);
     }
-    if v.len() < HEADER + ENTRY || v[0] != VERSION || (v.len() - HEADER) % ENTRY != 0 {
+    let size = entry_size(*v.first()?)?;
+    if v.len() < HEADER + size || (v.len() - HEADER) % size != 0 {
         return None;
     }
-    let at = v.len() - ENTRY;
+    let at = v.len() - size;
     Some(u64::from_le_bytes(v[at..at + 8].try_into().ok()?))
 }
 
@@ -120,18 +166,14 @@ pub fn find(key: u64, v: &[u8], seq: u64) -> Option<Location> {
     if v.len() == LEGACY {
         return (seq == key).then(|| Location::decode(v)).flatten();
     }
-    if v.len() < HEADER || v[0] != VERSION || (v.len() - HEADER) % ENTRY != 0 {
+    let size = entry_size(*v.first()?)?;
+    if v.len() < HEADER || (v.len() - HEADER) % size != 0 {
         return None;
     }
     let body = &v[HEADER..];
-    let n = body.len() / ENTRY;
-    let seq_at = |i: usize| {
-        u64::from_le_bytes(
-            body[i * ENTRY..i * ENTRY + 8]
-                .try_into()
-                .unwrap_or_default(),
-        )
-    };
+    let n = body.len() / size;
+    let seq_at =
+        |i: usize| u64::from_le_bytes(body[i * size..i * size + 8].try_into().unwrap_or_default());
     let (mut lo, mut hi) = (0, n);
     while lo < hi {
         let mid = (lo + hi) / 2;
@@ -139,15 +181,7 @@ pub fn find(key: u64, v: &[u8], seq: u64) -> Option<Location> {
             std::cmp::Ordering::Less => lo = mid + 1,
             std::cmp::Ordering::Greater => hi = mid,
             std::cmp::Ordering::Equal => {
-                let e = &body[mid * ENTRY..(mid + 1) * ENTRY];
-                let u64_at =
-                    |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().unwrap_or_default());
-                return Some(Location {
-                    segment: u64_at(8),
-                    offset: u64_at(16),
-                    len: u32::from_le_bytes(e[24..28].try_into().unwrap_or_default()),
-                    capture_ns: u64_at(28) as i64,
-                });
+                return Some(entry_at(&body[mid * size..(mid + 1) * size]).1);
             }
         }
     }
@@ -159,7 +193,8 @@ pub fn count(v: &[u8]) -> usize {
     if v.len() == LEGACY {
         1
     } else {
-        v.len().saturating_sub(HEADER) / ENTRY
+        let size = v.first().and_then(|&b| entry_size(b)).unwrap_or(ENTRY);
+        v.len().saturating_sub(HEADER) / size
     }
 }
 
@@ -209,7 +244,42 @@ mod tests {
             offset: i * 4096,
             len: 4096 + i as u32,
             capture_ns: -(i as i64),
+            delta: false,
         }
+    }
+
+    #[test]
+    fn a_page_with_deltas_is_version_3_and_without_stays_version_2() {
+        let plain: Page = (0..20).map(|s| (s, loc(s))).collect();
+        assert_eq!(
+            encode(&plain)[0],
+            2,
+            "no video: the format an older rigd reads"
+        );
+        let video: Page = (0..20)
+            .map(|s| {
+                (
+                    s,
+                    Location {
+                        delta: s % 5 != 0,
+                        ..loc(s)
+                    },
+                )
+            })
+            .collect();
+        let v = encode(&video);
+        assert_eq!(v[0], 3);
+        assert_eq!(decode(0, &v), Some(video.clone()));
+        assert_eq!(last_seq(0, &v), Some(19));
+        assert_eq!(count(&v), 20);
+        for (seq, l) in &video {
+            assert_eq!(find(0, &v, *seq), Some(*l));
+        }
+        // A version 2 page read by this code: nothing is a delta.
+        assert!(decode(0, &encode(&plain))
+            .unwrap()
+            .iter()
+            .all(|(_, l)| !l.delta));
     }
 
     #[test]

@@ -4,16 +4,19 @@
 //! ```text
 //! magic "RGR1" | len u32 (bytes after the crc) | crc32c u32 (over those bytes) |
 //! seq u64 | source_len u8 | source | capture_ns i64 | clock u8 | media tag u8 |
-//! media fields (camera: width u32, height u32; audio: rate u32, channels u16, frames u32;
-//! serial: text u8) | payload
+//! media fields (JPEG camera: width u32, height u32; audio: rate u32, channels u16, frames u32;
+//! serial: text u8; H.264 camera: width u32, height u32, keyframe u8; CAN: frames u32) | payload
 //! ```
+//! Media tags: 1 JPEG camera, 2 audio, 3 serial, 4 H.264 camera, 5 CAN (a new kind of media is a
+//! new tag: records of the older tags read as before, and an older rigd names a newer tag an
+//! unknown media kind instead of misreading it).
 //! The media tag's high bit marks a sealed payload (encrypted for the fleet key, see
 //! [`crate::seal`]): the record's fields stay readable, its payload does not.
 //! A record names its source and sequence, so segments are self-describing: the index can be
 //! rebuilt from them alone.
 
 use bytes::Bytes;
-use rigd_drivers::{ClockState, Frame, Media};
+use rigd_drivers::{ClockState, Codec, Frame, Media};
 
 use crate::payload::Held;
 
@@ -61,10 +64,26 @@ pub fn header(frame: &Held) -> Vec<u8> {
     out.push(frame.clock.as_u8());
     let sealed = if frame.sealed { SEALED } else { 0 };
     match &frame.media {
-        Media::Camera { width, height } => {
+        Media::Camera {
+            width,
+            height,
+            codec: Codec::Jpeg,
+            ..
+        } => {
             out.push(1 | sealed);
             out.extend_from_slice(&width.to_le_bytes());
             out.extend_from_slice(&height.to_le_bytes());
+        }
+        Media::Camera {
+            width,
+            height,
+            codec: Codec::H264,
+            keyframe,
+        } => {
+            out.push(4 | sealed);
+            out.extend_from_slice(&width.to_le_bytes());
+            out.extend_from_slice(&height.to_le_bytes());
+            out.push(u8::from(*keyframe));
         }
         Media::Audio {
             sample_rate,
@@ -79,6 +98,10 @@ pub fn header(frame: &Held) -> Vec<u8> {
         Media::Serial { text } => {
             out.push(3 | sealed);
             out.push(u8::from(*text));
+        }
+        Media::Can { frames } => {
+            out.push(5 | sealed);
+            out.extend_from_slice(&frames.to_le_bytes());
         }
     }
     let len = (out.len() - PREFIX + frame.payload.len()) as u32;
@@ -210,9 +233,12 @@ pub fn decode(bytes: Bytes) -> Result<Held, RecordError> {
     let clock = ClockState::from_u8(r.u8()?).ok_or(RecordError::Unknown("clock state"))?;
     let tag = r.u8()?;
     let media = match tag & !SEALED {
-        1 => Media::Camera {
+        1 => Media::jpeg(r.u32()?, r.u32()?),
+        4 => Media::Camera {
             width: r.u32()?,
             height: r.u32()?,
+            codec: Codec::H264,
+            keyframe: r.u8()? != 0,
         },
         2 => Media::Audio {
             sample_rate: r.u32()?,
@@ -220,6 +246,7 @@ pub fn decode(bytes: Bytes) -> Result<Held, RecordError> {
             frames: r.u32()?,
         },
         3 => Media::Serial { text: r.u8()? != 0 },
+        5 => Media::Can { frames: r.u32()? },
         _ => return Err(RecordError::Unknown("media kind")),
     };
     let body = r.at;
@@ -243,8 +270,15 @@ mod tests {
 
     fn media() -> impl Strategy<Value = Media> {
         prop_oneof![
-            (any::<u32>(), any::<u32>())
-                .prop_map(|(width, height)| Media::Camera { width, height }),
+            (any::<u32>(), any::<u32>()).prop_map(|(width, height)| Media::jpeg(width, height)),
+            (any::<u32>(), any::<u32>(), any::<bool>()).prop_map(|(width, height, keyframe)| {
+                Media::Camera {
+                    width,
+                    height,
+                    codec: Codec::H264,
+                    keyframe,
+                }
+            }),
             (any::<u32>(), any::<u16>(), any::<u32>()).prop_map(
                 |(sample_rate, channels, frames)| Media::Audio {
                     sample_rate,
@@ -253,6 +287,7 @@ mod tests {
                 }
             ),
             any::<bool>().prop_map(|text| Media::Serial { text }),
+            any::<u32>().prop_map(|frames| Media::Can { frames }),
         ]
     }
 

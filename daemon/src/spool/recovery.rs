@@ -287,6 +287,7 @@ impl Recovery<'_> {
                                 offset: (base + offset) as u64,
                                 len: len as u32,
                                 capture_ns: f.capture_ns,
+                                delta: !f.media.is_keyframe(),
                             };
                             found
                                 .entry(f.frame.source.clone())

@@ -334,6 +334,7 @@ impl Locked<'_> {
             offset: w.len,
             len: len as u32,
             capture_ns: frame.capture_ns,
+            delta: !frame.media.is_keyframe(),
         };
         w.append(segs.disk.as_ref(), head, &frame.payload)
             .map_err(segs.io("write segment"))?;

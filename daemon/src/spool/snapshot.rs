@@ -34,6 +34,8 @@ pub struct Entry {
     pub len: u32,
     pub segment: u64,
     pub offset: u64,
+    /// A frame that decodes only after the earlier ones of its group (an H.264 P-frame).
+    pub delta: bool,
 }
 
 /// How the record list was obtained.
@@ -377,6 +379,7 @@ impl SpoolSnapshot {
                             len: loc.len,
                             segment: loc.segment,
                             offset: loc.offset,
+                            delta: loc.delta,
                         });
                     } else {
                         self.listing_corrupt.push(Corrupt {
@@ -447,6 +450,7 @@ impl SpoolSnapshot {
                                 len: len as u32,
                                 segment: id,
                                 offset: at as u64,
+                                delta: !f.media.is_keyframe(),
                             },
                         )),
                         Err(e) => self.listing_corrupt.push(Corrupt {
@@ -501,6 +505,7 @@ impl SpoolSnapshot {
                                         len: len as u32,
                                         segment: id,
                                         offset: offset as u64,
+                                        delta: !f.media.is_keyframe(),
                                     },
                                 );
                             }

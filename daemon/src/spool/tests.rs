@@ -2068,3 +2068,97 @@ fn a_deletion_that_gives_no_space_back_stops_drop_oldest_until_free_space_grows(
         Appended::Stored
     );
 }
+
+/// An H.264 frame: a keyframe every `gop` seqs.
+fn video(seq: u64, gop: u64, len: usize) -> Held {
+    Held::plain(Frame {
+        media: Media::Camera {
+            width: 64,
+            height: 48,
+            codec: rigd_drivers::Codec::H264,
+            keyframe: seq % gop == 0,
+        },
+        ..frame("cam", seq, len).frame
+    })
+}
+
+/// Issue 48.4: drop-oldest drops whole groups of pictures: what is left of a video source starts
+/// at a keyframe, and every frame not kept is counted dropped once.
+#[test]
+fn drop_oldest_leaves_a_video_source_starting_at_a_keyframe() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.max_bytes = ByteSize(8 << 20); // 1 MiB segments: 7 frames of 140 kB each, groups of 10
+    let spool = Spool::open(&c).unwrap();
+    let (n, gop) = (300, 10);
+    for seq in 0..n {
+        spool.append(&video(seq, gop, 140_000)).unwrap();
+        let kept = seqs(&spool, "cam");
+        assert_eq!(
+            kept[0] % gop,
+            0,
+            "after {seq}: the head {} is a P-frame",
+            kept[0]
+        );
+    }
+    let kept = seqs(&spool, "cam");
+    let dropped = spool.stats(&"cam".into()).dropped.load(Ordering::Relaxed);
+    assert_eq!(kept.len() as u64 + dropped, n);
+    assert_eq!(kept, (n - kept.len() as u64..n).collect::<Vec<_>>());
+    // The index knows which records are deltas without reading them, and keeps knowing across a
+    // restart and a rebuild from the segments.
+    spool.close().unwrap();
+    drop(spool);
+    let deltas = |spool: &Spool| -> Vec<(u64, bool)> {
+        spool
+            .entries_from(&"cam".into(), 0, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(s, l)| (s, l.delta))
+            .collect()
+    };
+    let spool = Spool::open(&c).unwrap();
+    let want: Vec<(u64, bool)> = kept.iter().map(|&s| (s, s % gop != 0)).collect();
+    assert_eq!(deltas(&spool), want);
+    drop(spool);
+    std::fs::remove_dir_all(dir.path().join("spool/index")).unwrap();
+    // A rebuild finds what the segments hold (records removed from the index but still in a
+    // segment come back, as acked ones do): each with its flag.
+    let spool = Spool::open(&c).unwrap();
+    let rebuilt = deltas(&spool);
+    assert!(rebuilt.len() >= want.len());
+    assert!(
+        rebuilt.iter().all(|&(s, d)| d == (s % gop != 0)),
+        "{rebuilt:?}"
+    );
+}
+
+/// Issue 48.4: retention evicts whole groups, and one stopped by a recall's range keeps the whole
+/// group of the first frame wanted.
+#[test]
+fn retention_evicts_whole_groups_and_keeps_a_wanted_group_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = Spool::open(&cfg(dir.path())).unwrap();
+    let cam: Arc<str> = "cam".into();
+    for seq in 0..40 {
+        spool.append(&video(seq, 10, 1000)).unwrap();
+    }
+    // Older than seq 13: the cut falls inside the group 10..20, which goes whole.
+    assert_eq!(
+        spool
+            .evict(&cam, Some(1_000_000_000 + 13), None, None)
+            .unwrap(),
+        20
+    );
+    assert_eq!(seqs(&spool, "cam")[0], 20);
+    // Everything is old, but a recall wants from seq 35 on: the group 30..40 stays whole.
+    assert_eq!(
+        spool
+            .evict(&cam, Some(i64::MAX), None, Some(1_000_000_000 + 35))
+            .unwrap(),
+        10
+    );
+    assert_eq!(seqs(&spool, "cam"), (30..40).collect::<Vec<_>>());
+    let evicted = spool.stats(&cam).evicted.load(Ordering::Relaxed);
+    assert_eq!(evicted, 30);
+}

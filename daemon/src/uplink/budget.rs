@@ -10,19 +10,30 @@
 //!   below zero (a debt, at most [`MAX_GRANT`]): writes stay whole-ish while the average holds, and
 //!   a grant is refunded for bytes the socket did not take, so what is charged is what was written.
 //! - A writer waits while the bucket is empty, or while a writer of a better rank waits: within the
-//!   budget a better rank always goes first (rank = priority for live frames, 10 for recall
+//!   budget a better rank goes first (rank = priority for live frames, 10 for recall
 //!   uploads, 11 + priority for a backlog: every live frame goes before any recall, and a recall
-//!   before any backlog).
+//!   before any backlog), except a writer that has waited [`OVERDUE_AFTER`]: it goes when the
+//!   bucket has tokens, whatever waits (writers on connections to different brokers; on one
+//!   connection the pool's own order bounds the wait, `pool::state`).
 //! - Nothing here knows frames: ranks and byte counts only.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use super::estimate::{Estimator, Reading, Settings, TARGET};
 
 /// The most one grant gives (and so the deepest debt): at 1.8 Mbit/s, 73 ms of the link, the
 /// longest a better rank waits behind a write already granted.
 pub const MAX_GRANT: usize = 16 << 10;
 /// Ranks: priorities 0..=9 live, one for recall uploads, priorities 0..=9 of backlogs.
 pub const RANKS: usize = 21;
+
+/// The bound on a rank's wait: a writer (here) or a connection's channel (`pool::state`) that
+/// has waited this long goes whatever better ranks wait, once it has earned the turn (see
+/// `pool::state::OUT_OF_RANK_COST`): every rank behind live traffic (a backlog, a recall, a live
+/// source of a worse priority) moves while the better ranks would fill the link.
+pub const OVERDUE_AFTER: Duration = Duration::from_secs(2);
 
 /// Ranks below this are live traffic ([`rank`] of a live source).
 pub const RECALL_RANK: usize = 10;
@@ -93,17 +104,28 @@ impl Arbiter {
         self.rate as u64
     }
 
+    /// The rate changes at `now` (`max-bandwidth = "auto"`): what was earned so far at the old
+    /// rate stays, the burst follows the new one.
+    pub fn set_rate(&mut self, rate: u64, now: Instant) {
+        self.refill(now);
+        self.rate = rate.max(1) as f64;
+        self.burst = (self.rate / 10.0).max(MAX_GRANT as f64);
+        self.tokens = self.tokens.min(self.burst);
+    }
+
     fn refill(&mut self, now: Instant) {
         let dt = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = self.last.max(now);
         self.tokens = (self.tokens + dt * self.rate).min(self.burst);
     }
 
-    /// A writer of `rank` with `want` bytes ready. Call [`Arbiter::wait`] when told to wait and
-    /// [`Arbiter::done_waiting`] once it stops waiting (granted or gone).
-    pub fn ask(&mut self, rank: usize, want: usize, now: Instant) -> Grant {
+    /// A writer of `rank` with `want` bytes ready, waiting since `since` (its first ask). Call
+    /// [`Arbiter::wait`] when told to wait and [`Arbiter::done_waiting`] once it stops waiting
+    /// (granted or gone).
+    pub fn ask(&mut self, rank: usize, want: usize, since: Instant, now: Instant) -> Grant {
         self.refill(now);
-        let better_waits = self.waiting[..rank.min(RANKS)].iter().any(|&n| n > 0);
+        let overdue = now.saturating_duration_since(since) >= OVERDUE_AFTER;
+        let better_waits = !overdue && self.waiting[..rank.min(RANKS)].iter().any(|&n| n > 0);
         if self.tokens > 0.0 && !better_waits {
             let n = want.clamp(1, MAX_GRANT);
             self.tokens -= n as f64;
@@ -133,22 +155,67 @@ impl Arbiter {
     }
 }
 
-/// The shared budget: an [`Arbiter`] behind a lock.
+/// The shared budget: an [`Arbiter`] behind a lock, its rate fixed or paced by the link's
+/// [`Estimator`] (`max-bandwidth = "auto"`).
 #[derive(Debug)]
 pub struct Budget {
     arbiter: Mutex<Arbiter>,
     rate: u64,
+    auto: Option<Mutex<Estimator>>,
+    /// Bytes granted per rank since start (status: each rank's share).
+    granted: [AtomicU64; RANKS],
 }
+
+/// Where `auto` starts before the first receipt: 2 Mbit/s (or the cap).
+pub const AUTO_START: u64 = 250_000;
+/// The least `auto` paces at: 64 kbit/s, the smallest budget (`config::MIN_BANDWIDTH`).
+pub const AUTO_MIN: u64 = 8_000;
 
 impl Budget {
     pub fn new(rate_bytes_per_second: u64) -> Arc<Self> {
         Arc::new(Budget {
             arbiter: Mutex::new(Arbiter::new(rate_bytes_per_second, Instant::now())),
             rate: rate_bytes_per_second,
+            auto: None,
+            granted: Default::default(),
         })
     }
 
-    /// Bytes per second.
+    /// `max-bandwidth = "auto"` under `cap` bytes per second (None: none); `sizing`: the rate
+    /// that sizes chunks and windows (see [`Budget::rate`]).
+    pub fn auto(cap: Option<u64>, sizing: u64) -> Arc<Self> {
+        let now = Instant::now();
+        let max = cap.unwrap_or(u64::MAX / 16) as f64;
+        let start = (AUTO_START as f64).min(max);
+        let est = Estimator::new(
+            Settings {
+                start,
+                min: (AUTO_MIN as f64).min(max),
+                max,
+                target: TARGET,
+            },
+            now,
+        );
+        Arc::new(Budget {
+            arbiter: Mutex::new(Arbiter::new(start as u64, now)),
+            rate: sizing,
+            auto: Some(Mutex::new(est)),
+            granted: Default::default(),
+        })
+    }
+
+    /// The budget `pulsar.max-bandwidth` asks for.
+    pub fn of(max: crate::config::MaxBandwidth) -> Arc<Self> {
+        match max {
+            crate::config::MaxBandwidth::Fixed(b) => Budget::new(b.bytes_per_second()),
+            crate::config::MaxBandwidth::Auto { cap } => {
+                Budget::auto(cap.map(|c| c.bytes_per_second()), max.bytes_per_second())
+            }
+        }
+    }
+
+    /// Bytes per second: the fixed rate, or under `auto` the rate that sizes a SEND and a
+    /// source's window (`config::MaxBandwidth::bytes_per_second`).
     pub fn rate(&self) -> u64 {
         self.rate
     }
@@ -157,17 +224,65 @@ impl Budget {
         self.arbiter.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// `max-bandwidth = "auto"`: the rate follows the link's estimate (fed by [`Budget::receipt`]).
+    pub fn is_auto(&self) -> bool {
+        self.auto.is_some()
+    }
+
+    fn estimator(&self) -> Option<MutexGuard<'_, Estimator>> {
+        self.auto
+            .as_ref()
+            .map(|e| e.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Under `auto`: the arbiter's rate follows the estimator's pacing now (`a`: the arbiter,
+    /// locked by the caller, who asks it next).
+    fn pace(&self, a: &mut Arbiter, now: Instant) {
+        if let Some(rate) = self.estimator().map(|mut e| e.pacing(now)) {
+            follow(a, rate, now);
+        }
+    }
+
+    /// A receipt for a SEND of `bytes` whose last byte was written at `written` (the estimator's
+    /// input, and its pacing then; nothing under a fixed rate).
+    pub fn receipt(&self, bytes: usize, written: Instant, now: Instant) {
+        let paced = self.estimator().map(|mut e| {
+            e.on_receipt(bytes, written, now);
+            e.pacing(now)
+        });
+        if let Some(rate) = paced {
+            follow(&mut self.arbiter(), rate, now);
+        }
+    }
+
+    /// The estimate now (None: a fixed rate).
+    pub fn reading(&self) -> Option<Reading> {
+        self.estimator().map(|mut e| e.reading(Instant::now()))
+    }
+
+    /// Bytes granted so far, per rank.
+    pub fn granted(&self) -> [u64; RANKS] {
+        std::array::from_fn(|r| self.granted[r].load(Ordering::Relaxed))
+    }
+
     /// Waits until a writer of `rank` may write, and returns how many bytes (at most `want`,
     /// charged). Cancel-safe: a cancelled wait leaves nothing charged and no waiter registered.
     /// `waiting` is called every time the writer is held (the session tells its window that the
     /// budget, not the link, holds the bytes back).
     pub async fn acquire(&self, rank: usize, want: usize, mut waiting: impl FnMut()) -> usize {
         let mut registered: Option<Registered<'_>> = None;
+        let since = Instant::now();
         loop {
-            let g = self.arbiter().ask(rank, want, Instant::now());
+            let now = Instant::now();
+            let g = {
+                let mut a = self.arbiter();
+                self.pace(&mut a, now);
+                a.ask(rank, want, since, now)
+            };
             match g {
                 Grant::Bytes(n) => {
                     drop(registered);
+                    self.granted[rank.min(RANKS - 1)].fetch_add(n as u64, Ordering::Relaxed);
                     return n;
                 }
                 Grant::WaitUntil(t) => {
@@ -186,6 +301,14 @@ impl Budget {
         if n > 0 {
             self.arbiter().refund(n);
         }
+    }
+}
+
+/// The arbiter's rate follows the estimator's pacing `rate` once they differ by more than 1 %.
+fn follow(a: &mut Arbiter, rate: f64, now: Instant) {
+    let rate = rate as u64;
+    if rate.abs_diff(a.rate()) * 100 > a.rate() {
+        a.set_rate(rate, now);
     }
 }
 
@@ -234,7 +357,7 @@ mod tests {
                     }
                     continue;
                 }
-                match a.ask(r, ready, now) {
+                match a.ask(r, ready, now, now) {
                     Grant::Bytes(n) => {
                         got[i] += n as u64;
                         if waiting[i] {
@@ -308,20 +431,27 @@ mod tests {
     fn a_grant_is_at_most_max_grant_and_a_refund_returns_tokens() {
         let t0 = Instant::now();
         let mut a = Arbiter::new(10_000, t0);
-        assert_eq!(granted(a.ask(0, 1 << 20, t0)), MAX_GRANT);
+        assert_eq!(granted(a.ask(0, 1 << 20, t0, t0)), MAX_GRANT);
         // In debt: wait about as long as the debt takes to pay at the rate.
-        let Grant::WaitUntil(t) = a.ask(0, 100, t0) else {
+        let Grant::WaitUntil(t) = a.ask(0, 100, t0, t0) else {
             panic!("no debt")
         };
         assert!(t > t0);
         a.refund(MAX_GRANT);
-        assert_eq!(granted(a.ask(0, 100, t0)), 100);
+        assert_eq!(granted(a.ask(0, 100, t0, t0)), 100);
         // A lower rank waits while a better one is registered, even with tokens in the bucket.
         a.wait(1);
-        assert!(matches!(a.ask(3, 100, t0), Grant::WaitUntil(_)));
-        assert_eq!(granted(a.ask(1, 100, t0)), 100);
+        assert!(matches!(a.ask(3, 100, t0, t0), Grant::WaitUntil(_)));
+        assert_eq!(granted(a.ask(1, 100, t0, t0)), 100);
+        // ... unless it has waited OVERDUE_AFTER: then it goes whenever the bucket has tokens.
+        let later = t0 + OVERDUE_AFTER;
+        assert_eq!(granted(a.ask(3, 100, t0, later)), 100);
+        assert!(matches!(
+            a.ask(3, 100, later - Duration::from_millis(1), later),
+            Grant::WaitUntil(_)
+        ));
         a.done_waiting(1);
-        assert_eq!(granted(a.ask(3, 100, t0)), 100);
+        assert_eq!(granted(a.ask(3, 100, t0, t0)), 100);
         assert_eq!(rank(0, false), 0);
         assert_eq!(rank(2, true), 13);
         assert_eq!(rank(9, true), RANKS - 1);

@@ -75,12 +75,14 @@ pub fn encode_send(
 }
 
 /// One frame from the broker: the command and, for a frame with a payload (a MESSAGE), the
-/// message's metadata. The payload itself is not decoded: compressed, encrypted, a batch or one
-/// chunk of a message, its metadata says what it is (the probe reads nothing else).
+/// message's metadata and its payload as sent. The payload itself is not decoded here: compressed,
+/// encrypted, a batch or one chunk of a message, its metadata says what it is (the probe reads
+/// nothing else; the control topic's reader unpacks it, [`super::control::unpack`]).
 #[derive(Debug)]
 pub struct Inbound {
     pub cmd: BaseCommand,
     pub metadata: Option<MessageMetadata>,
+    pub payload: bytes::Bytes,
 }
 
 /// The command of the next frame (tests read back what a session wrote).
@@ -143,21 +145,27 @@ pub fn decode_frame(src: &mut BytesMut) -> Result<Option<Inbound>, CodecError> {
             "command size {cmd_size} > frame size {total}"
         )));
     }
-    let frame = src.split_to(total + 4);
+    let frame = src.split_to(total + 4).freeze();
     let cmd = BaseCommand::decode(&frame[8..8 + cmd_size])
         .map_err(|e| CodecError::Malformed(e.to_string()))?;
-    let rest = &frame[8 + cmd_size..];
-    let metadata = if rest.is_empty() {
-        None
+    let rest = frame.slice(8 + cmd_size..);
+    let (metadata, payload) = if rest.is_empty() {
+        (None, bytes::Bytes::new())
     } else {
-        Some(payload_metadata(rest)?)
+        let (m, at) = payload_metadata(&rest)?;
+        (Some(m), rest.slice(at..))
     };
-    Ok(Some(Inbound { cmd, metadata }))
+    Ok(Some(Inbound {
+        cmd,
+        metadata,
+        payload,
+    }))
 }
 
 /// The metadata of a payload: `[0x0e02 size broker-entry-metadata]? 0x0e01 crc32c size metadata
-/// payload`, the checksum covering everything after itself.
-fn payload_metadata(mut rest: &[u8]) -> Result<MessageMetadata, CodecError> {
+/// payload`, the checksum covering everything after itself; and where the payload starts.
+fn payload_metadata(whole: &[u8]) -> Result<(MessageMetadata, usize), CodecError> {
+    let mut rest = whole;
     let bad = |why: &str| CodecError::Malformed(format!("payload: {why}"));
     let u32_at = |b: &[u8], at: usize| -> Result<usize, CodecError> {
         b.get(at..at + 4)
@@ -181,7 +189,8 @@ fn payload_metadata(mut rest: &[u8]) -> Result<MessageMetadata, CodecError> {
     let meta = rest
         .get(10..10 + size)
         .ok_or_else(|| bad("metadata size"))?;
-    MessageMetadata::decode(meta).map_err(|e| bad(&e.to_string()))
+    let m = MessageMetadata::decode(meta).map_err(|e| bad(&e.to_string()))?;
+    Ok((m, whole.len() - rest.len() + 10 + size))
 }
 
 #[cfg(test)]

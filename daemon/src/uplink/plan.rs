@@ -133,6 +133,79 @@ pub fn probe(created: bool, fresh: bool, broker_last_id: Option<u64>) -> Probe {
     }
 }
 
+/// What the probe reads of the topic ([`super::probe::read`]), with the spool's marks (issue
+/// 46.5): [`Probe`] says what the broker's answer leaves open, this says how it is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// Nothing ([`Probe::No`] without marks, or a name this process created before).
+    No,
+    /// No frame was ever sent under this name and the spool keeps marks: the topic's last entry
+    /// now is recorded as the name's start mark before its first frame, so that a later forward
+    /// read finds every frame of the name.
+    Start,
+    /// The single last entry ([`Probe::LastEntry`], [`Probe::ChunksOf`]) for a name the spool has
+    /// no mark of (a spool of an older rigd): it says something only when it is this name's. On
+    /// a topic other producers write it seldom is, and then nothing is known: frames of unknown
+    /// fate go out again (docs/UPLINK.md, "Nothing twice"). A start mark is recorded after.
+    LastEntry(Probe),
+    /// The spool holds the name's mark: read the topic forward from it to its last entry, this
+    /// name's entries only. `broker`: the broker's last id, if it named one (its entry ends the
+    /// read early).
+    Forward {
+        mark: crate::spool::epochs::Mark,
+        broker: Option<u64>,
+    },
+}
+
+impl Read {
+    /// Waits for the broker's last confirmed entry to hold still first: the broker named nothing,
+    /// so what a killed run's connection handed it may still be landing.
+    pub fn settles(&self) -> bool {
+        matches!(
+            self,
+            Read::LastEntry(Probe::LastEntry) | Read::Forward { broker: None, .. }
+        )
+    }
+
+    /// How what it reads is weighed against the broker's answer (`session::broker_last`): a
+    /// forward read as the last entry when the broker named nothing, as the entry of the
+    /// broker's id when it did (the highest of the name, with its chunk count).
+    pub fn judged_as(&self) -> Probe {
+        match *self {
+            Read::No | Read::Start => Probe::No,
+            Read::LastEntry(p) => p,
+            Read::Forward { broker: None, .. } => Probe::LastEntry,
+            Read::Forward {
+                broker: Some(id), ..
+            } => Probe::ChunksOf(id),
+        }
+    }
+}
+
+/// Decides [`Read`] at a producer creation: `asked`, [`probe`]'s answer; `fresh` as there;
+/// `mark`, the spool's mark of the name on the topic; `marks`, the spool keeps marks (the daemon
+/// does, the offline tools do not).
+pub fn read(
+    created: bool,
+    fresh: bool,
+    broker_last_id: Option<u64>,
+    mark: Option<crate::spool::epochs::Mark>,
+    marks: bool,
+) -> Read {
+    match (probe(created, fresh, broker_last_id), mark) {
+        _ if created => Read::No,
+        // A mark wins over `fresh`: a name thought fresh (a recall request that checkpointed no
+        // receipt) may have sent frames since its start mark.
+        (_, Some(mark)) => Read::Forward {
+            mark,
+            broker: broker_last_id,
+        },
+        (Probe::No, None) if marks => Read::Start,
+        (Probe::No, None) => Read::No,
+        (p, None) => Read::LastEntry(p),
+    }
+}
+
 /// What a frame's send must do, given the broker's last persisted sequence id for the producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resend {
@@ -335,6 +408,41 @@ mod tests {
             resend(7, 0, 2, Some(BrokerLast::id(id)), false),
             Resend::Done
         );
+    }
+
+    #[test]
+    fn a_marked_name_is_read_forward_and_a_fresh_one_records_its_start() {
+        // Issue 46.5: the spool's mark of the name decides, whatever the broker says.
+        use crate::spool::epochs::Mark;
+        let mark = Mark {
+            at: Some((3, 40)),
+            sequence_id: Some(sequence_id(90, 0, 0)),
+        };
+        let fwd = |broker| Read::Forward { mark, broker };
+        assert_eq!(read(false, false, None, Some(mark), true), fwd(None));
+        assert_eq!(read(false, false, Some(7), Some(mark), true), fwd(Some(7)));
+        // A name thought fresh that has a mark sent frames since its start: read forward.
+        assert_eq!(read(false, true, None, Some(mark), true), fwd(None));
+        // This process created it before: it knows.
+        assert_eq!(read(true, false, None, Some(mark), true), Read::No);
+        // Fresh, no mark yet: its start is recorded before its first frame (not without marks).
+        assert_eq!(read(false, true, None, None, true), Read::Start);
+        assert_eq!(read(false, true, None, None, false), Read::No);
+        // No mark (an older rigd's spool): the last entry, as before marks.
+        assert_eq!(
+            read(false, false, None, None, true),
+            Read::LastEntry(Probe::LastEntry)
+        );
+        assert_eq!(
+            read(false, false, Some(7), None, false),
+            Read::LastEntry(Probe::ChunksOf(7))
+        );
+        assert!(fwd(None).settles() && Read::LastEntry(Probe::LastEntry).settles());
+        assert!(!fwd(Some(7)).settles() && !Read::Start.settles());
+        // Weighed against the broker's answer: a forward read is the name's highest entry.
+        assert_eq!(fwd(None).judged_as(), Probe::LastEntry);
+        assert_eq!(fwd(Some(7)).judged_as(), Probe::ChunksOf(7));
+        assert_eq!(Read::Start.judged_as(), Probe::No);
     }
 
     #[test]

@@ -5,15 +5,17 @@
 //! A [`Connection`] owns the socket and three tasks: the reader routes each command from the
 //! broker to the producer or consumer it names (by producer or consumer id) or to the request it
 //! answers (by request id), and answers PING and AUTH_CHALLENGE itself; the writer takes whole
-//! frames from the producers' queues, the highest budget rank first (control commands before
-//! all), so that frames never interleave on the stream and the budget orders the bytes across
-//! sources as it did across sockets; the keepalive pings a quiet broker and ends a silent
-//! connection. A connection that fails fails every producer on it at once; the next setup dials a
-//! new one. Nothing here decides what a producer does about it (`producer.rs`).
+//! frames from the producers' queues in the order [`state::ConnectionState`] decides (control
+//! commands before all, then the best budget rank, every rank's wait bounded), so that frames
+//! never interleave on the stream and the budget orders the bytes across sources as it did across
+//! sockets; the keepalive pings a quiet broker, ends a silent connection and tells each producer
+//! how its frames wait. A connection that fails fails every producer on it at once; the next setup
+//! dials a new one. The decisions are [`state`]'s (pure); this file holds the sockets, tasks and
+//! channels that perform them. Nothing here decides what a producer does about it (`producer.rs`).
 
 use bytes::{Bytes, BytesMut};
 use pulsar::proto::{base_command::Type, BaseCommand};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -24,16 +26,12 @@ use tokio::sync::{mpsc, Notify};
 use super::budget::Budget;
 use super::codec::{self, Inbound};
 use super::error::{server_error, LinkError};
-use super::session::{keepalive, Keepalive, PING_IDLE};
 use super::token::Token;
 
-/// How often the keepalive looks at the broker's silence.
-const KEEPALIVE_TICK: Duration = Duration::from_millis(500);
-/// A connection given up for silence is kept open at most this long for its reset (see
-/// [`Retired`]); by then the broker's own keepalive has closed its end.
-const RETIRED_FOR: Duration = Duration::from_secs(120);
-/// ... and at most this many per broker.
-const RETIRED_MAX: usize = 8;
+pub mod state;
+
+use state::{ConnectionState, Next, Tick};
+pub use state::{Wait, STARVED_AFTER};
 
 /// A byte stream to a broker: plain TCP or TLS.
 pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin {}
@@ -60,52 +58,33 @@ pub struct Pool {
 /// answer to the challenge ACK it provokes), the broker closes the old connection, its liveness
 /// check ends at once, and the producers are created (5.5 s after a 40 s silent cut before,
 /// measured; see docs/UPLINK.md "Reconnects").
+/// (Which are kept and for how long: [`state::Retired`]; here they are reset.)
 #[derive(Default)]
 struct Retired {
-    sockets: Mutex<HashMap<String, Vec<(Instant, std::os::fd::OwnedFd)>>>,
+    sockets: Mutex<state::Retired<std::os::fd::OwnedFd>>,
 }
 
 impl Retired {
+    fn sockets(&self) -> MutexGuard<'_, state::Retired<std::os::fd::OwnedFd>> {
+        self.sockets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Keeps `socket` of the connection to `key` for its reset; resets those kept too long.
     fn keep(&self, key: &str, socket: std::os::fd::OwnedFd) {
-        let mut all = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
-        Self::expire(&mut all);
-        let kept = all.entry(key.to_string()).or_default();
-        if kept.len() >= RETIRED_MAX {
-            reset(kept.remove(0).1);
-        }
-        kept.push((Instant::now(), socket));
+        let due = self.sockets().keep(key, socket, Instant::now());
+        due.into_iter().for_each(reset);
     }
 
     /// A new connection to `key` answered CONNECT: the kept ones are reset now.
     fn reset(&self, key: &str) {
-        let mut all = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
-        Self::expire(&mut all);
-        for (_, socket) in all.remove(key).into_iter().flatten() {
-            reset(socket);
-        }
-    }
-
-    /// Resets the sockets kept longer than [`RETIRED_FOR`].
-    fn expire(all: &mut HashMap<String, Vec<(Instant, std::os::fd::OwnedFd)>>) {
-        for kept in all.values_mut() {
-            while kept
-                .first()
-                .is_some_and(|(since, _)| since.elapsed() >= RETIRED_FOR)
-            {
-                reset(kept.remove(0).1);
-            }
-        }
-        all.retain(|_, kept| !kept.is_empty());
+        let due = self.sockets().answered(key, Instant::now());
+        due.into_iter().for_each(reset);
     }
 }
 
 impl Drop for Retired {
     fn drop(&mut self) {
-        let all = std::mem::take(self.sockets.get_mut().unwrap_or_else(|p| p.into_inner()));
-        for (_, socket) in all.into_values().flatten() {
-            reset(socket);
-        }
+        self.sockets().take_all().into_iter().for_each(reset);
     }
 }
 
@@ -273,48 +252,129 @@ pub fn route(cmd: &BaseCommand) -> Route {
     Route::Drop
 }
 
-/// What the writer takes next: the channel with queued frames of the best (lowest) rank, and
-/// among equals the first after the one served last (`after`), so that producers of one rank
-/// take turns frame by frame. `queued`: (channel id, rank) of the channels that hold frames, in
-/// id order. Pure.
-pub fn pick(queued: impl IntoIterator<Item = (u64, usize)>, after: u64) -> Option<u64> {
-    let mut best: Option<(usize, bool, u64)> = None;
-    for (id, rank) in queued {
-        // Sorts before: a better rank, then ids after the last served (taking turns), then lower.
-        let key = (rank, id <= after, id);
-        if best.is_none_or(|b| key < b) {
-            best = Some(key);
-        }
-    }
-    best.map(|(_, _, id)| id)
+/// What a channel's producer is told of how its frames wait ([`Wait`]): while the budget holds
+/// its bytes back, while better ranks or a throttling broker hold its queued frames (every
+/// keepalive tick), and once that is over. A plain closure is told only that the link is not to
+/// blame; [`Reported`] also shows the wait in status.
+pub type Held = Arc<dyn Waiter>;
+
+/// See [`Held`].
+pub trait Waiter: Send + Sync {
+    /// The link is not to blame for the wait ([`Wait::excuses`]): the producer's window restarts
+    /// its stall clock.
+    fn excused(&self);
+
+    /// Its queued frames have waited untaken this long (zero: they wait no more).
+    fn waited(&self, _waited: Duration) {}
 }
 
-/// Called while the budget holds a channel's frame back (the producer's window is told that the
-/// budget, not the link, holds its bytes).
-pub type Held = Arc<dyn Fn() + Send + Sync>;
+impl<F: Fn() + Send + Sync> Waiter for F {
+    fn excused(&self) {
+        self()
+    }
+}
 
-/// A producer's or consumer's place on a connection.
+fn tell_one(held: &Held, wait: Wait) {
+    if wait.excuses() {
+        held.excused();
+    }
+    held.waited(wait.waited());
+}
+
+/// A producer's [`Waiter`]: `excuse` restarts its stall clock, and its waits go to its source's
+/// [`Starved`].
+pub struct Reported<F> {
+    excuse: F,
+    starved: Arc<Starved>,
+    /// This producer among the source's.
+    who: usize,
+}
+
+impl<F: Fn() + Send + Sync> Reported<F> {
+    pub fn new(starved: Arc<Starved>, excuse: F) -> Self {
+        static PRODUCERS: AtomicUsize = AtomicUsize::new(0);
+        Reported {
+            excuse,
+            starved,
+            who: PRODUCERS.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+}
+
+impl<F: Fn() + Send + Sync> Waiter for Reported<F> {
+    fn excused(&self) {
+        (self.excuse)()
+    }
+
+    fn waited(&self, waited: Duration) {
+        self.starved.note(self.who, waited);
+    }
+}
+
+impl<F> Drop for Reported<F> {
+    fn drop(&mut self) {
+        self.starved.note(self.who, Duration::ZERO);
+    }
+}
+
+/// How long each of a source's producers has waited with frames queued on its connection, as
+/// the pool last told it: status and metrics show the longest (`starved_ms`).
+#[derive(Debug, Default)]
+pub struct Starved {
+    waits: Mutex<Vec<(usize, Duration)>>,
+}
+
+impl Starved {
+    /// Producer `who` (any key unique among the source's producers) has waited this long
+    /// (zero: it waits no more).
+    pub fn note(&self, who: usize, waited: Duration) {
+        let mut waits = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        waits.retain(|(w, _)| *w != who);
+        if waited > Duration::ZERO {
+            waits.push((who, waited));
+        }
+    }
+
+    /// The longest wait of the source's producers now (zero: none waits).
+    pub fn longest(&self) -> Duration {
+        let waits = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        waits.iter().map(|(_, d)| *d).max().unwrap_or_default()
+    }
+}
+
+/// A producer's or consumer's place on a connection (its queue is [`ConnectionState`]'s).
 struct Channel {
     route: mpsc::UnboundedSender<Inbound>,
     rank: Arc<AtomicUsize>,
     held: Held,
-    frames: VecDeque<Bytes>,
-    queued: usize,
-    /// Bytes of this channel's frames the socket took.
-    written: u64,
-    /// Told when bytes of this channel, or of another while this one waits, were written.
+    /// Told when bytes of this channel were written (only this channel's).
     progress: Arc<Notify>,
 }
 
-#[derive(Default)]
 struct State {
-    /// Commands that go before every frame: answers to the broker, requests, closes.
-    control: VecDeque<Bytes>,
+    /// The queues, write order, keepalive and throttle, decided.
+    conn: ConnectionState,
     channels: BTreeMap<u64, Channel>,
     requests: HashMap<u64, mpsc::UnboundedSender<Inbound>>,
     failed: Option<Failure>,
-    /// The channel served last (they take turns within a rank).
-    last_served: u64,
+}
+
+impl State {
+    /// What the channels are to be told, with whom to tell (called once the lock is released).
+    fn told(&mut self) -> Vec<(Held, Wait)> {
+        let told = self.conn.take_told();
+        told.into_iter()
+            .filter_map(|(id, w)| self.channels.get(&id).map(|c| (c.held.clone(), w)))
+            .collect()
+    }
+}
+
+/// Tells each channel its wait (outside the connection's lock: a producer's window has a lock
+/// of its own).
+fn tell(told: Vec<(Held, Wait)>) {
+    for (held, wait) in told {
+        tell_one(&held, wait);
+    }
 }
 
 struct Inner {
@@ -326,7 +386,6 @@ struct Inner {
     state: Mutex<State>,
     /// The writer has something to do.
     wake: Notify,
-    last_inbound: Mutex<Instant>,
     socket: std::os::fd::OwnedFd,
     /// The pool's key of this connection, and where a connection given up for silence leaves
     /// its socket.
@@ -345,7 +404,7 @@ impl Inner {
         codec::encode_command(cmd, &mut out);
         let mut s = self.state();
         if s.failed.is_none() {
-            s.control.push_back(out.freeze());
+            s.conn.control(out.freeze());
             drop(s);
             self.wake.notify_one();
         }
@@ -356,21 +415,27 @@ impl Inner {
     /// it buffers once the link is back, outside the budget, to nobody), the tasks stop. Given
     /// up for silence, the reset waits for the next connection to the broker ([`Retired`]).
     fn fail(&self, why: Failure) {
-        let (channels, requests) = {
+        let (channels, requests, waited) = {
             let mut s = self.state();
             if s.failed.is_some() {
                 return;
             }
             tracing::debug!(broker = %self.addr, why = ?why, "connection ended");
             s.failed = Some(why);
-            s.control.clear();
+            let waited = s.conn.end();
             (
                 std::mem::take(&mut s.channels),
                 std::mem::take(&mut s.requests),
+                waited,
             )
         };
         for c in channels.values() {
             c.progress.notify_one();
+        }
+        for id in waited {
+            if let Some(c) = channels.get(&id) {
+                tell_one(&c.held, Wait::Over);
+            }
         }
         drop((channels, requests));
         let failed = self.state().failed.clone();
@@ -401,7 +466,7 @@ impl Inner {
     }
 
     fn deliver(&self, frame: Inbound) {
-        *self.last_inbound.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.state().conn.inbound(Instant::now());
         match route(&frame.cmd) {
             Route::Answer if frame.cmd.auth_challenge.is_some() => match self.token.current() {
                 Ok(token) => self.control(&codec::auth_response(token)),
@@ -462,9 +527,13 @@ impl Connection {
             token,
             budget,
             ids: AtomicU64::new(0),
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                conn: ConnectionState::new(Instant::now()),
+                channels: BTreeMap::new(),
+                requests: HashMap::new(),
+                failed: None,
+            }),
             wake: Notify::new(),
-            last_inbound: Mutex::new(Instant::now()),
             socket,
             key,
             retired,
@@ -509,15 +578,11 @@ impl Connection {
 
     /// The instant of the broker's last command on this connection.
     pub fn last_inbound(&self) -> Instant {
-        *self
-            .inner
-            .last_inbound
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.inner.state().conn.last_inbound()
     }
 
     /// Opens a channel: the broker's commands naming `id` come to its end. `rank`: the budget
-    /// rank its frames are written at; `held`: told while the budget holds them back.
+    /// rank its frames are written at; `held`: told how its frames wait ([`Held`]).
     pub fn attach(&self, rank: Arc<AtomicUsize>, held: Held) -> Result<ChannelEnd, LinkError> {
         let id = self.next_id();
         let (tx, inbound) = mpsc::unbounded_channel();
@@ -526,15 +591,13 @@ impl Connection {
         if let Some(f) = &s.failed {
             return Err(f.error());
         }
+        s.conn.attach(id);
         s.channels.insert(
             id,
             Channel {
                 route: tx,
                 rank,
                 held,
-                frames: VecDeque::new(),
-                queued: 0,
-                written: 0,
                 progress: progress.clone(),
             },
         );
@@ -547,9 +610,30 @@ impl Connection {
 
     /// Closes channel `id` on the rig's side; `close`: the command that closes it on the broker's
     /// (queued, answered or not). Its queued frames are dropped: none of them is begun (the
+    /// Closes consumer `id` on both sides: detaches its channel and queues CLOSE_CONSUMER (the
+    /// probe's reads and the control topic's subscription).
+    pub fn detach_consumer(&self, id: u64) {
+        let close = BaseCommand {
+            r#type: Type::CloseConsumer as i32,
+            close_consumer: Some(pulsar::proto::CommandCloseConsumer {
+                consumer_id: id,
+                request_id: self.next_id(),
+            }),
+            ..Default::default()
+        };
+        self.detach(id, Some(close));
+    }
+
     /// writer takes a frame whole), and the window sends them again on the producer's next channel.
     pub fn detach(&self, id: u64, close: Option<BaseCommand>) {
-        self.inner.state().channels.remove(&id);
+        let gone = {
+            let mut s = self.inner.state();
+            let waited = s.conn.detach(id);
+            s.channels.remove(&id).filter(|_| waited)
+        };
+        if let Some(c) = gone {
+            tell_one(&c.held, Wait::Over);
+        }
         if let Some(cmd) = close {
             self.inner.control(&cmd);
         }
@@ -566,9 +650,9 @@ impl Connection {
         if let Some(f) = &s.failed {
             return Err(f.error());
         }
-        let c = s.channels.get_mut(&id).ok_or(LinkError::Closed)?;
-        c.queued += frames.len();
-        c.frames.push_back(frames);
+        if !s.conn.push(id, frames, Instant::now()) {
+            return Err(LinkError::Closed);
+        }
         drop(s);
         self.inner.wake.notify_one();
         Ok(())
@@ -576,17 +660,14 @@ impl Connection {
 
     /// Channel `id`'s bytes written so far and bytes queued.
     pub fn progress(&self, id: u64) -> (u64, usize) {
-        self.inner
-            .state()
-            .channels
-            .get(&id)
-            .map_or((0, 0), |c| (c.written, c.queued))
+        self.inner.state().conn.progress(id)
     }
 
     /// Sends a request and waits for its answer within `timeout`: the first command with its
     /// request id for which `done` holds (a PRODUCER_SUCCESS not yet ready is waited past), or
     /// the broker's ERROR for it. A request that times out on a connection the broker has said
-    /// nothing on meanwhile ends the connection (a frozen broker, a silent link).
+    /// nothing on meanwhile ends the connection (a frozen broker, a silent link), unless the
+    /// broker throttles it (it talks but does not read: the request waits in line).
     pub async fn request(
         &self,
         request_id: u64,
@@ -616,7 +697,7 @@ impl Connection {
         loop {
             let frame = match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Err(_) => {
-                    if self.last_inbound() < asked {
+                    if self.inner.state().conn.silent_since(asked, Instant::now()) {
                         self.fail(&LinkError::Timeout(format!("{what} (the broker silent)")));
                     }
                     return Err(LinkError::Timeout(what.to_string()));
@@ -662,50 +743,51 @@ async fn read_loop(
 }
 
 /// The next thing to write: a control command, or a channel's frame with its rank.
-enum Next {
+enum Write {
     Control(Bytes),
     Frame {
-        id: u64,
         bytes: Bytes,
         rank: usize,
         held: Held,
     },
 }
 
-fn next(inner: &Inner) -> Option<Next> {
-    let mut s = inner.state();
-    if let Some(c) = s.control.pop_front() {
-        return Some(Next::Control(c));
-    }
-    let queued = s
-        .channels
-        .iter()
-        .filter(|(_, c)| !c.frames.is_empty())
-        .map(|(id, c)| (*id, c.rank.load(Ordering::Relaxed)));
-    let id = pick(queued, s.last_served)?;
-    s.last_served = id;
-    let c = s.channels.get_mut(&id)?;
-    let bytes = c.frames.pop_front()?;
-    Some(Next::Frame {
-        id,
-        bytes,
-        rank: c.rank.load(Ordering::Relaxed),
-        held: c.held.clone(),
-    })
+fn next(inner: &Inner) -> Option<Write> {
+    let (next, told) = {
+        let mut guard = inner.state();
+        let s = &mut *guard;
+        let channels = &s.channels;
+        let rank = |id: u64| {
+            channels
+                .get(&id)
+                .map_or(usize::MAX, |c| c.rank.load(Ordering::Relaxed))
+        };
+        let next = match s.conn.next(Instant::now(), rank)? {
+            Next::Control(bytes) => Write::Control(bytes),
+            Next::Frame { id, bytes } => {
+                let c = s.channels.get(&id)?;
+                Write::Frame {
+                    bytes,
+                    rank: c.rank.load(Ordering::Relaxed),
+                    held: c.held.clone(),
+                }
+            }
+        };
+        (next, s.told())
+    };
+    tell(told);
+    Some(next)
 }
 
-/// `n` bytes of channel `id` (None: a control command) went out: the channel counts them, and
-/// every channel waiting with frames is told the connection moves.
-fn wrote(inner: &Inner, id: Option<u64>, n: usize) {
+/// `n` bytes of the write in progress went out: its channel (only) is told.
+fn wrote(inner: &Inner, n: usize) {
     let mut s = inner.state();
-    if let Some(c) = id.and_then(|id| s.channels.get_mut(&id)) {
-        c.written += n as u64;
-        c.queued = c.queued.saturating_sub(n);
-    }
-    for (cid, c) in &s.channels {
-        if Some(*cid) == id || c.queued > 0 {
-            c.progress.notify_one();
-        }
+    if let Some(c) = s
+        .conn
+        .wrote(n, Instant::now())
+        .and_then(|id| s.channels.get(&id))
+    {
+        c.progress.notify_one();
     }
 }
 
@@ -725,14 +807,9 @@ async fn write_loop(inner: Arc<Inner>, mut w: tokio::io::WriteHalf<Box<dyn Conn>
             wake.await;
             continue;
         };
-        let (id, bytes, rank, held) = match next {
-            Next::Control(bytes) => (None, bytes, 0, None),
-            Next::Frame {
-                id,
-                bytes,
-                rank,
-                held,
-            } => (Some(id), bytes, rank, Some(held)),
+        let (bytes, rank, held) = match next {
+            Write::Control(bytes) => (bytes, 0, None),
+            Write::Frame { bytes, rank, held } => (bytes, rank, Some(held)),
         };
         // Written as the socket takes it, each write reported: a 5 MiB chunk on a 4 Mbit/s link
         // is ten seconds of progress, not ten seconds of silence.
@@ -742,7 +819,7 @@ async fn write_loop(inner: Arc<Inner>, mut w: tokio::io::WriteHalf<Box<dyn Conn>
                 Some(b) => {
                     b.acquire(rank, bytes.len() - at, || {
                         if let Some(h) = &held {
-                            h()
+                            tell_one(h, Wait::Held)
                         }
                     })
                     .await
@@ -751,37 +828,38 @@ async fn write_loop(inner: Arc<Inner>, mut w: tokio::io::WriteHalf<Box<dyn Conn>
             };
             let end = at + granted;
             while at < end {
+                inner.state().conn.write_waits(Instant::now());
                 match w.write(&bytes[at..end]).await {
                     Ok(0) => return inner.fail(Failure::Closed),
                     Ok(n) => {
                         at += n;
-                        wrote(&inner, id, n);
+                        wrote(&inner, n);
                     }
                     Err(e) => return inner.fail(Failure::Io(e.kind(), e.to_string())),
                 }
             }
         }
+        inner.state().conn.frame_done(Instant::now());
         dirty = true;
     }
 }
 
 async fn keepalive_loop(inner: Arc<Inner>) {
-    let mut tick = tokio::time::interval(KEEPALIVE_TICK);
+    let mut tick = tokio::time::interval(state::TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut pinged: Option<Instant> = None;
     loop {
         tick.tick().await;
-        let last = *inner.last_inbound.lock().unwrap_or_else(|p| p.into_inner());
-        match keepalive(last.elapsed()) {
-            Keepalive::Quiet => pinged = None,
-            Keepalive::Dead => {
+        let (judged, told) = {
+            let mut s = inner.state();
+            let judged = s.conn.tick(Instant::now());
+            (judged, s.told())
+        };
+        tell(told);
+        match judged {
+            Tick::Quiet => {}
+            Tick::Ping => inner.control(&codec::ping()),
+            Tick::Dead => {
                 return inner.fail(Failure::Timeout("any traffic from the broker".into()))
-            }
-            Keepalive::Ping => {
-                if pinged.is_none_or(|t| t.elapsed() >= PING_IDLE / 6) {
-                    inner.control(&codec::ping());
-                    pinged = Some(Instant::now());
-                }
             }
         }
     }
@@ -791,19 +869,6 @@ async fn keepalive_loop(inner: Arc<Inner>) {
 mod tests {
     use super::*;
     use pulsar::proto::{CommandSendReceipt, CommandSuccess, MessageIdData};
-
-    #[test]
-    fn the_best_rank_goes_first_and_equals_take_turns() {
-        // Rank 1 (serial, live) before rank 5 (camera, live) before rank 12 (a backlog).
-        assert_eq!(pick([(1, 5), (2, 1), (3, 12)], 0), Some(2));
-        // Two channels of one rank alternate frame by frame.
-        let q = [(4, 3), (7, 3), (9, 8)];
-        assert_eq!(pick(q, 0), Some(4));
-        assert_eq!(pick(q, 4), Some(7));
-        assert_eq!(pick(q, 7), Some(4));
-        assert_eq!(pick(q, 9), Some(4));
-        assert_eq!(pick(std::iter::empty(), 3), None);
-    }
 
     #[test]
     fn the_brokers_commands_go_to_the_producer_or_request_they_name() {
@@ -876,7 +941,7 @@ mod tests {
     fn at_most_a_few_given_up_connections_per_broker_are_kept() {
         let retired = Retired::default();
         let mut brokers = Vec::new();
-        for _ in 0..=RETIRED_MAX {
+        for _ in 0..=state::RETIRED_MAX {
             let (rig, broker) = pair();
             retired.keep("b", std::os::fd::OwnedFd::from(rig));
             brokers.push(broker);

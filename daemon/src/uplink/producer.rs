@@ -18,20 +18,17 @@ use super::batch::BatchPolicy;
 use super::budget::Budget;
 use super::connect::{Link, Setup};
 use super::error::LinkError;
+use super::estimate::Sends;
 use super::plan::BrokerLast;
 use super::pool::Pool;
-use super::session::{Deadlines, LinkEnd, Log, Pace, Retry, Turn, TERMINATED_RETRY};
+use super::serve::{Inbound, Serve};
+use super::session::{End, LinkEnd, Log, Pace, Retry, Turn};
 use super::token::Token;
-use super::window::{Ack, Health, OnSendError, Outcome, Window, WindowConfig};
+use super::window::{Ack, Outcome, Window, WindowConfig};
 use crate::payload::Held;
 
 /// The whole connection setup (lookups, redirects, producer creation).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
-/// Written ahead into the socket per turn (whole frames).
-const WRITE_AHEAD: usize = 1 << 20;
-/// ... under a bandwidth budget: little, so that frames queued on the shared connection stay
-/// close to what the budget sends soon (the connection takes a queued frame whole).
-const BUDGET_WRITE_AHEAD: usize = 64 << 10;
 /// A link with no progress for this long while frames are outstanding is reported stalled
 /// (status: not connected; new frames spool).
 const LINK_STALL_AFTER: Duration = Duration::from_secs(5);
@@ -49,6 +46,8 @@ pub struct ProducerConfig {
     pub producer_name: String,
     pub rig: String,
     pub bucket_ms: u32,
+    /// The rig's group width in buckets (`Config::group_buckets`): the message key is the group.
+    pub group_buckets: u32,
     pub token: Token,
     pub max_in_flight: usize,
     pub max_in_flight_bytes: usize,
@@ -86,6 +85,8 @@ pub struct ProducerConfig {
     /// A live lane's numbering in this run, shared with its capture (None: the offline tools,
     /// recall): a broker holding ids of the name past it makes it jump ([`super::plan::Numbering`]).
     pub numbering: Option<super::plan::Numbering>,
+    /// The spool directory that keeps the name's last receipt (issue 46.5, [`super::probe::Receipts`]).
+    pub marks: Option<std::path::PathBuf>,
 }
 
 impl ProducerConfig {
@@ -99,6 +100,7 @@ impl ProducerConfig {
             producer_name,
             rig: rig.to_string(),
             bucket_ms,
+            group_buckets: 1,
             token: Token::None,
             max_in_flight: defaults.max_in_flight,
             max_in_flight_bytes: defaults.max_in_flight_bytes.0 as usize,
@@ -117,6 +119,7 @@ impl ProducerConfig {
             pool: Pool::new(None),
             properties: Vec::new(),
             numbering: None,
+            marks: None,
         }
     }
 
@@ -147,6 +150,7 @@ impl ProducerConfig {
             compression: p.compression,
             batch: BatchPolicy::from(p),
             hashing: p.hashing_scheme,
+            group_buckets: config.group_buckets(),
             ..ProducerConfig::new(
                 url,
                 config.topic_of(source),
@@ -173,6 +177,8 @@ pub struct ProducerStats {
     pub wire_bytes: AtomicU64,
     /// The broker terminated the topic: nothing more can be published to it.
     pub terminated: AtomicBool,
+    /// How long the source's producers' frames have waited on their connection (`pool`).
+    pub starved: Arc<super::pool::Starved>,
     pub last_error: Mutex<String>,
 }
 
@@ -284,6 +290,7 @@ impl Producer {
                 producer_name: cfg.producer_name.clone(),
                 rig: cfg.rig.clone(),
                 bucket_ms: cfg.bucket_ms,
+                group_buckets: cfg.group_buckets,
                 max_in_flight: cfg.max_in_flight,
                 max_in_flight_bytes: cfg.max_in_flight_bytes,
                 max_frame_bytes: cfg.max_frame_bytes,
@@ -330,8 +337,11 @@ impl Producer {
                 shutdown,
                 created: false,
                 budget: cfg.budget.clone(),
+                sends: None,
                 fresh: cfg.fresh,
                 numbering: cfg.numbering.clone(),
+                receipts: (cfg.marks.as_deref())
+                    .map(|d| super::probe::Receipts::open(d, &cfg.topic, &cfg.producer_name)),
             }
             .run(),
         );
@@ -418,8 +428,12 @@ struct Session {
     /// against the first creation only).
     created: bool,
     budget: Option<Arc<Budget>>,
+    /// The SENDs of the link served now that await their receipt ([`Sends`]); only under
+    /// `max-bandwidth = "auto"`, the one budget that reads their timing.
+    sends: Option<Sends>,
     fresh: bool,
     numbering: Option<super::plan::Numbering>,
+    receipts: Option<Arc<super::probe::Receipts>>,
 }
 
 impl Session {
@@ -440,8 +454,10 @@ impl Session {
             }
             self.setup.setup_timeout = retry.attempt(super::connect::REQUEST_TIMEOUT);
             let held: super::pool::Held = {
-                let shared = shared.clone();
-                Arc::new(move || shared.window().held_by_budget(Instant::now()))
+                let (starved, shared) = (shared.stats.starved.clone(), shared.clone());
+                Arc::new(super::pool::Reported::new(starved, move || {
+                    shared.window().held_by_budget(Instant::now())
+                }))
             };
             let establish = self.setup.establish(shared.rank.clone(), held);
             let established = tokio::select! {
@@ -452,22 +468,24 @@ impl Session {
             };
             let result = match established {
                 Ok((mut link, broker_id)) => {
-                    let mut broker_last = broker_id.map(BrokerLast::id);
-                    let asked = super::plan::probe(self.created, self.fresh, broker_id);
-                    if asked != super::plan::Probe::No {
-                        let read = tokio::select! {
-                            r = probe(&self.setup, asked) => r,
+                    let mark = self.receipts.as_ref().and_then(|r| r.persisted());
+                    let how = super::plan::read(
+                        self.created,
+                        self.fresh,
+                        broker_id,
+                        mark,
+                        self.receipts.is_some(),
+                    );
+                    let asked = how.judged_as();
+                    let read = if how == super::plan::Read::No {
+                        None
+                    } else {
+                        tokio::select! {
+                            r = probe(&self.setup, how, self.receipts.as_ref()) => r,
                             _ = stopped(&mut self.shutdown, &shared) => break,
-                        };
-                        broker_last = match asked {
-                            // The entry of the broker's id: its chunk count; another entry
-                            // (a later epoch's producer) says nothing of it.
-                            super::plan::Probe::ChunksOf(id) => {
-                                read.filter(|r| r.sequence_id == id).or(broker_last)
-                            }
-                            _ => read,
-                        };
-                    }
+                        }
+                    };
+                    let broker_last = super::session::broker_last(asked, read, broker_id);
                     self.created = true;
                     if let Some(n) = &self.numbering {
                         let key = format!("{} {}", self.setup.topic, self.setup.producer_name);
@@ -515,22 +533,20 @@ impl Session {
                 }
                 Err(e) => Err(e),
             };
-            let mut pace = Pace::Backoff;
-            let delay = match result {
-                Err(LinkError::Shutdown) => break,
-                Err(LinkError::Partitioned { topic, partitions }) => {
-                    tracing::info!(%topic, partitions, "the topic is partitioned: one producer per partition");
+            let (delay, watch) = match retry.end(&result, Instant::now()) {
+                End::Stop => break,
+                End::Partitioned { partitions, wait } => {
+                    tracing::info!(topic = %self.setup.topic, partitions, "the topic is partitioned: one producer per partition");
                     shared.partitioned.store(partitions, Ordering::Release);
                     shared.room.notify_one();
-                    // Closed by its TopicProducer soon; asked again only if it is not.
-                    TERMINATED_RETRY
+                    (wait, false)
                 }
-                Err(e) => {
-                    let failed = retry.failed(&e, Instant::now());
-                    let msg = e.to_string();
+                End::Failed(failed) => {
+                    let msg = result.err().map(|e| e.to_string()).unwrap_or_default();
                     let topic = &self.setup.topic;
+                    let terminated = failed.pace == Pace::Terminated;
                     match failed.log {
-                        Log::Down if failed.pace == Pace::Terminated => {
+                        Log::Down if terminated => {
                             tracing::error!(%topic, error = %msg, in_flight = shared.window().frames(),
                                 "topic terminated by the broker: nothing more can be published to it; frames stay in the spool");
                         }
@@ -545,15 +561,13 @@ impl Session {
                         Log::Quiet => {}
                     }
                     stats.set_error(&msg);
-                    if failed.pace == Pace::Terminated {
+                    if terminated {
                         stats.terminated.store(true, Ordering::Relaxed);
                     }
-                    pace = failed.pace;
-                    failed.delay
+                    (failed.delay, failed.pace == Pace::Unreachable)
                 }
-                Ok(()) => retry.ended(),
+                End::Again(wait) => (wait, false),
             };
-            let watch = pace == Pace::Unreachable;
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = self.setup.reachable(), if watch => {
@@ -570,28 +584,30 @@ impl Session {
     /// until the link fails, or after a stop once nothing is outstanding or the grace is over.
     async fn serve(&mut self, link: &mut Link) -> Result<(), LinkError> {
         let shared = self.shared.clone();
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut deadlines = Deadlines::default();
+        let mut serve = Serve::new(self.budget.as_ref().map(|b| b.rate()));
         let mut abort_armed = false;
-        let mut written = 0;
         let progress = link.channel.progress.clone();
+        // Each SEND on this link, timed for the budget's estimator (`max-bandwidth = "auto"`).
+        self.sends = (self.budget.as_ref())
+            .filter(|b| b.is_auto())
+            .map(|_| Sends::default());
         loop {
             let now = Instant::now();
-            if deadlines.stop_if(self.stopping(), now) {
+            if serve.begin(self.stopping(), now) {
                 shared.window().close();
             }
             let (_, queued) = link.conn.progress(link.producer_id);
-            let (batch_due, health, idle) = {
+            let judged = {
                 let mut w = shared.window();
                 w.close_batch_if_due(now);
-                let ahead = match &self.budget {
-                    Some(b) => BUDGET_WRITE_AHEAD.min(super::budget::bytes_ahead(b.rate())),
-                    None => WRITE_AHEAD,
-                };
                 let publish_ms = (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64;
-                while queued + link.out.len() < ahead && !abort_armed {
-                    match w.encode_next(&mut link.out, now, publish_ms) {
+                while serve.may_encode(queued, link.out.len()) && !abort_armed {
+                    let before = link.out.len();
+                    let encoded = w.encode_next(&mut link.out, now, publish_ms);
+                    if let (Some(s), Some(_)) = (&mut self.sends, &encoded) {
+                        s.sent(link.out.len() - before);
+                    }
+                    match encoded {
                         Some(e) if e.chunks > 1 && abort_after_chunk() == Some(e.chunk) => {
                             abort_armed = true;
                         }
@@ -600,22 +616,22 @@ impl Session {
                     }
                 }
                 shared.settle(&mut w);
-                (w.batch_due(), w.health(now), w.idle())
+                serve.judge(w.health(now), w.idle(), w.batch_due(), now)
             };
             link.push()?;
-            let moving = health == Health::Moving;
-            if shared.set_connected(moving) != moving {
+            if let Some(up) = judged.link {
+                shared.set_connected(up);
                 shared.room.notify_one();
-                if !moving {
-                    let why = format!(
-                        "link stalled: no byte accepted and no receipt for {} s",
-                        LINK_STALL_AFTER.as_secs()
-                    );
-                    tracing::warn!(topic = %self.setup.topic, "{why}; new frames go to the spool");
-                    shared.stats.set_error(&why);
-                }
             }
-            match deadlines.turn(health, idle, now) {
+            if judged.stalled {
+                let why = format!(
+                    "link stalled: no byte accepted and no receipt for {} s",
+                    LINK_STALL_AFTER.as_secs()
+                );
+                tracing::warn!(topic = %self.setup.topic, "{why}; new frames go to the spool");
+                shared.stats.set_error(&why);
+            }
+            match judged.turn {
                 Turn::Serve => {}
                 Turn::Dead => {
                     return Err(LinkError::Timeout(
@@ -630,12 +646,10 @@ impl Session {
                 tracing::error!("test failpoint: aborting between chunks");
                 std::process::abort();
             }
-            let wake_at = |t: Option<Instant>| {
-                tokio::time::Instant::from_std(t.unwrap_or(now + Duration::from_secs(3600)))
-            };
+            let draining = serve.draining();
             tokio::select! {
                 biased;
-                r = self.shutdown.changed(), if !deadlines.draining() => {
+                r = self.shutdown.changed(), if !draining => {
                     if r.is_err() {
                         // The daemon's side is gone: stop as if told to.
                         shared.closing.store(true, Ordering::Release);
@@ -645,52 +659,60 @@ impl Session {
                     let Some(frame) = frame else {
                         return Err(link.conn.failure().unwrap_or(LinkError::Closed));
                     };
-                    self.on_command(frame.cmd)?;
+                    self.on_command(&frame.cmd)?;
                 }
                 // Bytes of this producer went out, or of another while this one's wait (the
                 // connection moves; the writer serves the best rank first).
                 _ = progress.notified() => {
-                    let (now_written, _) = link.conn.progress(link.producer_id);
-                    shared
-                        .stats
-                        .wire_bytes
-                        .fetch_add(now_written.saturating_sub(written), Ordering::Relaxed);
-                    written = written.max(now_written);
-                    shared.window().progressed(Instant::now());
+                    let (written, queued) = link.conn.progress(link.producer_id);
+                    let (new, now) = (serve.wrote(written), Instant::now());
+                    if let Some(s) = &mut self.sends {
+                        s.wrote(written, now);
+                    }
+                    shared.stats.wire_bytes.fetch_add(new, Ordering::Relaxed);
+                    shared.window().progressed(new as usize, queued == 0, now);
                     if let Some(e) = link.conn.failure() {
                         return Err(e);
                     }
                 }
-                _ = shared.work.notified(), if !deadlines.draining() => {}
-                _ = tokio::time::sleep_until(wake_at(batch_due)), if batch_due.is_some() => {}
-                _ = tokio::time::sleep_until(wake_at(deadlines.drain_deadline())), if deadlines.draining() => {}
-                _ = tick.tick() => {}
+                _ = shared.work.notified(), if !draining => {}
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(judged.wake)) => {}
             }
         }
     }
 
-    fn on_command(&mut self, cmd: pulsar::proto::BaseCommand) -> Result<(), LinkError> {
+    /// Hands a command from the broker to the window (see [`super::serve::inbound`]).
+    fn on_command(&mut self, cmd: &pulsar::proto::BaseCommand) -> Result<(), LinkError> {
         let now = Instant::now();
-        if let Some(r) = cmd.send_receipt {
-            let mut w = self.shared.window();
-            w.on_receipt(r.sequence_id, now)
-                .map_err(LinkError::Broker)?;
-            self.shared.settle(&mut w);
-        } else if let Some(e) = cmd.send_error {
-            let mut w = self.shared.window();
-            let action = w.on_send_error(e.sequence_id, e.error, &e.message, now);
-            self.shared.settle(&mut w);
-            match action {
-                OnSendError::Refused => {}
-                OnSendError::Terminated(why) => return Err(LinkError::Terminated(why)),
-                OnSendError::Reconnect(why) => return Err(LinkError::Broker(why)),
-            }
-        } else if cmd.close_producer.is_some() {
-            return Err(LinkError::Moving(
-                "the broker closed the producer (topic unloaded or moved)".into(),
-            ));
+        if let (Some(m), Some(r)) = (&self.receipts, &cmd.send_receipt) {
+            m.receipt(r);
         }
-        Ok(())
+        if cmd.send_receipt.is_some() || cmd.send_error.is_some() {
+            let answered = self.sends.as_mut().and_then(Sends::answered);
+            if let (Some(b), Some((bytes, written))) = (&self.budget, answered) {
+                b.receipt(bytes, written, now);
+            }
+        }
+        match super::serve::inbound(cmd) {
+            Inbound::Receipt(sequence_id) => {
+                let mut w = self.shared.window();
+                let judged = w.on_receipt(sequence_id, now).map_err(LinkError::Broker);
+                self.shared.settle(&mut w);
+                judged
+            }
+            Inbound::SendError {
+                sequence_id,
+                code,
+                message,
+            } => {
+                let mut w = self.shared.window();
+                let action = w.on_send_error(sequence_id, code, &message, now);
+                self.shared.settle(&mut w);
+                super::serve::after_send_error(action)
+            }
+            Inbound::Closed => Err(super::serve::closed_by_broker()),
+            Inbound::Other => Ok(()),
+        }
     }
 }
 
@@ -698,13 +720,20 @@ impl Session {
 /// no deduplication state for the producer (forgotten after a long absence, or dedup off), or
 /// named an id without its frame's chunk count. Bounded; on failure the broker's answer stands
 /// (frames of an earlier run may then arrive twice, never lost).
-async fn probe(setup: &Setup, asked: super::plan::Probe) -> Option<BrokerLast> {
+async fn probe(
+    setup: &Setup,
+    asked: super::plan::Read,
+    receipts: Option<&Arc<super::probe::Receipts>>,
+) -> Option<BrokerLast> {
     // A setup of its own (its host choice), on the rig's connection to the topic's broker.
     let mut own = setup.sibling();
-    let settle = asked == super::plan::Probe::LastEntry;
-    let r = tokio::time::timeout(PROBE_TIMEOUT, super::probe::last_entry(&mut own, settle))
-        .await
-        .unwrap_or_else(|_| Err(LinkError::Timeout("the probe".into())));
+    let settle = asked.settles();
+    let r = tokio::time::timeout(
+        PROBE_TIMEOUT,
+        super::probe::last_entry(&mut own, asked, receipts),
+    )
+    .await
+    .unwrap_or_else(|_| Err(LinkError::Timeout("the probe".into())));
     match r {
         Ok(Some(last)) if !settle => {
             tracing::debug!(topic = %setup.topic, last_sequence_id = last.sequence_id, chunks = ?last.chunks,

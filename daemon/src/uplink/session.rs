@@ -338,6 +338,53 @@ impl Retry {
     }
 }
 
+/// What the session does once a link, or an attempt at one, ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// A stop: the task ends.
+    Stop,
+    /// The topic is partitioned into this many: this producer publishes nothing (its
+    /// `TopicProducer` opens one per partition and closes it); asked again after `wait` only if not.
+    Partitioned { partitions: u32, wait: Duration },
+    /// A failure: logged as `Failed::log`, the error recorded for status, then the wait (cut short
+    /// by the broker's first sign of life when the pace is [`Pace::Unreachable`]).
+    Failed(Failed),
+    /// Served, and ended without an error: wait this long.
+    Again(Duration),
+}
+
+impl Retry {
+    /// A link or an attempt ended with `result`.
+    pub fn end(&mut self, result: &Result<(), LinkError>, now: Instant) -> End {
+        match result {
+            Err(LinkError::Shutdown) => End::Stop,
+            Err(LinkError::Partitioned { partitions, .. }) => End::Partitioned {
+                partitions: *partitions,
+                wait: TERMINATED_RETRY,
+            },
+            Err(e) => End::Failed(self.failed(e, now)),
+            Ok(()) => End::Again(self.ended()),
+        }
+    }
+}
+
+/// What the session knows of the broker's last stored frame of this producer name after the
+/// probe (`asked`, what it read, `read`) at a creation where the broker named `named` (its
+/// deduplication state). Asked for the chunk count of the named id, only the entry of that id
+/// says it (another entry is a later epoch's); asked for the last entry, what it read decides.
+pub fn broker_last(
+    asked: super::plan::Probe,
+    read: Option<super::plan::BrokerLast>,
+    named: Option<u64>,
+) -> Option<super::plan::BrokerLast> {
+    let named_last = named.map(super::plan::BrokerLast::id);
+    match asked {
+        super::plan::Probe::No => named_last,
+        super::plan::Probe::ChunksOf(id) => read.filter(|r| r.sequence_id == id).or(named_last),
+        super::plan::Probe::LastEntry => read,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -532,5 +579,65 @@ mod tests {
         );
         // A dead link is dead, stopping or not.
         assert_eq!(d.turn(Health::Dead, true, t0), Turn::Dead);
+    }
+
+    #[test]
+    fn a_link_ends_in_a_stop_a_partitioned_topic_a_failure_or_again() {
+        let t0 = Instant::now();
+        let mut r = Retry::new(1, t0);
+        assert_eq!(r.end(&Err(LinkError::Shutdown), t0), End::Stop);
+        assert_eq!(
+            r.end(
+                &Err(LinkError::Partitioned {
+                    topic: "t".into(),
+                    partitions: 4
+                }),
+                t0
+            ),
+            End::Partitioned {
+                partitions: 4,
+                wait: TERMINATED_RETRY
+            }
+        );
+        let End::Failed(f) = r.end(&Err(LinkError::Closed), t0) else {
+            panic!("a failure")
+        };
+        assert_eq!((f.log, f.pace), (Log::Down, Pace::Backoff));
+        assert!(matches!(r.end(&Ok(()), t0), End::Again(d) if d <= Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn the_probe_decides_the_brokers_last_only_for_what_it_was_asked() {
+        use super::super::plan::{BrokerLast, Probe};
+        let entry = |id: u64, chunks| BrokerLast {
+            sequence_id: id,
+            chunks: Some(chunks),
+        };
+        // not asked: the broker's named id
+        assert_eq!(
+            broker_last(Probe::No, None, Some(9)),
+            Some(BrokerLast::id(9))
+        );
+        assert_eq!(broker_last(Probe::No, None, None), None);
+        // the chunk count of the named id: that entry only
+        assert_eq!(
+            broker_last(Probe::ChunksOf(9), Some(entry(9, 3)), Some(9)),
+            Some(entry(9, 3))
+        );
+        assert_eq!(
+            broker_last(Probe::ChunksOf(9), Some(entry(12, 2)), Some(9)),
+            Some(BrokerLast::id(9)),
+            "a later epoch's entry says nothing of id 9"
+        );
+        assert_eq!(
+            broker_last(Probe::ChunksOf(9), None, Some(9)),
+            Some(BrokerLast::id(9))
+        );
+        // no deduplication state: the topic's entry decides, or nothing is known
+        assert_eq!(
+            broker_last(Probe::LastEntry, Some(entry(4, 1)), None),
+            Some(entry(4, 1))
+        );
+        assert_eq!(broker_last(Probe::LastEntry, None, None), None);
     }
 }

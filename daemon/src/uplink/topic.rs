@@ -236,9 +236,9 @@ impl TopicProducer {
             Parts::Whole(p) => p.try_submit(frame),
             Parts::Partitioned { parts, .. } if parts.is_empty() => Err(frame),
             Parts::Partitioned { parts, order, .. } => {
-                let key = Bucket::of(frame.capture_ns, self.cfg.bucket_ms)
-                    .0
-                    .to_string();
+                // The group, as the message key is ([`crate::wire::key`]): a GOP on one partition.
+                let bucket = Bucket::of(frame.capture_ns, self.cfg.bucket_ms).0;
+                let key = rigd_drivers::group_start(bucket, self.cfg.group_buckets).to_string();
                 let routes = match &self.routing {
                     None => None,
                     Some(Routing { routes: Ok(r), .. }) => Some(r),

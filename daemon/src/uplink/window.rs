@@ -17,7 +17,8 @@
 //!   After a reconnect everything without a receipt is written again under the same sequence ids
 //!   and the broker's deduplication answers, as the Java client does: the broker's reported id is
 //!   its highest *pushed*, not persisted, so it proves nothing about frames of this process.
-//! - The link is judged by progress: bytes accepted by the socket or receipts. Nothing for
+//! - The link is judged by progress: receipts, or bytes accepted by the socket ([`PROGRESS_BYTES`]
+//!   of them, or the last of what the producer handed the connection). Nothing for
 //!   `stall_after` while something is outstanding: the link is reported stalled (new frames spool);
 //!   nothing for `progress_timeout`: it is dead and the session reconnects. A slow link that keeps
 //!   moving is never timed out, however large the frame.
@@ -38,11 +39,19 @@ use crate::wire::Envelope;
 /// Room left in a chunk (and a batch) for the command and metadata.
 pub const CHUNK_HEADROOM: usize = 16 << 10;
 
+/// Bytes the socket must take to count as progress (or the last of what waits for it): a link
+/// that takes a few hundred bytes a second (8 kbit/s under a 1 MiB frame) moves too little to
+/// carry anything live and is reported stalled, as a silent one is; 16 KiB in `stall_after` (5 s)
+/// is 26 kbit/s. Shared with the connection's own judgement (`pool::state`).
+pub const PROGRESS_BYTES: usize = 16 << 10;
+
 #[derive(Debug, Clone)]
 pub struct WindowConfig {
     pub producer_name: String,
     pub rig: String,
     pub bucket_ms: u32,
+    /// Messages are keyed by their group of this many buckets (`crate::wire::key`).
+    pub group_buckets: u32,
     pub max_in_flight: usize,
     pub max_in_flight_bytes: usize,
     pub max_frame_bytes: usize,
@@ -224,6 +233,8 @@ pub struct Window {
     broker_last: Option<plan::BrokerLast>,
     created_once: bool,
     last_progress: Instant,
+    /// Bytes the socket took since `last_progress` (below [`PROGRESS_BYTES`]).
+    unproven: usize,
     /// No new frames: shutting down.
     closing: bool,
     terminated: Option<String>,
@@ -250,6 +261,7 @@ impl Window {
             broker_last: None,
             created_once: false,
             last_progress: now,
+            unproven: 0,
             closing: false,
             terminated: None,
             refused_ids: VecDeque::new(),
@@ -572,7 +584,12 @@ impl Window {
     /// What a frame's message says besides its payload: the envelope and this producer's own
     /// properties.
     fn envelope(&self, frame: &Held) -> Envelope {
-        let mut e = Envelope::of(&self.cfg.rig, self.cfg.bucket_ms, frame);
+        let mut e = Envelope::grouped(
+            &self.cfg.rig,
+            self.cfg.bucket_ms,
+            self.cfg.group_buckets,
+            frame,
+        );
         e.properties.extend(self.cfg.properties.iter().cloned());
         e
     }
@@ -835,9 +852,14 @@ impl Window {
         })
     }
 
-    /// Bytes went out on the socket.
-    pub fn progressed(&mut self, now: Instant) {
-        self.last_progress = now;
+    /// `bytes` more went out on the socket; `all`: nothing this producer handed the connection
+    /// waits untaken. Progress once they add up to [`PROGRESS_BYTES`], or with the last.
+    pub fn progressed(&mut self, bytes: usize, all: bool, now: Instant) {
+        self.unproven += bytes;
+        if all || self.unproven >= PROGRESS_BYTES {
+            self.unproven = 0;
+            self.last_progress = now;
+        }
     }
 
     /// Bytes are ready but the bandwidth budget holds them back (other sources go first): the

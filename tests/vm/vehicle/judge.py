@@ -4,6 +4,17 @@ Python client (tests/pulsar/consume.py), never with rigd's own counters.
   judge.py namespace NAME                     creates public/NAME with deduplication; prints it
   judge.py arrived NS RIG SOURCE...           every source has frames, each a valid one of its kind
   judge.py count NS RIG SOURCE...             prints {"source": messages, ...} as JSON
+  judge.py canlog OUT SECONDS RATE            writes a candump log for canplayer: RATE frames/s of
+                                              every kind (standard, extended, RTR, CAN FD with and
+                                              without BRS/ESI), random ids, lengths and data
+  judge.py can NS RIG SOURCE LOG... [--classic] [--filter ID/MASK]...
+                                              the CAN source's records (decoded here from the
+                                              wire format) hold exactly the frames of the candump
+                                              logs, in order, with candump's timestamps
+  judge.py canreplay WRITTEN CAPTURED         the frames of `rigd replay --out`'s candump log
+                                              (WRITTEN) are those candump logged when canplayer
+                                              played it (CAPTURED): same order, ids, flags, data;
+                                              both read by python-can's candump-log reader
   judge.py exactly-once NS RIG SOURCE... [--survived JSON]
                                               every `seq` of every source once, 0..n-1 in order;
                                               with --survived {"src": [held_before, spooled_at_cut]}:
@@ -56,12 +67,191 @@ def check_frame(m: dict) -> str | None:
         if not p.get("content-type", "").startswith("audio/L16") or len(payload) % 2 or not payload:
             return f"audio seq {p.get('seq')}: {p.get('content-type')} with {len(payload)} bytes"
         return None
+    if kind == "can":
+        try:
+            frames = can_frames(payload)
+        except ValueError as e:
+            return f"can seq {p.get('seq')}: {e}"
+        if p.get("content-type") != "application/x-rigd-can" or int(p.get("frames", -1)) != len(frames):
+            return f"can seq {p.get('seq')}: {p.get('content-type')}, frames {p.get('frames')} but {len(frames)} decoded"
+        return None
     if kind == "serial":
         line = payload.decode(errors="replace")
         if not nmea_valid(line):
             return f"serial seq {p.get('seq')}: not a valid NMEA sentence: {line[:80]!r}"
         return None
     return f"unknown modality {kind!r}"
+
+
+# The CAN record format (docs/DRIVERS.md, "CAN"), read here on its own: per frame ts_ns i64,
+# can_id u32, flags u8 (bit0 FD, bit1 BRS, bit2 ESI), len u8, reserved u16, then len data bytes.
+CAN_HEADER = struct.Struct("<qIBBH")
+EFF, RTR, ERR = 0x80000000, 0x40000000, 0x20000000
+FD, BRS, ESI = 1, 2, 4
+
+
+def can_frames(payload: bytes) -> list[tuple[int, int, int, bytes]]:
+    """(ts_ns, can_id, flags, data) of every frame of one record."""
+    out, at = [], 0
+    while at < len(payload):
+        if at + CAN_HEADER.size > len(payload):
+            raise ValueError(f"record cut at offset {at}")
+        ts, can_id, flags, n, reserved = CAN_HEADER.unpack_from(payload, at)
+        if reserved or n > (64 if flags & FD else 8) or at + CAN_HEADER.size + n > len(payload):
+            raise ValueError(f"bad frame at offset {at}: len {n}, reserved {reserved}")
+        at += CAN_HEADER.size
+        out.append((ts, can_id, flags, payload[at:at + n]))
+        at += n
+    return out
+
+
+def candump_frames(path: str) -> list[tuple[int, int, int, bytes | None, int | None]]:
+    """(ts_us, can_id with flags, flags, data or None for RTR, RTR length or None) per line of a
+    `candump -L` log: `(1700000000.123456) vcan0 123#DEADBEEF`, `12345678#...` extended,
+    `123##3DATA` CAN FD with its flags nibble (1 BRS, 2 ESI), `123#R` or `123#R5` RTR."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        parts = line.split()
+        if len(parts) != 3 or not parts[0].startswith("("):
+            continue
+        sec, usec = parts[0].strip("()").split(".")
+        ts_us = int(sec) * 1_000_000 + int(usec)
+        ident, _, rest = parts[2].partition("#")
+        can_id = int(ident, 16) | (EFF if len(ident) == 8 else 0)
+        if rest.startswith("#"):
+            nibble = int(rest[1], 16)
+            flags = FD | (BRS if nibble & 1 else 0) | (ESI if nibble & 2 else 0)
+            out.append((ts_us, can_id, flags, bytes.fromhex(rest[2:]), None))
+        elif rest.startswith("R"):
+            out.append((ts_us, can_id | RTR, 0, None, int(rest[1], 16) if len(rest) > 1 else None))
+        else:
+            out.append((ts_us, can_id, 0, bytes.fromhex(rest), None))
+    return out
+
+
+def canlog(out: str, seconds: float, rate: int) -> int:
+    """A candump -L log of `seconds` of traffic at `rate` frames/s, evenly spaced, to be replayed
+    by canplayer (which keeps the pace by sending what is due after a stall)."""
+    import random
+    rnd = random.Random(52)
+    fd_lens = [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32, 48, 64]
+    lines = []
+    for i in range(int(seconds * rate)):
+        us = 1_000_000 * 1_000_000 + i * 1_000_000 // rate
+        ext = rnd.random() < 0.5
+        ident = f"{rnd.getrandbits(29):08X}" if ext else f"{rnd.getrandbits(11):03X}"
+        kind = rnd.random()
+        if kind < 0.45:  # CAN FD, flags nibble 1 BRS, 2 ESI
+            body = f"#{rnd.getrandbits(2):X}" + rnd.randbytes(rnd.choice(fd_lens)).hex().upper()
+        elif kind < 0.55:  # remote request (length 0: every canplayer reads it)
+            body = "R"
+        else:
+            body = rnd.randbytes(rnd.randint(0, 8)).hex().upper()
+        lines.append(f"({us // 1_000_000}.{us % 1_000_000:06d}) vcan0 {ident}#{body}\n")
+    Path(out).write_text("".join(lines))
+    print(f"{len(lines)} frames over {seconds} s")
+    return 0
+
+
+def passes(can_id: int, flags: int, classic: bool, filters: list[str]) -> bool:
+    """Whether rigd's socket gets this frame: `fd = false` drops FD frames; each filter as
+    rigd gives it to the kernel (CAN_RAW_FILTER), the frame format part of the match."""
+    if classic and flags & FD:
+        return False
+    if not filters:
+        return True
+    for f in filters:
+        fid, fmask = (int(x, 16) for x in f.split("/"))
+        ext = fid > 0x7FF or fmask > 0x7FF
+        if bool(can_id & EFF) != ext:
+            continue
+        raw = can_id & (0x1FFFFFFF if ext else 0x7FF)
+        if raw & fmask == fid & fmask:
+            return True
+    return False
+
+
+def can(ns: str, rig: str, source: str, logs: list[str], classic: bool, filters: list[str]) -> int:
+    dumped = [f for log in logs for f in candump_frames(log)]
+    # The kernel stamps a frame when it takes it in; on vcan a sender that moves between CPUs has
+    # frames reach the sockets out of the order of their stamps (a softirq per CPU), candump's as
+    # rigd's. The stamps' order is the order the frames were sent in (checked against canplayer's
+    # log: equal), and rigd's records keep it: candump's lines sorted by their stamps (stably).
+    delivered_out_of_order = sum(1 for a, b in zip(dumped, dumped[1:]) if b[0] < a[0])
+    dumped.sort(key=lambda f: f[0])
+    want = [f for f in dumped if passes(f[1], f[2], classic, filters)]
+    msgs = consume(BROKER_URL, [topic(ns, rig, source)], idle_timeout_s=8, total_timeout_s=300,
+                   consumer_type=pulsar.ConsumerType.Exclusive, receiver_queue_size=5000)
+    problems: list[str] = []
+    seqs = [int(m["properties"]["seq"]) for m in msgs]
+    if seqs != list(range(len(seqs))):
+        problems.append(f"seqs not 0..{len(seqs) - 1} in order: {seqs[:10]}...")
+    got, buckets, last_ts, biggest = [], [], None, 0
+    for m in msgs:
+        p = m["properties"]
+        if (bad := check_frame(m)):
+            problems.append(bad)
+            continue
+        frames = can_frames(m["payload"])
+        biggest = max(biggest, len(frames))
+        bucket_ns = int(p["bucket-ms"]) * 1_000_000
+        bucket = int(p["bucket"])
+        buckets.append(bucket)
+        if not frames:
+            problems.append(f"seq {p['seq']}: an empty record")
+            continue
+        if int(p["capture-ns"]) != frames[0][0]:
+            problems.append(f"seq {p['seq']}: capture-ns {p['capture-ns']} is not its first frame's {frames[0][0]}")
+        outside = [ts for ts, *_ in frames if ts // bucket_ns != bucket]
+        if outside:
+            problems.append(f"seq {p['seq']}: {len(outside)} frames outside bucket {bucket}")
+        for ts, *_ in frames:
+            if last_ts is not None and ts < last_ts:
+                problems.append(f"seq {p['seq']}: time goes back {last_ts} -> {ts}")
+            last_ts = ts
+        got += frames
+    # One record per bucket; a frame delivered after its bucket's record went out (counted `late`
+    # on the rig) makes a second record of that bucket, never one out of order.
+    if any(b < a for a, b in zip(buckets, buckets[1:])):
+        problems.append("records out of bucket order")
+    repeated = sum(1 for a, b in zip(buckets, buckets[1:]) if a == b)
+    # Frame by frame against candump: id (with its flags), FD flags, data (RTR: the length, when
+    # candump printed it), and the receive time to the microsecond (both read the kernel's stamp).
+    worst_us, mismatches = 0, 0
+    for i, (g, w) in enumerate(zip(got, want)):
+        ts, can_id, flags, data = g
+        w_us, w_id, w_flags, w_data, w_rtr_len = w
+        same = can_id == w_id and flags == w_flags
+        if w_data is not None:
+            same = same and data == w_data
+        elif w_rtr_len is not None:
+            same = same and len(data) == w_rtr_len
+        worst_us = max(worst_us, abs(ts // 1000 - w_us))
+        if not same:
+            mismatches += 1
+            if mismatches <= 3:
+                problems.append(f"frame {i}: rigd {can_id:#x} flags {flags} {data.hex()} != candump "
+                                f"{w_id:#x} flags {w_flags} {w_data.hex() if w_data is not None else 'RTR'}")
+    if len(got) != len(want):
+        problems.append(f"{len(got)} frames on Pulsar, {len(want)} in candump's log")
+    if worst_us > 1:
+        problems.append(f"receive times differ from candump's by up to {worst_us} us")
+    kinds = {
+        "extended": sum(1 for f in got if f[1] & EFF),
+        "rtr": sum(1 for f in got if f[1] & RTR),
+        "fd": sum(1 for f in got if f[2] & FD),
+        "brs": sum(1 for f in got if f[2] & BRS),
+        "esi": sum(1 for f in got if f[2] & ESI),
+    }
+    span = (want[-1][0] - want[0][0]) / 1e6 if len(want) > 1 else 0
+    print(f"{source}: {len(got)} frames in {len(msgs)} records (at most {biggest} in one), candump "
+          f"{len(want)} over {span:.1f} s ({len(want) / max(span, 1e-9):.0f}/s); "
+          + ", ".join(f"{k} {v}" for k, v in kinds.items())
+          + f"; {mismatches} differ; times within {worst_us} us of candump's; {repeated} buckets with a second record; "
+          f"candump got {delivered_out_of_order} frames before one stamped earlier")
+    for p in problems[:10]:
+        print("problem:", p)
+    return 1 if problems or not got else 0
 
 
 def rms_dbfs(payload: bytes) -> float:
@@ -199,6 +389,33 @@ def exactly_once(ns: str, rig: str, sources: list[str], survived: dict | None) -
     return 0 if ok else 1
 
 
+def canreplay(written: str, captured: str) -> int:
+    """What canplayer played from rigd's log is what candump saw, frame for frame."""
+    import can
+
+    def frames(path: str) -> list[tuple]:
+        return [(m.arbitration_id, m.is_extended_id, m.is_remote_frame, m.is_fd, m.bitrate_switch,
+                 m.error_state_indicator, m.dlc if m.is_remote_frame else None, bytes(m.data),
+                 m.timestamp) for m in can.io.CanutilsLogReader(path)]
+
+    w, c = frames(written), frames(captured)
+    same = sum(1 for a, b in zip(w, c) if a[:8] == b[:8])
+    fd = sum(1 for f in w if f[3])
+    span_w = w[-1][8] - w[0][8] if len(w) > 1 else 0.0
+    span_c = c[-1][8] - c[0][8] if len(c) > 1 else 0.0
+    print(f"rigd's log: {len(w)} frames ({fd} CAN FD) over {span_w:.2f} s; candump on vcan1: {len(c)} "
+          f"over {span_c:.2f} s; {same} equal in order")
+    if not w:
+        print("rigd's log holds no frame")
+        return 1
+    if len(c) != len(w) or same != len(w):
+        first = next((i for i, (a, b) in enumerate(zip(w, c)) if a[:8] != b[:8]), min(len(w), len(c)))
+        print(f"first difference at frame {first}: {w[first] if first < len(w) else None} "
+              f"vs {c[first] if first < len(c) else None}")
+        return 1
+    return 0
+
+
 def main() -> int:
     # The client library logs to file descriptor 1; the shell script reads the result from stdout,
     # so the library's lines go to stderr and only the result stays on stdout.
@@ -207,15 +424,24 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = result
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["namespace", "arrived", "count", "exactly-once"])
+    ap.add_argument("what", choices=["namespace", "arrived", "count", "exactly-once", "can", "canlog",
+                                            "canreplay"])
     ap.add_argument("args", nargs="+")
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--survived", default=None)
+    ap.add_argument("--classic", action="store_true", help="can: the source has fd = false")
+    ap.add_argument("--filter", action="append", default=[], help="can: the source's filters, ID/MASK in hex")
     a = ap.parse_args()
+    if a.what == "canlog":
+        return canlog(a.args[0], float(a.args[1]), int(a.args[2]))
+    if a.what == "canreplay":
+        return canreplay(a.args[0], a.args[1])
     if a.what == "namespace":
         print(namespace_with_dedup(a.args[0]))
         return 0
     ns, rig, sources = a.args[0], a.args[1], a.args[2:]
+    if a.what == "can":
+        return can(ns, rig, sources[0], sources[1:], a.classic, a.filter)
     if a.what == "arrived":
         return arrived(ns, rig, sources, a.timeout)
     if a.what == "count":

@@ -14,6 +14,11 @@
 //! `rigd_live_dropped_total`). Publishing never waits for a client. At most `max_clients` are
 //! connected at once; the next one is refused with 503 before the upgrade.
 //!
+//! A camera with a proxy (docs/LIVE.md "Proxies first") has its full-resolution channel **on
+//! demand** ([`LiveHub::set_on_demand`]): advertised only to a client that connected with
+//! `?full=1` ([`wants_full`]), so a viewer sees the proxies by default; a channel set on demand
+//! after clients connected is unadvertised to the others (and their subscriptions to it end).
+//!
 //! Both subprotocol names in use are accepted: `foxglove.sdk.v1` (the current Foxglove app,
 //! foxglove_bridge 3.x) and `foxglove.websocket.v1` (older clients, Lichtblick); the one the
 //! client offered is echoed, and a request that offers neither gets 400.
@@ -28,10 +33,11 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
+pub use queue::Picture;
 use queue::{ClientQueue, Data, Outgoing};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
@@ -107,6 +113,8 @@ impl std::fmt::Debug for LiveHub {
 
 struct ChannelEntry {
     channel: Channel,
+    /// Advertised only to clients that asked for full resolution (a camera with a proxy).
+    on_demand: AtomicBool,
     subscribers: AtomicUsize,
     /// The source's drop counter (shared by its channels).
     dropped: Arc<AtomicU64>,
@@ -173,6 +181,7 @@ impl LiveHub {
         };
         let entry = Arc::new(ChannelEntry {
             channel,
+            on_demand: AtomicBool::new(false),
             subscribers: AtomicUsize::new(0),
             dropped,
         });
@@ -190,6 +199,45 @@ impl LiveHub {
             client.wake.notify_one();
         }
         ChannelHandle(entry)
+    }
+
+    /// Makes channel `id` (a camera's full resolution, beside its proxy's channel) on demand:
+    /// from now on advertised only to clients that connected with `?full=1`; the others are sent
+    /// `unadvertise` and lose their subscriptions to it. False for a channel the hub does not have.
+    pub fn set_on_demand(&self, id: u32) -> bool {
+        let Some(entry) = self.entry(id) else {
+            return false;
+        };
+        if entry.on_demand.swap(true, Ordering::Relaxed) {
+            return true;
+        }
+        let text = serde_json::json!({ "op": "unadvertise", "channelIds": [id] }).to_string();
+        for client in self.lock_clients().iter().filter(|c| !c.full) {
+            let mut s = client.lock();
+            let subs: Vec<u32> = s
+                .subscriptions
+                .iter()
+                .filter(|(_, c)| **c == id)
+                .map(|(sub, _)| *sub)
+                .collect();
+            for sub in subs {
+                s.subscriptions.remove(&sub);
+                s.queue.remove_subscription(sub);
+                entry.subscribers.fetch_sub(1, Ordering::Relaxed);
+            }
+            if s.queue.push_text(text.clone()) > MAX_CONTROL {
+                s.overflow = true;
+            }
+            drop(s);
+            client.wake.notify_one();
+        }
+        true
+    }
+
+    /// Whether channel `id` is on demand ([`LiveHub::set_on_demand`]).
+    pub fn on_demand(&self, id: u32) -> bool {
+        self.entry(id)
+            .is_some_and(|e| e.on_demand.load(Ordering::Relaxed))
     }
 
     /// The handle of channel `id`.
@@ -254,13 +302,26 @@ impl LiveHub {
     /// Hands one encoded message of `channel`, captured at `receive_ns` on the rig clock, to every
     /// client subscribed to it. Never waits: a client that is behind loses messages instead.
     pub fn publish(&self, channel: &ChannelHandle, receive_ns: i64, payload: Bytes) {
+        self.publish_picture(channel, receive_ns, payload, Picture::Whole)
+    }
+
+    /// [`LiveHub::publish`] for a message that is a video picture: a subscription starts at a
+    /// keyframe, and a picture a slow client loses takes the rest of its group with it
+    /// ([`queue`]).
+    pub fn publish_picture(
+        &self,
+        channel: &ChannelHandle,
+        receive_ns: i64,
+        payload: Bytes,
+        picture: Picture,
+    ) {
         let entry = &channel.0;
         if entry.subscribers.load(Ordering::Relaxed) == 0 {
             return;
         }
         let clients = self.lock_clients().clone();
         for client in clients {
-            for (lost, n) in client.push(entry, receive_ns.max(0) as u64, &payload, self) {
+            for (lost, n) in client.push(entry, receive_ns.max(0) as u64, &payload, picture, self) {
                 if let Some(lost) = self.entry(lost) {
                     count_dropped(&lost, n, client.id);
                 }
@@ -287,9 +348,15 @@ impl LiveHub {
         .to_string()
     }
 
-    /// `advertise`: every channel.
-    fn advertise(&self) -> String {
-        advertise(&self.read_channels())
+    /// `advertise`: every channel, but the on-demand ones only for a client that asked (`full`).
+    fn advertise(&self, full: bool) -> String {
+        let shown: Vec<Arc<ChannelEntry>> = self
+            .read_channels()
+            .iter()
+            .filter(|e| full || !e.on_demand.load(Ordering::Relaxed))
+            .cloned()
+            .collect();
+        advertise(&shown)
     }
 }
 
@@ -341,6 +408,8 @@ fn status(level: u8, message: &str) -> String {
 /// One connected client.
 struct Client {
     id: u64,
+    /// Connected with `?full=1`: the on-demand channels are advertised to it too.
+    full: bool,
     state: Mutex<ClientState>,
     /// Something was queued, or the client must go.
     wake: Notify,
@@ -370,6 +439,7 @@ impl Client {
         entry: &ChannelEntry,
         receive_ns: u64,
         payload: &Bytes,
+        picture: queue::Picture,
         hub: &LiveHub,
     ) -> Vec<(u32, u64)> {
         let channel = entry.channel.id;
@@ -391,6 +461,7 @@ impl Client {
                 subscription,
                 receive_ns,
                 payload: payload.clone(),
+                picture,
             }));
         }
         let mut counts: Vec<(u32, u64)> = Vec::new();
@@ -490,6 +561,15 @@ pub struct Admission {
     _peer: crate::peers::PeerSlot,
 }
 
+/// Whether a `/foxglove` request's query asks for the full-resolution channels of the cameras
+/// with a proxy: `full`, `full=1`, `full=true` or `full=yes` among its parameters. Pure.
+pub fn wants_full(query: Option<&str>) -> bool {
+    query.unwrap_or("").split('&').any(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        k == "full" && matches!(v, "" | "1" | "true" | "yes")
+    })
+}
+
 /// A client slot, or why not; checked before the upgrade.
 pub fn admit(
     hub: &Arc<LiveHub>,
@@ -516,14 +596,16 @@ pub fn admit(
 }
 
 /// `/foxglove`: refusals in plain HTTP before the upgrade (400 neither subprotocol, 503 past the
-/// cap, 400 not a WebSocket upgrade), else the upgrade.
+/// cap, 400 not a WebSocket upgrade), else the upgrade. `query`: the request's (`?full=1`).
 pub fn handle(
     hub: Arc<LiveHub>,
     shutdown: Option<watch::Receiver<bool>>,
     peer: Option<std::net::IpAddr>,
     headers: &HeaderMap,
+    query: Option<&str>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let full = wants_full(query);
     let (protocol, permit) = match admit(&hub, peer, headers) {
         Ok(admitted) => admitted,
         Err(refusal) => {
@@ -531,7 +613,7 @@ pub fn handle(
         }
     };
     match ws {
-        Ok(ws) => upgrade(hub, ws, protocol, permit, shutdown),
+        Ok(ws) => upgrade(hub, ws, protocol, permit, full, shutdown),
         Err(e) => crate::AppError(
             StatusCode::BAD_REQUEST,
             format!("not a WebSocket upgrade ({e}): open this URL in Foxglove or Lichtblick"),
@@ -554,8 +636,10 @@ pub fn router(
                 get(
                     move |peer: Option<axum::Extension<crate::access::Peer>>,
                           headers: HeaderMap,
+                          axum::extract::RawQuery(query): axum::extract::RawQuery,
                           ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>| async move {
-                        handle(hub, shutdown, peer.map(|p| p.0 .0.ip()), &headers, ws)
+                        let peer = peer.map(|p| p.0 .0.ip());
+                        handle(hub, shutdown, peer, &headers, query.as_deref(), ws)
                     },
                 ),
             )
@@ -570,12 +654,13 @@ fn upgrade(
     ws: WebSocketUpgrade,
     protocol: &'static str,
     permit: Admission,
+    full: bool,
     shutdown: Option<watch::Receiver<bool>>,
 ) -> Response {
     ws.protocols([protocol])
         .max_message_size(MAX_CLIENT_MESSAGE)
         .on_upgrade(move |socket| async move {
-            serve_client(hub, socket, protocol, shutdown).await;
+            serve_client(hub, socket, protocol, full, shutdown).await;
             drop(permit);
         })
 }
@@ -584,11 +669,13 @@ async fn serve_client(
     hub: Arc<LiveHub>,
     socket: WebSocket,
     protocol: &'static str,
+    full: bool,
     mut shutdown: Option<watch::Receiver<bool>>,
 ) {
     let id = hub.next_client.fetch_add(1, Ordering::Relaxed);
     let client = Arc::new(Client {
         id,
+        full,
         state: Mutex::new(ClientState {
             queue: ClientQueue::new(hub.queue_bytes),
             subscriptions: BTreeMap::new(),
@@ -601,12 +688,13 @@ async fn serve_client(
     {
         let mut s = client.lock();
         let _ = s.queue.push_text(hub.server_info());
-        let _ = s.queue.push_text(hub.advertise());
+        let _ = s.queue.push_text(hub.advertise(full));
     }
     hub.lock_clients().push(client.clone());
     tracing::info!(
         client = id,
         protocol,
+        full,
         clients = hub.clients(),
         "live view: client connected"
     );
@@ -770,6 +858,16 @@ fn apply(hub: &LiveHub, client: &Client, op: ClientMessage) {
                     client_error(client, &format!("no channel {}", sub.channel_id));
                     continue;
                 };
+                if !client.full && entry.on_demand.load(Ordering::Relaxed) {
+                    client_error(
+                        client,
+                        &format!(
+                            "channel {} ({}) is a camera's full resolution, on demand: connect with ?full=1",
+                            sub.channel_id, entry.channel.topic
+                        ),
+                    );
+                    continue;
+                }
                 let mut s = client.lock();
                 if s.subscriptions.contains_key(&sub.id) {
                     drop(s);
@@ -826,8 +924,14 @@ mod tests {
     }
 
     fn client(hub: &LiveHub) -> Arc<Client> {
+        client_with(hub, false)
+    }
+
+    /// A client connected with `?full=1` (`full`) or without.
+    fn client_with(hub: &LiveHub, full: bool) -> Arc<Client> {
         let c = Arc::new(Client {
             id: 9,
+            full,
             state: Mutex::new(ClientState {
                 queue: ClientQueue::new(hub.queue_bytes),
                 subscriptions: BTreeMap::new(),
@@ -972,6 +1076,83 @@ mod tests {
         assert_eq!(hub.channels().len(), 4);
     }
 
+    fn subscribe(hub: &LiveHub, c: &Client, id: u32, channel_id: u32) {
+        apply(
+            hub,
+            c,
+            ClientMessage::Subscribe {
+                subscriptions: vec![Subscription { id, channel_id }],
+            },
+        );
+    }
+
+    fn texts(c: &Client) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        while let Some(o) = c.lock().queue.pop() {
+            if let Outgoing::Text(t) = o {
+                out.push(serde_json::from_str(&t).unwrap());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn an_on_demand_channel_is_only_for_clients_that_asked_for_full_resolution() {
+        for (q, full) in [
+            (None, false),
+            (Some(""), false),
+            (Some("full"), true),
+            (Some("full=1"), true),
+            (Some("a=b&full=true"), true),
+            (Some("full=0"), false),
+            (Some("fully=1"), false),
+        ] {
+            assert_eq!(wants_full(q), full, "{q:?}");
+        }
+        let hub = hub();
+        let viewer = client(&hub);
+        let wide = client_with(&hub, true);
+        subscribe(&hub, &viewer, 1, 1);
+        subscribe(&hub, &wide, 1, 1);
+        assert_eq!(
+            hub.handle(1).unwrap().0.subscribers.load(Ordering::Relaxed),
+            2
+        );
+        assert!(hub.set_on_demand(1) && hub.on_demand(1) && !hub.on_demand(2));
+        // The viewer is told the channel is gone and loses its subscription; the full client not.
+        let told = texts(&viewer);
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!(told[0]["op"], "unadvertise");
+        assert_eq!(told[0]["channelIds"], serde_json::json!([1]));
+        assert!(texts(&wide).is_empty());
+        assert_eq!(
+            hub.handle(1).unwrap().0.subscribers.load(Ordering::Relaxed),
+            1
+        );
+        // A new client is advertised it only with `full`; a viewer that asks anyway is refused.
+        let ids = |t: String| -> Vec<u64> {
+            let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+            v["channels"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["id"].as_u64().unwrap())
+                .collect()
+        };
+        assert!(!ids(hub.advertise(false)).contains(&1));
+        assert!(ids(hub.advertise(true)).contains(&1));
+        subscribe(&hub, &viewer, 2, 1);
+        let told = texts(&viewer);
+        assert!(
+            told[0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("connect with ?full=1"),
+            "{told:?}"
+        );
+        assert!(!hub.set_on_demand(99));
+    }
+
     #[test]
     fn refusals_say_why() {
         let hub = Arc::new(hub());
@@ -988,7 +1169,7 @@ mod tests {
         assert!(admit(&hub, None, &h).is_ok());
         let info: serde_json::Value = serde_json::from_str(&hub.server_info()).unwrap();
         assert_eq!(info["capabilities"], serde_json::json!(["time"]));
-        let adv: serde_json::Value = serde_json::from_str(&hub.advertise()).unwrap();
+        let adv: serde_json::Value = serde_json::from_str(&hub.advertise(false)).unwrap();
         assert_eq!(adv["channels"][2]["topic"], "/gps/fix");
         assert_eq!(adv["channels"][0]["encoding"], "protobuf");
     }

@@ -11,9 +11,14 @@
 //! the larger of the bound and one message. Control messages (status, time) are small,
 //! few and never dropped; a pending time message is replaced by a newer one rather than queued
 //! twice.
+//!
+//! Video (issue 48): a P-frame decodes only after every frame of its group since the keyframe. A
+//! subscription to a video channel starts at a keyframe (the P-frames before the first one are not
+//! queued), and when one of its pictures is dropped, every picture of it still queued goes too and
+//! the subscription waits for the next keyframe: whatever a client receives decodes.
 
 use bytes::Bytes;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 
 /// Which messages go first when a client falls behind (the lowest first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -42,6 +47,19 @@ pub struct Data {
     /// Receive time: the frame's capture ns on the rig clock.
     pub receive_ns: u64,
     pub payload: Bytes,
+    pub picture: Picture,
+}
+
+/// What a message is to a decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Picture {
+    /// Decodes alone (an image, audio, a record).
+    #[default]
+    Whole,
+    /// A video keyframe: its group starts here.
+    Key,
+    /// A video frame that needs the frames of its group before it.
+    Delta,
 }
 
 impl Data {
@@ -79,6 +97,9 @@ pub struct ClientQueue {
     data_bytes: usize,
     bound: usize,
     control: usize,
+    /// Video subscriptions that received a keyframe and lost nothing of its group since: only
+    /// they take P-frames.
+    synced: HashSet<u32>,
 }
 
 impl ClientQueue {
@@ -88,6 +109,7 @@ impl ClientQueue {
             data_bytes: 0,
             bound,
             control: 0,
+            synced: HashSet::new(),
         }
     }
 
@@ -95,26 +117,60 @@ impl ClientQueue {
     /// one's included when it is dropped itself), one entry per message.
     #[must_use]
     pub fn push_data(&mut self, data: Data) -> Vec<u32> {
+        let mut dropped = Vec::new();
+        match data.picture {
+            Picture::Key => {
+                self.synced.insert(data.subscription);
+            }
+            // Its group began before the subscription, or lost a frame: it cannot decode.
+            Picture::Delta if !self.synced.contains(&data.subscription) => {
+                dropped.push(data.channel);
+                return dropped;
+            }
+            _ => {}
+        }
         let size = data.size();
         let bound = self.bound.max(size);
-        let mut dropped = Vec::new();
         while self.data_bytes + size > bound {
-            match self.victim(data.class) {
-                Some(i) => {
-                    if let Some(Outgoing::Data(d)) = self.items.remove(i) {
-                        self.data_bytes -= d.size();
-                        dropped.push(d.channel);
-                    }
+            let Some(i) = self.victim(data.class) else {
+                dropped.push(data.channel);
+                if data.picture != Picture::Whole {
+                    self.unsync(data.subscription, &mut dropped);
                 }
-                None => {
-                    dropped.push(data.channel);
-                    return dropped;
+                return dropped;
+            };
+            if let Some(Outgoing::Data(d)) = self.items.remove(i) {
+                self.data_bytes -= d.size();
+                dropped.push(d.channel);
+                if d.picture != Picture::Whole {
+                    self.unsync(d.subscription, &mut dropped);
+                    if d.subscription == data.subscription && data.picture == Picture::Delta {
+                        // The new frame is of the group just broken.
+                        dropped.push(data.channel);
+                        return dropped;
+                    }
                 }
             }
         }
         self.data_bytes += size;
         self.items.push_back(Outgoing::Data(data));
         dropped
+    }
+
+    /// A picture of `subscription` was dropped: the rest of it queued goes (each counted in
+    /// `dropped`), and it waits for its next keyframe.
+    fn unsync(&mut self, subscription: u32, dropped: &mut Vec<u32>) {
+        self.synced.remove(&subscription);
+        let mut freed = 0;
+        self.items.retain(|o| match o {
+            Outgoing::Data(d) if d.subscription == subscription => {
+                freed += d.size();
+                dropped.push(d.channel);
+                false
+            }
+            _ => true,
+        });
+        self.data_bytes -= freed;
     }
 
     /// The oldest queued message of the lowest class at or below `class`.
@@ -160,6 +216,7 @@ impl ClientQueue {
 
     /// Forgets the queued messages of `subscription` (the client unsubscribed).
     pub fn remove_subscription(&mut self, subscription: u32) {
+        self.synced.remove(&subscription);
         let mut freed = 0;
         self.items.retain(|o| match o {
             Outgoing::Data(d) if d.subscription == subscription => {
@@ -192,7 +249,84 @@ mod tests {
             subscription: channel + 100,
             receive_ns: 7,
             payload: Bytes::from(vec![0u8; bytes - MESSAGE_DATA_HEADER]),
+            picture: Picture::Whole,
         }
+    }
+
+    fn picture(channel: u32, picture: Picture, n: u64) -> Data {
+        Data {
+            receive_ns: n,
+            picture,
+            ..data(Class::Camera, channel, 100)
+        }
+    }
+
+    fn received(q: &mut ClientQueue) -> Vec<(u32, u64)> {
+        std::iter::from_fn(|| q.pop())
+            .filter_map(|o| match o {
+                Outgoing::Data(d) => Some((d.channel, d.receive_ns)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_video_subscription_starts_at_a_keyframe() {
+        let mut q = ClientQueue::new(10_000);
+        // Joined mid-group: its P-frames are not queued (counted lost), the keyframe starts it.
+        assert_eq!(q.push_data(picture(1, Picture::Delta, 1)), [1]);
+        assert_eq!(q.push_data(picture(1, Picture::Delta, 2)), [1]);
+        assert!(q.push_data(picture(1, Picture::Key, 3)).is_empty());
+        assert!(q.push_data(picture(1, Picture::Delta, 4)).is_empty());
+        // Another channel's images are not held back.
+        assert!(q.push_data(data(Class::Camera, 2, 100)).is_empty());
+        assert_eq!(received(&mut q), [(1, 3), (1, 4), (2, 7)]);
+    }
+
+    #[test]
+    fn a_dropped_picture_takes_the_rest_of_its_subscription_and_waits_for_the_next_keyframe() {
+        // Room for 4 pictures; a serial record needing 2 more pushes out the oldest picture.
+        let mut q = ClientQueue::new(400);
+        assert!(q.push_data(picture(1, Picture::Key, 1)).is_empty());
+        for n in 2..=4 {
+            assert!(q.push_data(picture(1, Picture::Delta, n)).is_empty());
+        }
+        let lost = q.push_data(data(Class::Serial, 3, 200));
+        assert_eq!(
+            lost,
+            [1, 1, 1, 1],
+            "the keyframe, and with it every queued P-frame"
+        );
+        assert_eq!(q.data_bytes(), 200);
+        // Until the next keyframe, nothing of the video is queued.
+        assert_eq!(q.push_data(picture(1, Picture::Delta, 5)), [1]);
+        assert!(q.push_data(picture(1, Picture::Key, 6)).is_empty());
+        assert!(q.push_data(picture(1, Picture::Delta, 7)).is_empty());
+        assert_eq!(received(&mut q), [(3, 7), (1, 6), (1, 7)]);
+    }
+
+    #[test]
+    fn a_p_frame_that_does_not_fit_breaks_its_group() {
+        let mut q = ClientQueue::new(200);
+        assert!(q.push_data(data(Class::Audio, 2, 100)).is_empty());
+        assert!(q.push_data(picture(1, Picture::Key, 1)).is_empty());
+        // A P-frame needing room pushes out its own keyframe: the group is broken, it goes too.
+        let big = Data {
+            payload: Bytes::from(vec![0u8; 150]),
+            ..picture(1, Picture::Delta, 2)
+        };
+        assert_eq!(q.push_data(big), [1, 1]);
+        assert_eq!(q.push_data(picture(1, Picture::Delta, 3)), [1]);
+        // A keyframe that cannot fit (audio is never pushed out by a camera frame) leaves it
+        // waiting.
+        assert!(q.push_data(data(Class::Audio, 2, 100)).is_empty());
+        assert_eq!(q.push_data(picture(1, Picture::Key, 4)), [1]);
+        assert_eq!(q.push_data(picture(1, Picture::Delta, 5)), [1]);
+        assert_eq!(received(&mut q), [(2, 7), (2, 7)]);
+        // Synced again, unsubscribed and subscribed again: it starts at a keyframe once more.
+        assert!(q.push_data(picture(1, Picture::Key, 6)).is_empty());
+        q.remove_subscription(101);
+        assert_eq!(q.push_data(picture(1, Picture::Delta, 7)), [1]);
     }
 
     fn channels(q: &mut ClientQueue) -> Vec<u32> {

@@ -54,6 +54,17 @@ struct World {
     /// Splits cannot be persisted.
     split_fails: bool,
     splits: usize,
+    /// Frames per group of pictures (a keyframe every `gop` seqs); 1: no video.
+    gop: u64,
+    /// Frames the lane lost at capture (not admitted, refused by a full spool): their groups broke.
+    broke: BTreeSet<u64>,
+    /// Every seq a producer took (live or drained), in the order taken.
+    taken: Vec<u64>,
+    /// The keyframes captured: every `gop` frames, and the first of a run (an encoder starts
+    /// with one).
+    keyframes: BTreeSet<u64>,
+    /// The next frame captured starts a run.
+    run_starts: bool,
 }
 
 impl World {
@@ -84,6 +95,11 @@ impl World {
             full: false,
             split_fails: false,
             splits: 0,
+            gop: 1,
+            broke: BTreeSet::new(),
+            taken: Vec::new(),
+            keyframes: BTreeSet::new(),
+            run_starts: true,
         };
         w.restart();
         w
@@ -118,6 +134,7 @@ impl World {
             |from| spool.range(from..).next().copied(),
         );
         self.lane = lane;
+        self.run_starts = true;
         // A restart after a commit: what it held is durable.
         self.epoch += 1;
         self.durable = self.epoch;
@@ -142,8 +159,38 @@ impl World {
     fn capture(&mut self, admitted: bool) {
         let seq = self.next;
         self.next += 1;
-        let spill = match self.lane.captured(seq, admitted, self.paused) {
+        let keyframe = std::mem::take(&mut self.run_starts)
+            || self.keyframes.last().is_none_or(|&k| seq - k >= self.gop);
+        if keyframe {
+            self.keyframes.insert(seq);
+        }
+        let picture = match (self.gop, keyframe) {
+            (1, _) => Picture::Whole,
+            (_, true) => Picture::Key,
+            (_, false) => Picture::Delta,
+        };
+        let mut capture = self
+            .lane
+            .captured_in_group(seq, picture, admitted, self.paused);
+        if let Capture::SplitFirst { start } = capture {
+            assert!(
+                keyframe && self.gop > 1,
+                "{seq}: a split waits for a keyframe"
+            );
+            self.perform(Action::PersistEpoch { start });
+            capture = self
+                .lane
+                .captured_in_group(seq, picture, admitted, self.paused);
+        }
+        let spill = match capture {
+            Capture::SplitFirst { .. } => panic!("{seq}: asked to split twice"),
             Capture::Drop => {
+                self.dropped.insert(seq);
+                self.broke.insert(seq);
+                false
+            }
+            Capture::Skip => {
+                assert!(!keyframe, "{seq}: a keyframe skipped");
                 self.dropped.insert(seq);
                 false
             }
@@ -153,6 +200,7 @@ impl World {
                     .get_mut(&start)
                     .expect("submits to an open epoch");
                 if p.take(seq) {
+                    self.taken.push(seq);
                     false
                 } else {
                     self.lane.refused(seq);
@@ -163,6 +211,10 @@ impl World {
         };
         if spill {
             let stored = self.append(seq);
+            if !stored {
+                self.broke.insert(seq);
+                self.lane.lost(seq);
+            }
             let live = Self::link(&self.producers, self.lane.live());
             self.lane
                 .spooled(seq, stored.then_some(self.epoch), self.paused, live);
@@ -215,6 +267,7 @@ impl World {
                     if !self.producers.get_mut(&start).unwrap().take(seq) {
                         break;
                     }
+                    self.taken.push(seq);
                     self.lane.handed_over(start, seq);
                 }
             }
@@ -258,6 +311,28 @@ impl World {
     /// Every seq captured so far is in exactly one place: acked once, dropped, or held (in the
     /// spool and/or a producer's window: a drained frame is in both until its ack).
     fn check(&self) {
+        // No delta goes out after a frame of its group was lost at capture.
+        for &seq in &self.taken {
+            let group = self
+                .keyframes
+                .range(..=seq)
+                .next_back()
+                .copied()
+                .unwrap_or(0);
+            if let Some(lost) = self.broke.range(group..seq).next() {
+                panic!("{seq} published though {lost} of its group (from {group}) was lost");
+            }
+        }
+        // A split of a video source starts at a keyframe.
+        for &start in &self.persisted {
+            assert!(
+                // A split made at a start, before the run's first frame (always a keyframe).
+                self.gop == 1
+                    || self.keyframes.contains(&start)
+                    || (start == self.next && self.run_starts),
+                "a split at {start} cuts a group"
+            );
+        }
         let mut held = self.spool.clone();
         for p in self.producers.values() {
             held.extend(p.window.iter().copied());
@@ -542,10 +617,12 @@ proptest! {
         ops in proptest::collection::vec(0u8..16, 1..300),
         always in any::<bool>(),
         in_order in any::<bool>(),
+        gop in prop_oneof![Just(1u64), 2u64..8],
     ) {
         let mode = if always { SpoolMode::Always } else { SpoolMode::OnOutage };
         let drain = if in_order { Drain::InOrder } else { Drain::LiveFirst };
         let mut w = World::new(mode, drain);
+        w.gop = gop;
         for op in ops {
             match op {
                 0..=4 => w.capture(true),
@@ -574,4 +651,99 @@ proptest! {
         }
         w.settle();
     }
+}
+
+/// Issue 48.4: a frame lost at capture (a full spool) breaks its group: the lane skips the rest
+/// of it up to the next keyframe and counts them, publishes that keyframe again.
+#[test]
+fn a_lost_frame_skips_the_rest_of_its_group() {
+    let up = |_| Link {
+        connected: true,
+        held: 0,
+    };
+    let (mut lane, _) = Lane::open(
+        Opening {
+            mode: SpoolMode::OnOutage,
+            drain: Drain::LiveFirst,
+            uplink: true,
+            persisted: Some(&[]),
+            next_seq: Some(0),
+        },
+        |_| None,
+    );
+    lane.poll(0, false, up);
+    // K p p | K p p with gop 3; frame 1 is refused and the spool drops it.
+    assert_eq!(
+        lane.captured_in_group(0, Picture::Key, true, false),
+        Capture::Submit { start: 0 }
+    );
+    assert_eq!(
+        lane.captured_in_group(1, Picture::Delta, true, false),
+        Capture::Submit { start: 0 }
+    );
+    lane.refused(1);
+    lane.lost(1);
+    lane.spooled(1, None, false, up(0));
+    assert_eq!(
+        lane.captured_in_group(2, Picture::Delta, true, false),
+        Capture::Skip
+    );
+    // The next keyframe mends it: it and its deltas go (to the spool: the backlog is active).
+    assert_eq!(
+        lane.captured_in_group(3, Picture::Key, true, false),
+        Capture::Spool
+    );
+    assert_eq!(
+        lane.captured_in_group(4, Picture::Delta, true, false),
+        Capture::Spool
+    );
+    // A frame not admitted (the floor) breaks its group too.
+    assert_eq!(
+        lane.captured_in_group(5, Picture::Delta, false, false),
+        Capture::Drop
+    );
+    assert_eq!(
+        lane.captured_in_group(6, Picture::Delta, true, false),
+        Capture::Skip
+    );
+    assert_eq!(
+        lane.captured_in_group(7, Picture::Key, true, false),
+        Capture::Spool
+    );
+    // Frames that decode alone never skip.
+    lane.lost(7);
+    assert_eq!(lane.captured(8, true, false), Capture::Spool);
+}
+
+/// Issue 48.4: a live-first split of a video source waits for a keyframe and starts there.
+#[test]
+fn a_video_split_starts_at_a_keyframe() {
+    let mut w = world(SpoolMode::OnOutage);
+    w.gop = 4;
+    w.set_link(None, true);
+    w.turn();
+    for _ in 0..3 {
+        w.capture(true);
+        w.turn();
+    }
+    // An outage mid-group: frames spool.
+    w.set_link(None, false);
+    for _ in 0..6 {
+        w.capture(true);
+        w.turn();
+    }
+    // The link back with frame 9 next (a delta): no split until the keyframe at 12.
+    w.set_link(None, true);
+    w.turn();
+    assert!(w.persisted.is_empty(), "{:?}", w.persisted);
+    for _ in 0..3 {
+        w.capture(true);
+        w.turn();
+        assert!(w.persisted.is_empty(), "{:?}", w.persisted);
+    }
+    w.capture(true);
+    assert_eq!(w.persisted, vec![12]);
+    w.turn();
+    w.check();
+    w.settle();
 }

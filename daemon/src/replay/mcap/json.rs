@@ -5,14 +5,17 @@
 use base64::Engine;
 use rigd_drivers::{Frame, Media};
 
-use crate::foxglove::{COMPRESSED_IMAGE, RAW_AUDIO};
+use crate::foxglove::{COMPRESSED_IMAGE, COMPRESSED_VIDEO, RAW_AUDIO};
 use crate::wire::Bucket;
 
 const TIME: &str = r#"{"type":"object","title":"time","properties":{"sec":{"type":"integer","minimum":0},"nsec":{"type":"integer","minimum":0,"maximum":999999999}}}"#;
 
 pub fn schema(name: &str) -> String {
+    if name == crate::foxglove::can::CAN_FRAME {
+        return crate::foxglove::can::can_frame_json_schema();
+    }
     let props = match name {
-        COMPRESSED_IMAGE => {
+        COMPRESSED_IMAGE | COMPRESSED_VIDEO => {
             r#""frame_id":{"type":"string"},"data":{"type":"string","contentEncoding":"base64"},"format":{"type":"string"}"#
         }
         RAW_AUDIO => {
@@ -44,8 +47,9 @@ pub fn message(f: &Frame, bucket_ms: u32, out: &mut String) {
     let b64 = &base64::engine::general_purpose::STANDARD;
     let source = serde_json::to_string(&*f.source).unwrap_or_default();
     match &f.media {
-        Media::Camera { .. } => {
-            let _ = write!(out, r#""frame_id":{source},"format":"jpeg","data":""#);
+        Media::Camera { codec, .. } => {
+            let format = codec.as_str();
+            let _ = write!(out, r#""frame_id":{source},"format":"{format}","data":""#);
             b64.encode_string(&f.payload, out);
             out.push_str("\"}");
         }
@@ -61,9 +65,10 @@ pub fn message(f: &Frame, bucket_ms: u32, out: &mut String) {
             b64.encode_string(&f.payload, out);
             out.push_str("\"}");
         }
-        Media::Serial { text } => {
+        Media::Serial { .. } | Media::Can { .. } => {
+            let text = matches!(f.media, Media::Serial { text: true });
             let msg = match std::str::from_utf8(&f.payload) {
-                Ok(s) if *text => s.trim_end_matches(['\r', '\n']).to_string(),
+                Ok(s) if text => s.trim_end_matches(['\r', '\n']).to_string(),
                 _ => format!("base64:{}", b64.encode(&f.payload)),
             };
             let _ = write!(
@@ -96,17 +101,7 @@ mod tests {
     #[test]
     fn messages_are_json_with_the_foxglove_fields() {
         let mut out = String::new();
-        message(
-            &frame(
-                Media::Camera {
-                    width: 2,
-                    height: 2,
-                },
-                b"\xff\xd8",
-            ),
-            33,
-            &mut out,
-        );
+        message(&frame(Media::jpeg(2, 2), b"\xff\xd8"), 33, &mut out);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["timestamp"]["sec"], 1_700_000_000);
         assert_eq!(v["timestamp"]["nsec"], 123_456_789);
@@ -136,7 +131,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["sample_rate"], 8000);
         assert_eq!(v["number_of_channels"], 1);
-        for name in [COMPRESSED_IMAGE, RAW_AUDIO, LOG] {
+        for name in [COMPRESSED_IMAGE, COMPRESSED_VIDEO, RAW_AUDIO, LOG] {
             let s: serde_json::Value = serde_json::from_str(&schema(name)).unwrap();
             assert_eq!(s["title"], name);
         }

@@ -12,6 +12,7 @@ fn cfg() -> WindowConfig {
         producer_name: "rigd-van-cam".into(),
         rig: "van".into(),
         bucket_ms: 33,
+        group_buckets: 1,
         max_in_flight: 100,
         max_in_flight_bytes: 64 * MB,
         max_frame_bytes: 50 * MB,
@@ -34,10 +35,7 @@ fn frame(seq: u64, bytes: usize, bucket: i64) -> Held {
         seq,
         capture_ns: bucket * 33_000_000 + 1,
         clock: ClockState::Locked,
-        media: Media::Camera {
-            width: 2,
-            height: 2,
-        },
+        media: Media::jpeg(2, 2),
         payload: Bytes::from(vec![seq as u8; bytes]),
     })
 }
@@ -390,10 +388,10 @@ fn a_silent_link_is_stalled_then_dead_but_a_slow_one_that_moves_is_neither() {
     );
     w.submit(frame(0, 12 * MB, 1), t0).unwrap();
     write_all(&mut w, t0);
-    // A 1 Mbit/s link: the socket takes a little every second for two minutes.
+    // A 1 Mbit/s link: the socket takes 125 kB every second for two minutes.
     for s in 1..120 {
         let t = t0 + Duration::from_secs(s);
-        w.progressed(t);
+        w.progressed(125_000, false, t);
         assert_eq!(w.health(t), Health::Moving, "at {s} s");
     }
     let last = t0 + Duration::from_secs(119);
@@ -409,6 +407,32 @@ fn a_silent_link_is_stalled_then_dead_but_a_slow_one_that_moves_is_neither() {
     w.on_receipt(plan::sequence_id(0, 0, 0), last + Duration::from_secs(6))
         .unwrap();
     assert_eq!(w.health(last + Duration::from_secs(7)), Health::Moving);
+}
+
+#[test]
+fn a_link_slowed_to_a_trickle_is_stalled_then_dead_though_the_socket_takes_a_little() {
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    w.submit(frame(0, 12 * MB, 1), t0).unwrap();
+    write_all(&mut w, t0);
+    // 8 kbit/s: 1 kB a second, so 16 KiB (progress) every 17 s: stalled 5 s after each.
+    let mut health = Vec::new();
+    for s in 1..=40 {
+        let t = t0 + Duration::from_secs(s);
+        w.progressed(1_000, false, t);
+        health.push(w.health(t));
+    }
+    let at = |s: usize| health[s - 1];
+    assert_eq!(at(4), Health::Moving, "{health:?}");
+    assert_eq!(at(5), Health::Stalled, "{health:?}");
+    assert_eq!(at(17), Health::Moving, "16 KiB went: {health:?}");
+    assert_eq!(at(22), Health::Stalled, "{health:?}");
+    // It still moves: slow, not dead (no reconnect, nothing resent).
+    assert!(!health.contains(&Health::Dead), "{health:?}");
+    // The last bytes of what waited are progress however few (a small frame on a slow link).
+    let t = t0 + Duration::from_secs(41);
+    w.progressed(200, true, t);
+    assert_eq!(w.health(t + Duration::from_secs(4)), Health::Moving);
 }
 
 #[test]

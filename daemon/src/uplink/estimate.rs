@@ -1,0 +1,708 @@
+//! The link's capacity, estimated from rigd's own sends and the broker's receipts
+//! (`pulsar.max-bandwidth = "auto"`): a delay-based estimator in the family of BBR, LEDBAT and
+//! GCC. Pure: time is an input, no clock, lock or socket.
+//!
+//! Inputs, per SEND: its size on the wire, when its last byte was written to the socket, and when
+//! its receipt came ([`Estimator::on_receipt`]). From them:
+//! - the **delivery rate**: bytes receipted between the receipt that came last before the SEND
+//!   was written and this receipt, over that time (BBR's rate sample), over at least
+//!   [`MIN_SAMPLE`] so that a few large SENDs do not make it jump;
+//! - the **base RTT**: the smallest write-to-receipt time of the last [`BASE_WINDOW`] (the link
+//!   and the broker's own persist time, no queue);
+//! - the **queueing delay**: the smallest write-to-receipt time of the last [`RECENT`] less the
+//!   base, i.e. how long bytes wait in the socket's buffer and the modem's queue now.
+//!
+//! The estimate is the largest delivery rate of the last [`BW_WINDOW`]; the budget paces at the
+//! estimate times a gain ([`Estimator::pacing`]):
+//! - `Cruise`: 1.0, and every [`PROBE_EVERY`] a `Probe` round at [`PROBE_GAIN`] (more capacity
+//!   shows as a higher delivery rate), then a `Drain` round at [`DRAIN_GAIN`] that empties what the
+//!   probe queued;
+//! - `Grow`: a probe that raised the estimate by [`GREW`] or more is followed at once by rounds at
+//!   [`GROW_GAIN`] while the estimate keeps growing (the start, and a link that got faster: 2 -> 8
+//!   Mbit/s in a few seconds rather than a 25 % step every few seconds);
+//! - `Backoff`: the queueing delay above `target` (a link that got slower, or an estimate above
+//!   it): the estimate drops to the delivery rate measured now (a busy link delivers its
+//!   capacity), the samples of SENDs written before the cut are ignored, and the budget paces at
+//!   [`BACKOFF_GAIN`] until the delay is below half the target (the queue drained), then cruises.
+//!   Still above the target a round and an RTT later: cut again.
+//!
+//! A round is [`ROUND`] or the base RTT plus the target, whichever is longer. The estimate and the
+//! pacing stay within `[min, max]` (`max`: `max-bandwidth-cap`).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Delivery rate samples are taken over at least this long.
+pub const MIN_SAMPLE: Duration = Duration::from_millis(500);
+/// The base RTT is the smallest of this long.
+pub const BASE_WINDOW: Duration = Duration::from_secs(10);
+/// The current RTT is the smallest of this long (one late receipt is no queue).
+pub const RECENT: Duration = Duration::from_millis(100);
+/// The estimate is the largest delivery rate of this long.
+pub const BW_WINDOW: Duration = Duration::from_secs(4);
+/// A cruise probes for more after this long.
+pub const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// The shortest round (probe, drain, growth step).
+pub const ROUND: Duration = Duration::from_millis(300);
+pub const PROBE_GAIN: f64 = 1.25;
+pub const GROW_GAIN: f64 = 1.4;
+pub const DRAIN_GAIN: f64 = 0.8;
+pub const BACKOFF_GAIN: f64 = 0.5;
+/// A backoff below the target (not yet half of it) ends after this many rounds.
+pub const BACKOFF_ROUNDS: u32 = 4;
+/// Between probes: a little below the estimate, so that what a probe queued drains.
+pub const CRUISE_GAIN: f64 = 0.95;
+/// A probe or growth round that raised the estimate by this factor grows on.
+pub const GREW: f64 = 1.1;
+/// The default queueing delay target.
+pub const TARGET: Duration = Duration::from_millis(120);
+
+/// Receipts kept for rate samples.
+const HISTORY: Duration = Duration::from_secs(10);
+
+/// What the estimator is given at start.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Bytes per second before the first sample.
+    pub start: f64,
+    /// The least it paces at, bytes per second.
+    pub min: f64,
+    /// The most (the cap), bytes per second.
+    pub max: f64,
+    /// Queueing delay above this: back off.
+    pub target: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Grow,
+    Cruise,
+    Probe,
+    Drain,
+    Backoff,
+}
+
+impl Mode {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::Grow => "grow",
+            Mode::Cruise => "cruise",
+            Mode::Probe => "probe",
+            Mode::Drain => "drain",
+            Mode::Backoff => "backoff",
+        }
+    }
+}
+
+/// What status shows of the estimate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    /// The link's estimated capacity, bytes per second.
+    pub estimate: f64,
+    /// What the budget paces at now, bytes per second.
+    pub pacing: f64,
+    /// The smallest write-to-receipt time of the last [`BASE_WINDOW`] (None: no receipt yet).
+    pub base_rtt: Option<Duration>,
+    /// The current write-to-receipt time less the base.
+    pub queueing: Duration,
+    pub mode: Mode,
+}
+
+/// The estimator. Pure.
+#[derive(Debug)]
+pub struct Estimator {
+    s: Settings,
+    /// Each receipt's (time, bytes receipted so far) of the last [`HISTORY`] (the newest is
+    /// never dropped: [`Estimator::delivered`]).
+    history: VecDeque<(Instant, u64)>,
+    /// Write-to-receipt times, as monotonic deques: smallest first.
+    base: MinWindow,
+    recent: MinWindow,
+    /// Delivery rate samples, largest first.
+    bw: MaxWindow,
+    estimate: f64,
+    mode: Mode,
+    /// When the mode began, and the estimate then.
+    since: Instant,
+    estimate_then: f64,
+    /// The last cut: samples of SENDs written before it are ignored.
+    cut: Option<Instant>,
+    /// A sample of a SEND written since the last cut came.
+    fresh: bool,
+    queueing: Duration,
+}
+
+impl Estimator {
+    pub fn new(s: Settings, now: Instant) -> Self {
+        let estimate = s.start.clamp(s.min, s.max);
+        Estimator {
+            s,
+            history: VecDeque::new(),
+            base: MinWindow::min(BASE_WINDOW),
+            recent: MinWindow::min(RECENT),
+            bw: MaxWindow::max(BW_WINDOW),
+            estimate,
+            mode: Mode::Grow,
+            since: now,
+            estimate_then: estimate,
+            cut: None,
+            fresh: true,
+            queueing: Duration::ZERO,
+        }
+    }
+
+    /// A receipt for a SEND of `bytes` whose last byte was written at `written`.
+    pub fn on_receipt(&mut self, bytes: usize, written: Instant, now: Instant) {
+        // Write to receipt, less the SEND's own time on a link of the estimated rate: what is
+        // left is the link's and the broker's latency and the wait behind other bytes (a large
+        // SEND's own transmission is no queue, and it grows as the link slows).
+        let own = Duration::from_secs_f64(bytes as f64 / self.estimate.max(1.0));
+        let rtt = now.saturating_duration_since(written).saturating_sub(own);
+        // The last receipt before the SEND was written, and at least MIN_SAMPLE ago.
+        let bound = now
+            .checked_sub(MIN_SAMPLE)
+            .map_or(written, |b| b.min(written));
+        let before = self
+            .history
+            .partition_point(|(t, _)| *t <= bound)
+            .checked_sub(1)
+            .and_then(|i| self.history.get(i).copied());
+        let delivered = self.delivered() + bytes as u64;
+        self.history.push_back((now, delivered));
+        while self
+            .history
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > HISTORY)
+        {
+            self.history.pop_front();
+        }
+        self.base.push(now, rtt);
+        self.recent.push(now, rtt);
+        if let (Some(base), Some(current)) = (self.base.get(now), self.recent.get(now)) {
+            self.queueing = current.saturating_sub(base);
+        }
+        let fresh = self.cut.is_none_or(|c| written >= c);
+        if let Some((t0, d0)) = before.filter(|_| fresh) {
+            let secs = now.saturating_duration_since(t0).as_secs_f64();
+            if secs > 0.0 {
+                let rate = (delivered - d0) as f64 / secs;
+                if self.mode == Mode::Backoff && !self.fresh {
+                    // The first sample of the link since the cut replaces the cut's guess: while
+                    // the queue drains, the link is busy and delivers its capacity.
+                    self.fresh = true;
+                    self.bw.reset(now, rate);
+                } else {
+                    self.bw.push(now, rate);
+                }
+                self.estimate = self
+                    .bw
+                    .get(now)
+                    .unwrap_or(self.estimate)
+                    .clamp(self.s.min, self.s.max);
+            }
+        }
+        self.advance(now);
+    }
+
+    /// Bytes per second receipted over the last `span` (None: no receipt that long ago).
+    fn recent_rate(&self, now: Instant, span: Duration) -> Option<f64> {
+        let from = now.checked_sub(span)?;
+        let i = self
+            .history
+            .partition_point(|(t, _)| *t <= from)
+            .checked_sub(1)?;
+        let (t0, d0) = self.history[i];
+        let secs = now.saturating_duration_since(t0).as_secs_f64();
+        (secs > 0.0).then(|| (self.delivered() - d0) as f64 / secs)
+    }
+
+    /// Bytes receipted so far.
+    fn delivered(&self) -> u64 {
+        self.history.back().map_or(0, |(_, d)| *d)
+    }
+
+    /// The rounds' length now.
+    fn round(&mut self, now: Instant) -> Duration {
+        ROUND.max(self.base.get(now).unwrap_or_default() + self.s.target)
+    }
+
+    /// A growth round: long enough for a rate sample of its own ([`MIN_SAMPLE`] and the RTT).
+    fn growth_round(&mut self, now: Instant) -> Duration {
+        MIN_SAMPLE + self.base.get(now).unwrap_or_default()
+    }
+
+    fn enter(&mut self, mode: Mode, now: Instant) {
+        // A drain after a probe still judges the probe: its samples come a round late.
+        if !(mode == Mode::Drain && self.mode == Mode::Probe) {
+            self.estimate_then = self.estimate;
+        }
+        self.mode = mode;
+        self.since = now;
+    }
+
+    /// The modes' clock: called with every receipt and every look at the pacing.
+    fn advance(&mut self, now: Instant) {
+        let round = self.round(now);
+        let elapsed = now.saturating_duration_since(self.since);
+        if self.queueing > self.s.target {
+            if self.mode != Mode::Backoff {
+                // The link delivers its capacity while a queue stands: what it delivered over the
+                // last round says it, unless the latest sample says less.
+                let now_rate = self
+                    .recent_rate(now, round)
+                    .unwrap_or(self.estimate)
+                    .min(self.bw.latest().unwrap_or(self.estimate));
+                self.estimate = now_rate.min(self.estimate).clamp(self.s.min, self.s.max);
+                self.bw.reset(now, self.estimate);
+                self.cut = Some(now);
+                self.fresh = false;
+                self.enter(Mode::Backoff, now);
+            }
+            return;
+        }
+        let grew = self.estimate >= self.estimate_then * GREW;
+        let growth_round = self.growth_round(now);
+        match self.mode {
+            // Drained; or below the target for a while (what stays is not a queue).
+            Mode::Backoff
+                if self.queueing <= self.s.target / 2 || elapsed >= round * BACKOFF_ROUNDS =>
+            {
+                self.enter(Mode::Cruise, now)
+            }
+            Mode::Cruise if elapsed >= PROBE_EVERY => self.enter(Mode::Probe, now),
+            Mode::Probe if elapsed >= round => self.enter(Mode::Drain, now),
+            Mode::Grow if elapsed >= growth_round => {
+                let next = if grew { Mode::Grow } else { Mode::Drain };
+                self.enter(next, now);
+            }
+            Mode::Drain if grew => self.enter(Mode::Grow, now),
+            Mode::Drain if elapsed >= round => self.enter(Mode::Cruise, now),
+            _ => {}
+        }
+    }
+
+    /// Bytes per second the budget is to pace at now.
+    pub fn pacing(&mut self, now: Instant) -> f64 {
+        self.advance(now);
+        let gain = match self.mode {
+            Mode::Grow => GROW_GAIN,
+            Mode::Probe => PROBE_GAIN,
+            Mode::Cruise => CRUISE_GAIN,
+            Mode::Drain => DRAIN_GAIN,
+            Mode::Backoff => BACKOFF_GAIN,
+        };
+        (self.estimate * gain).clamp(self.s.min, self.s.max)
+    }
+
+    pub fn reading(&mut self, now: Instant) -> Reading {
+        let pacing = self.pacing(now);
+        Reading {
+            estimate: self.estimate,
+            pacing,
+            base_rtt: self.base.get(now),
+            queueing: self.queueing,
+            mode: self.mode,
+        }
+    }
+}
+
+/// The best value of a sliding window (a monotonic deque): the smallest ([`Extreme::min`]) or
+/// the largest ([`Extreme::max`]), and the latest value pushed (always the deque's back).
+#[derive(Debug)]
+struct Extreme<T> {
+    span: Duration,
+    q: VecDeque<(Instant, T)>,
+    /// `v` is at least as good as `b`: `b` can never be the window's best again.
+    at_least: fn(&T, &T) -> bool,
+}
+
+type MinWindow = Extreme<Duration>;
+type MaxWindow = Extreme<f64>;
+
+impl Extreme<Duration> {
+    fn min(span: Duration) -> Self {
+        Extreme::new(span, |v, b| v <= b)
+    }
+}
+
+impl Extreme<f64> {
+    fn max(span: Duration) -> Self {
+        Extreme::new(span, |v, b| v >= b)
+    }
+}
+
+impl<T: Copy> Extreme<T> {
+    fn new(span: Duration, at_least: fn(&T, &T) -> bool) -> Self {
+        Extreme {
+            span,
+            q: VecDeque::new(),
+            at_least,
+        }
+    }
+
+    fn push(&mut self, now: Instant, v: T) {
+        while self.q.back().is_some_and(|(_, b)| (self.at_least)(&v, b)) {
+            self.q.pop_back();
+        }
+        self.q.push_back((now, v));
+    }
+
+    /// The best of the window; the latest value when the window holds nothing newer.
+    fn get(&mut self, now: Instant) -> Option<T> {
+        while self.q.len() > 1
+            && self
+                .q
+                .front()
+                .is_some_and(|(t, _)| now.saturating_duration_since(*t) > self.span)
+        {
+            self.q.pop_front();
+        }
+        self.q.front().map(|(_, v)| *v)
+    }
+
+    fn latest(&self) -> Option<T> {
+        self.q.back().map(|(_, v)| *v)
+    }
+
+    /// Forgets every sample: `v` is the window's value from now.
+    fn reset(&mut self, now: Instant, v: T) {
+        self.q.clear();
+        self.q.push_back((now, v));
+    }
+}
+
+/// Which SENDs of a producer's connection wait for their receipt, and since when their last byte
+/// was written (the estimator's per-SEND timing). The producer notes each SEND as it is encoded
+/// (its end in the connection's byte stream for this producer), the bytes the connection wrote,
+/// and each receipt or refusal (one per SEND, in order). Pure.
+#[derive(Debug, Default)]
+pub struct Sends {
+    /// (end offset, bytes, written at).
+    q: VecDeque<(u64, usize, Option<Instant>)>,
+    /// How many SENDs at the front of `q` have their write time (those written whole): a write
+    /// looks only at the ones behind them.
+    stamped: usize,
+    /// Bytes of SENDs noted so far (the next SEND's start).
+    end: u64,
+}
+
+impl Sends {
+    /// A SEND of `bytes` is queued behind the others.
+    pub fn sent(&mut self, bytes: usize) {
+        self.end += bytes as u64;
+        self.q.push_back((self.end, bytes, None));
+    }
+
+    /// The connection wrote `total` bytes of this producer so far, at `now`.
+    pub fn wrote(&mut self, total: u64, now: Instant) {
+        for (end, _, at) in self.q.range_mut(self.stamped..) {
+            if *end > total {
+                break;
+            }
+            *at = Some(now);
+            self.stamped += 1;
+        }
+    }
+
+    /// The next SEND's receipt (or refusal): its size and when its last byte was written (None
+    /// when nothing was waiting for one, or its write was not seen whole).
+    pub fn answered(&mut self) -> Option<(usize, Instant)> {
+        let (_, bytes, at) = self.q.pop_front()?;
+        self.stamped = self.stamped.saturating_sub(1);
+        Some((bytes, at?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MBIT: f64 = 1e6 / 8.0;
+
+    /// A simulated bottleneck: a sender paced by the estimator (a token bucket at its pacing, as
+    /// the budget is), always with data (or at `demand` bytes/s), SENDs of `send` bytes, a
+    /// drop-tail queue of `queue` bytes that holds the writer back when full (the socket's buffer
+    /// and the modem's queue), served at the capacity of the moment, a receipt `base` after a
+    /// SEND leaves the queue. 1 ms steps.
+    struct Sim {
+        est: Estimator,
+        t0: Instant,
+        now: Instant,
+        tokens: f64,
+        backlog: f64,
+        queue: VecDeque<(usize, Instant, f64)>,
+        queued: usize,
+        head_left: f64,
+        receipts: VecDeque<(Instant, usize, Instant)>,
+        /// (secs, capacity, estimate, pacing, queueing delay of a SEND leaving the queue).
+        trace: Vec<(f64, f64, f64, f64, f64)>,
+        delivered: Vec<(f64, usize)>,
+    }
+
+    const SEND: usize = 30_000;
+    const QUEUE: usize = 500_000;
+    const BASE: Duration = Duration::from_millis(30);
+
+    impl Sim {
+        fn new(start: f64) -> Self {
+            let t0 = Instant::now();
+            Sim {
+                est: Estimator::new(
+                    Settings {
+                        start,
+                        min: 8_000.0,
+                        max: 1e9,
+                        target: TARGET,
+                    },
+                    t0,
+                ),
+                t0,
+                now: t0,
+                tokens: 0.0,
+                backlog: 0.0,
+                queue: VecDeque::new(),
+                queued: 0,
+                head_left: 0.0,
+                receipts: VecDeque::new(),
+                trace: Vec::new(),
+                delivered: Vec::new(),
+            }
+        }
+
+        fn run(&mut self, secs: f64, capacity: f64, demand: Option<f64>) {
+            let dt = 0.001;
+            let steps = (secs / dt) as usize;
+            let mut last_delay = 0.0;
+            for _ in 0..steps {
+                self.now += Duration::from_millis(1);
+                let now = self.now;
+                while self.receipts.front().is_some_and(|r| r.0 <= now) {
+                    let (_, bytes, written) = self.receipts.pop_front().unwrap();
+                    self.est.on_receipt(bytes, written, now);
+                }
+                let pacing = self.est.pacing(now);
+                self.tokens = (self.tokens + pacing * dt).min((pacing / 10.0).max(16384.0));
+                self.backlog = match demand {
+                    Some(d) => self.backlog + d * dt,
+                    None => f64::MAX,
+                };
+                while self.tokens > 0.0
+                    && self.backlog >= SEND as f64
+                    && self.queued + SEND <= QUEUE
+                {
+                    self.tokens -= SEND as f64;
+                    self.backlog -= SEND as f64;
+                    self.queue.push_back((SEND, now, SEND as f64));
+                    self.queued += SEND;
+                }
+                let mut budget = capacity * dt + self.head_left;
+                self.head_left = 0.0;
+                while let Some(front) = self.queue.front_mut() {
+                    if budget >= front.2 {
+                        budget -= front.2;
+                        let (bytes, written, _) = self.queue.pop_front().unwrap();
+                        self.queued -= bytes;
+                        last_delay = now.saturating_duration_since(written).as_secs_f64();
+                        self.receipts.push_back((now + BASE, bytes, written));
+                        self.delivered
+                            .push((now.duration_since(self.t0).as_secs_f64(), bytes));
+                    } else {
+                        front.2 -= budget;
+                        break;
+                    }
+                }
+                let r = self.est.reading(now);
+                self.trace.push((
+                    now.duration_since(self.t0).as_secs_f64(),
+                    capacity,
+                    r.estimate,
+                    r.pacing,
+                    last_delay,
+                ));
+            }
+        }
+
+        fn dump(&self) {
+            if std::env::var("ESTIMATE_TRACE").is_err() {
+                return;
+            }
+            for x in self.trace.iter().step_by(100) {
+                println!(
+                    "{:6.2} cap {:5.2} est {:5.2} pace {:5.2} qdelay {:4.0} ms",
+                    x.0,
+                    x.1 / MBIT,
+                    x.2 / MBIT,
+                    x.3 / MBIT,
+                    x.4 * 1e3
+                );
+            }
+        }
+
+        fn delivered_between(&self, a: f64, b: f64) -> f64 {
+            self.delivered
+                .iter()
+                .filter(|(t, _)| *t >= a && *t < b)
+                .map(|(_, n)| *n as f64)
+                .sum()
+        }
+
+        /// The first time from `a` after which the estimate stays within 20 % of the capacity
+        /// until `b`.
+        fn converged(&self, a: f64, b: f64) -> Option<f64> {
+            let mut since = None;
+            for &(t, c, e, _, _) in self.trace.iter().filter(|x| x.0 >= a && x.0 < b) {
+                if (e - c).abs() <= 0.2 * c {
+                    since.get_or_insert(t);
+                } else {
+                    since = None;
+                }
+            }
+            since.map(|t| t - a)
+        }
+
+        fn delay_p95(&self, a: f64, b: f64) -> f64 {
+            let mut d: Vec<f64> = self
+                .trace
+                .iter()
+                .filter(|x| x.0 >= a && x.0 < b)
+                .map(|x| x.4)
+                .collect();
+            d.sort_by(f64::total_cmp);
+            d.get(d.len() * 95 / 100).copied().unwrap_or(0.0)
+        }
+    }
+
+    #[test]
+    fn steps_8_2_8_mbit_converge_within_10_s_with_the_queue_bounded_and_the_link_used() {
+        let mut sim = Sim::new(MBIT);
+        let phases = [(8.0, 20.0), (2.0, 20.0), (8.0, 20.0)];
+        for (mbit, secs) in phases {
+            sim.run(secs, mbit * MBIT, None);
+        }
+        sim.dump();
+        let mut t = 0.0;
+        for (mbit, secs) in phases {
+            let conv = sim.converged(t, t + secs);
+            let used = sim.delivered_between(t + 2.0, t + secs) / ((secs - 2.0) * mbit * MBIT);
+            let p95 = sim.delay_p95(t + 5.0, t + secs);
+            println!(
+                "{mbit} Mbit/s: converged after {conv:?} s, used {:.0} %, queueing p95 {:.0} ms",
+                used * 100.0,
+                p95 * 1e3
+            );
+            assert!(conv.is_some_and(|c| c < 10.0), "{mbit}: {conv:?}");
+            assert!(used >= 0.85, "{mbit}: used {used}");
+            assert!(p95 < 0.3, "{mbit}: queueing p95 {p95}");
+            t += secs;
+        }
+    }
+
+    #[test]
+    fn an_app_limited_sender_keeps_its_estimate_near_what_it_sends_and_no_queue() {
+        // 7 Mbit/s of demand on an 8 Mbit/s link: the estimate follows the demand (it cannot see
+        // more than it sends), nothing queues.
+        let mut sim = Sim::new(MBIT);
+        sim.run(30.0, 8.0 * MBIT, Some(7.0 * MBIT));
+        let used = sim.delivered_between(10.0, 30.0) / (20.0 * 7.0 * MBIT);
+        assert!(used >= 0.97, "{used}");
+        assert!(
+            sim.delay_p95(10.0, 30.0) < 0.1,
+            "{}",
+            sim.delay_p95(10.0, 30.0)
+        );
+        let e = sim.trace.last().unwrap().2;
+        assert!((6.5 * MBIT..=9.6 * MBIT).contains(&e), "{}", e / MBIT);
+    }
+
+    #[test]
+    fn a_cap_holds_and_the_floor_holds() {
+        let t0 = Instant::now();
+        let s = Settings {
+            start: 1e9,
+            min: 8_000.0,
+            max: MBIT,
+            target: TARGET,
+        };
+        let mut e = Estimator::new(s, t0);
+        assert!(e.pacing(t0) <= MBIT);
+        // Huge delivery samples never lift it above the cap.
+        let mut now = t0;
+        for _ in 0..100 {
+            now += Duration::from_millis(50);
+            e.on_receipt(1 << 20, now - Duration::from_millis(5), now);
+            assert!(e.pacing(now) <= MBIT);
+        }
+        // A queue that grows for ever: cut after cut, never below the floor.
+        for i in 0..200u64 {
+            now += Duration::from_millis(100);
+            e.on_receipt(10, now - Duration::from_millis(200 + i * 50), now);
+            assert!(e.pacing(now) >= 8_000.0);
+        }
+        assert_eq!(e.reading(now).mode, Mode::Backoff);
+    }
+
+    #[test]
+    fn queueing_delay_is_the_recent_rtt_above_the_windowed_minimum() {
+        // (Receipts of empty SENDs: no transmission time of their own.)
+        let t0 = Instant::now();
+        let mut e = Estimator::new(
+            Settings {
+                start: MBIT,
+                min: 8_000.0,
+                max: 1e9,
+                target: TARGET,
+            },
+            t0,
+        );
+        let mut now = t0;
+        for _ in 0..20 {
+            now += Duration::from_millis(100);
+            e.on_receipt(0, now - Duration::from_millis(20), now);
+        }
+        let r = e.reading(now);
+        assert_eq!(r.base_rtt, Some(Duration::from_millis(20)));
+        assert_eq!(r.queueing, Duration::ZERO);
+        // One late receipt among timely ones is no queue (the recent minimum).
+        now += Duration::from_millis(10);
+        e.on_receipt(0, now - Duration::from_millis(400), now);
+        assert_eq!(e.reading(now).queueing, Duration::ZERO);
+        // Only late ones for longer than RECENT: a queue of 80 ms.
+        for _ in 0..5 {
+            now += Duration::from_millis(50);
+            e.on_receipt(0, now - Duration::from_millis(100), now);
+        }
+        assert_eq!(e.reading(now).queueing, Duration::from_millis(80));
+        // A SEND's own transmission at the estimated rate is no queue: a second's worth, its
+        // receipt 1.02 s after its write, is 20 ms.
+        let second = e.reading(now).estimate as usize;
+        now += Duration::from_millis(50);
+        e.on_receipt(second, now - Duration::from_millis(1020), now);
+        let r = e.reading(now);
+        assert_eq!(r.base_rtt, Some(Duration::from_millis(20)));
+        assert!(r.queueing <= Duration::from_millis(1), "{r:?}");
+        // The base forgets after BASE_WINDOW.
+        for _ in 0..110 {
+            now += Duration::from_millis(100);
+            e.on_receipt(0, now - Duration::from_millis(60), now);
+        }
+        assert_eq!(e.reading(now).base_rtt, Some(Duration::from_millis(60)));
+    }
+
+    #[test]
+    fn sends_are_timed_by_the_write_of_their_last_byte_and_answered_in_order() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(10);
+        let mut s = Sends::default();
+        s.sent(100);
+        s.sent(50);
+        s.sent(10);
+        s.wrote(120, t0);
+        s.wrote(150, t1);
+        s.wrote(155, t1 + Duration::from_millis(5));
+        assert_eq!(s.answered(), Some((100, t0)));
+        assert_eq!(s.answered(), Some((50, t1)));
+        // Not written whole: answered without a time (no sample).
+        assert_eq!(s.answered(), None);
+        assert_eq!(s.answered(), None);
+    }
+}
