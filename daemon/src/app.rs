@@ -77,7 +77,8 @@ struct LaneWiring<'a> {
     pool: Arc<crate::uplink::Pool>,
     /// Where the rig was, from its serial sources' NMEA (crate::fleet, the coverage digest).
     track: Arc<crate::fleet::track::Track>,
-    /// Campaigns' conditions see GPS, audio and markers through a tee (crate::campaign).
+    /// Campaigns' conditions see GPS, audio and markers through their lanes' observers
+    /// (crate::campaign).
     feed: Option<crate::campaign::run::Feed>,
 }
 
@@ -161,19 +162,20 @@ impl LaneWiring<'_> {
     ) -> anyhow::Result<(FrameSink, SpawnedLane, Arc<SourceHealth>)> {
         let id: Arc<str> = sc.id().into();
         let (tx, rx) = mpsc::channel(CAPTURE_QUEUE);
+        let mut observers: Vec<pipeline::Observer> = Vec::new();
         // A serial source's NMEA fixes make the track of the fleet's coverage digest.
-        let rx = match sc.modality() {
-            crate::config::Modality::Serial if self.config.pulsar.url.is_some() => {
-                crate::fleet::track::tee(rx, self.track.clone())
-            }
-            _ => rx,
-        };
-        let rx = match &self.feed {
-            Some(f) if crate::campaign::run::wanted(sc.modality()) => {
-                crate::campaign::run::tee(rx, f.clone())
-            }
-            _ => rx,
-        };
+        if matches!(sc.modality(), crate::config::Modality::Serial)
+            && self.config.pulsar.url.is_some()
+        {
+            observers.push(crate::fleet::track::observer(self.track.clone()));
+        }
+        if let Some(f) = self
+            .feed
+            .as_ref()
+            .filter(|_| crate::campaign::run::wanted(sc.modality()))
+        {
+            observers.push(crate::campaign::run::observer(f.clone()));
+        }
         let health = Arc::new(SourceHealth::default());
         let first_seq = self
             .spool
@@ -185,7 +187,14 @@ impl LaneWiring<'_> {
             FrameSink::new(id.clone(), first_seq, tx, health.clone()).with_jump(jump.clone());
         let on_request = sc.head().upload == crate::config::Upload::OnRequest;
         let numbering = crate::uplink::plan::Numbering::new(first_seq, jump);
-        let lane = self.spawn(&id, sc.priority(), sc.drain(), on_request, rx, numbering);
+        let lane = self.spawn(
+            &id,
+            sc.priority(),
+            sc.drain(),
+            on_request,
+            (rx, observers),
+            numbering,
+        );
         Ok((sink, lane, health))
     }
 
@@ -197,7 +206,7 @@ impl LaneWiring<'_> {
         priority: u8,
         drain: crate::config::Drain,
         on_request: bool,
-        frames: mpsc::Receiver<rigd_drivers::Frame>,
+        (frames, observers): (mpsc::Receiver<rigd_drivers::Frame>, Vec<pipeline::Observer>),
         numbering: crate::uplink::plan::Numbering,
     ) -> SpawnedLane {
         let config = self.config;
@@ -250,6 +259,7 @@ impl LaneWiring<'_> {
                         .map_or(crate::seal::PIECE, |ahead| ahead.min(crate::seal::PIECE)),
                 }),
             stats: stats.clone(),
+            observers,
             paused: self.paused.clone(),
             shutdown: self.shutdown.clone(),
         };
@@ -407,17 +417,25 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
     let events = {
         let id: Arc<str> = EVENTS_SOURCE.into();
         let (tx, rx) = mpsc::channel(16);
-        let rx = match &wiring.feed {
-            Some(f) => crate::campaign::run::tee(rx, f.clone()),
-            None => rx,
-        };
+        let observers: Vec<pipeline::Observer> = wiring
+            .feed
+            .iter()
+            .map(|f| crate::campaign::run::observer(f.clone()))
+            .collect();
         let first_seq = spool.next_seq(&id).context("reading the sequence number")?;
         let jump = Arc::new(rigd_drivers::SeqJump::default());
         let sink = FrameSink::new(id.clone(), first_seq, tx, Arc::new(SourceHealth::default()))
             .with_jump(jump.clone());
         let numbering = crate::uplink::plan::Numbering::new(first_seq, jump);
         // Markers are rare and small: first.
-        let lane = wiring.spawn(&id, 0, crate::config::Drain::InOrder, false, rx, numbering);
+        let lane = wiring.spawn(
+            &id,
+            0,
+            crate::config::Drain::InOrder,
+            false,
+            (rx, observers),
+            numbering,
+        );
         lanes.push(lane.task);
         // The live view's `/events` (last of crate::live::channels): markers through the tap.
         if let Some(channels) = live_sources.next() {
@@ -451,7 +469,7 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
             shutdown_rx.clone(),
         )));
     }
-    // Campaigns (crate::campaign): conditions on what the tees feed, windows uploaded by recall.
+    // Campaigns (crate::campaign): conditions on what the lanes' observers feed, windows uploaded by recall.
     if let (Some(r), Some(feed)) = (&recall, campaign_feed) {
         let health = entries.iter().map(|e| (e.id.to_string(), e.health.clone()));
         let watch = crate::campaign::run::Watch {
@@ -652,6 +670,7 @@ async fn shut_down(s: ShutDown<'_>) -> anyhow::Result<()> {
             published = e.uplink.as_ref().map_or(0, |u| u.published.load(Ordering::Relaxed)),
             spool_dropped = sp.dropped.load(Ordering::Relaxed),
             device_drops = e.health.drops(),
+            capture_waits = e.health.capture_waits(),
             refused = e.uplink.as_ref().map_or(0, |u| u.refused.load(Ordering::Relaxed)),
             spooled,
             "source totals"

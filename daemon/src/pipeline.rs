@@ -23,7 +23,7 @@ pub mod lane;
 mod task;
 
 pub use backlog::{Backlog, Route};
-pub use task::LaneTask;
+pub use task::{LaneTask, Observer};
 
 use crate::uplink::{Ack, ProducerConfig, ProducerStats, TopicProducer};
 

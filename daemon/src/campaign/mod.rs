@@ -7,7 +7,7 @@
 //!   and counts the quota, pure.
 //! - [`store`]: what survives a restart.
 //! - [`run`]: the task that feeds frames and ticks to the conditions and queues the windows with
-//!   recall; the tee that hands it a source's frames on their way to the lane.
+//!   recall; the lanes' observer that hands it a source's frames.
 //! - [`client`]: `rigd campaign`, the operator's side.
 //!
 //! Built on recall ([`crate::recall`]): its control topic reader routes `op = "campaign"` and
@@ -63,7 +63,7 @@ pub struct Campaigns {
     rejected: Mutex<BTreeMap<&'static str, u64>>,
     /// Frames the evaluation's queue had no room for.
     pub feed_dropped: Arc<AtomicU64>,
-    /// Whether the tees feed the evaluation: while a campaign is active ([`Campaigns::refeed`]).
+    /// Whether the lanes' observers feed the evaluation: while a campaign is active ([`Campaigns::refeed`]).
     feeding: Arc<AtomicBool>,
 }
 
@@ -105,7 +105,7 @@ impl Campaigns {
         Ok(Arc::new(campaigns))
     }
 
-    /// The tees feed the evaluation while a campaign is active: with none, a frame reaches no
+    /// The lanes' observers feed the evaluation while a campaign is active: with none, a frame reaches no
     /// condition, so capture pays nothing for it. Called when a campaign's phase changes.
     pub(crate) fn refeed(&self, book: &Book) {
         let active = book

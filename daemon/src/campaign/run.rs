@@ -1,5 +1,5 @@
-//! The campaigns' task: frames of the GPS, audio and events sources reach it through a tee on their
-//! way to the lane ([`tee`]: a bounded queue it never waits on, so capture never waits for the
+//! The campaigns' task: frames of the GPS, audio and events sources reach it from their lanes
+//! ([`observer`]: a bounded queue it never waits on, so capture never waits for the
 //! conditions), ticks carry the clock's lock and each source's silence; triggers become windows
 //! queued with recall, ledgers are checkpointed, expiries applied.
 
@@ -22,12 +22,12 @@ const TICK: Duration = Duration::from_millis(100);
 /// Ledgers that moved are made durable this often (and at each trigger).
 const CHECKPOINT: Duration = Duration::from_secs(1);
 
-/// Where the tees put frames for the evaluation.
+/// Where the lanes' observers put frames for the evaluation.
 #[derive(Clone)]
 pub struct Feed {
     tx: mpsc::Sender<rigd_drivers::Frame>,
     pub dropped: Arc<AtomicU64>,
-    /// A campaign is active (set by [`Campaigns::refeed`]): with none, the tees offer nothing.
+    /// A campaign is active (set by [`Campaigns::refeed`]): with none, the observers offer nothing.
     pub feeding: Arc<AtomicBool>,
 }
 
@@ -52,25 +52,15 @@ pub fn wanted(modality: rigd_drivers::Modality) -> bool {
     )
 }
 
-/// Passes `frames` on unchanged (the returned receiver is the lane's), offering each to `feed`
-/// without waiting while a campaign is active: a full feed counts the frame as dropped for the
-/// evaluation only.
-pub fn tee(
-    mut frames: mpsc::Receiver<rigd_drivers::Frame>,
-    feed: Feed,
-) -> mpsc::Receiver<rigd_drivers::Frame> {
-    let (tx, rx) = mpsc::channel(frames.max_capacity());
-    drop(tokio::spawn(async move {
-        while let Some(f) = frames.recv().await {
-            if feed.feeding.load(Ordering::Relaxed) && feed.tx.try_send(f.clone()).is_err() {
-                feed.dropped.fetch_add(1, Ordering::Relaxed);
-            }
-            if tx.send(f).await.is_err() {
-                return;
-            }
+/// What the lane of a [`wanted`] source calls with each frame ([`crate::pipeline::Observer`]):
+/// while a campaign is active the frame is offered to `feed` without waiting; a full feed counts
+/// it as dropped for the evaluation only.
+pub fn observer(feed: Feed) -> crate::pipeline::Observer {
+    Box::new(move |f: &rigd_drivers::Frame| {
+        if feed.feeding.load(Ordering::Relaxed) && feed.tx.try_send(f.clone()).is_err() {
+            feed.dropped.fetch_add(1, Ordering::Relaxed);
         }
-    }));
-    rx
+    })
 }
 
 /// What the task reads besides the frames.
@@ -138,7 +128,7 @@ pub async fn run(
         .collect();
     let mut silent: Vec<(String, i64)> =
         watch.health.iter().map(|(id, _)| (id.clone(), 0)).collect();
-    // Every tee gone (no source to feed, or shutdown): ticks go on.
+    // Every observer gone (no source to feed, or shutdown): ticks go on.
     let mut open = true;
     loop {
         tokio::select! {
@@ -312,7 +302,7 @@ pub fn sources_of(config: &crate::config::Config) -> Vec<super::spec::SourceInfo
         .collect()
 }
 
-/// A feed for the tees when campaigns can run (recall runs: a broker and an on-request source).
+/// A feed for the lanes' observers when campaigns can run (recall runs: a broker and an on-request source).
 pub fn feed_for(
     config: &crate::config::Config,
 ) -> Option<(Feed, mpsc::Receiver<rigd_drivers::Frame>)> {

@@ -1,11 +1,10 @@
 //! Where the rig was: the fixes of its NMEA sources ([`crate::nmea`]), taken from their frames on
-//! the way to the lane ([`tee`]), thinned as they come ([`Track`], within
+//! the way into the lane ([`observer`]), thinned as they come ([`Track`], within
 //! [`super::digest::TOLERANCE_M`]) and kept for as long as the rig holds anything, in a small file
 //! beside the spool so that a restart keeps the places of what was captured before it.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use tokio::sync::mpsc;
 
 use super::digest::{thin, Point, TOLERANCE_M, TRACK_GAP_NS};
 use crate::nmea::{self, FixBuilder};
@@ -128,32 +127,23 @@ pub fn file(spool: &Path) -> PathBuf {
     spool.join("fleet-track.json")
 }
 
-/// Frames on their way to a lane, with the fixes of the NMEA sentences among them added to
-/// `track`; returns the receiving end the lane reads instead. Frames pass in order and unchanged;
-/// when the capture side closes, so does the returned end.
-pub fn tee(
-    mut frames: mpsc::Receiver<rigd_drivers::Frame>,
-    track: Arc<Track>,
-) -> mpsc::Receiver<rigd_drivers::Frame> {
-    let (tx, rx) = mpsc::channel(frames.max_capacity());
-    drop(tokio::spawn(async move {
-        let mut fixes = FixBuilder::default();
-        while let Some(frame) = frames.recv().await {
-            if let Ok(Some(sentence)) = nmea::parse(&frame.payload) {
-                for f in fixes.push(&sentence, frame.capture_ns, frame.seq) {
-                    track.push(Point {
-                        t: f.capture_ns,
-                        lat: f.latitude,
-                        lon: f.longitude,
-                    });
-                }
-            }
-            if tx.send(frame).await.is_err() {
-                break;
-            }
+/// What the lane of an NMEA source calls with each frame ([`crate::pipeline::Observer`]): its
+/// fixes go onto `track`.
+pub fn observer(track: Arc<Track>) -> crate::pipeline::Observer {
+    let fixes = Mutex::new(FixBuilder::default());
+    Box::new(move |frame: &rigd_drivers::Frame| {
+        let Ok(Some(sentence)) = nmea::parse(&frame.payload) else {
+            return;
+        };
+        let mut fixes = fixes.lock().unwrap_or_else(|e| e.into_inner());
+        for f in fixes.push(&sentence, frame.capture_ns, frame.seq) {
+            track.push(Point {
+                t: f.capture_ns,
+                lat: f.latitude,
+                lon: f.longitude,
+            });
         }
-    }));
-    rx
+    })
 }
 
 #[cfg(test)]
@@ -211,33 +201,33 @@ mod tests {
         assert!(Track::load(&dir.path().join("none")).runs(0).is_empty());
     }
 
-    #[tokio::test]
-    async fn the_tee_passes_every_frame_and_takes_the_fixes() {
+    #[test]
+    fn the_observer_takes_the_fixes_of_each_frame() {
         let track = Arc::new(Track::default());
-        let (tx, rx) = mpsc::channel(4);
-        let mut out = tee(rx, track.clone());
+        let observe = observer(track.clone());
         let sum = |b: &str| format!("${b}*{:02X}\r\n", b.bytes().fold(0u8, |a, x| a ^ x));
         for (i, lat) in ["4807.000", "4808.000"].iter().enumerate() {
             let rec = sum(&format!(
                 "GPRMC,12000{i}.00,A,{lat},N,01131.000,E,0,0,061226,,"
             ));
-            tx.send(rigd_drivers::Frame {
+            observe(&rigd_drivers::Frame {
                 source: "gps".into(),
                 seq: i as u64,
                 capture_ns: (i as i64 + 1) * S,
                 clock: rigd_drivers::ClockState::Unsynced,
                 media: rigd_drivers::Media::Serial { text: true },
                 payload: rec.into_bytes().into(),
-            })
-            .await
-            .unwrap();
+            });
         }
-        drop(tx);
-        let mut seqs = Vec::new();
-        while let Some(f) = out.recv().await {
-            seqs.push(f.seq);
-        }
-        assert_eq!(seqs, vec![0, 1]);
+        // Garbage on the line is no fix and no panic.
+        observe(&rigd_drivers::Frame {
+            source: "gps".into(),
+            seq: 2,
+            capture_ns: 3 * S,
+            clock: rigd_drivers::ClockState::Unsynced,
+            media: rigd_drivers::Media::Serial { text: true },
+            payload: bytes::Bytes::from_static(b"\xff\x00$GPRMC,garbage"),
+        });
         let runs = track.runs(0);
         assert_eq!(runs[0].len(), 2, "{runs:?}");
         assert!((runs[0][1].lat - (48.0 + 8.0 / 60.0)).abs() < 1e-9);

@@ -16,6 +16,9 @@ use crate::payload::Held;
 use crate::spool::{Appended, Spool};
 use crate::uplink::{Ack, Outcome, TopicProducer};
 
+/// Looks at a lane's frames on their way in ([`LaneTask::observers`]).
+pub type Observer = Box<dyn Fn(&Frame) + Send + Sync>;
+
 /// Frames read from the spool per drain step.
 const DRAIN_BATCH: usize = 16;
 
@@ -30,6 +33,9 @@ pub struct LaneTask {
     /// into pieces, encrypted for the fleet key): the spool holds only ciphertext.
     pub seal: Option<crate::seal::Sealing>,
     pub stats: Arc<LaneStats>,
+    /// Called with each frame as it arrives, before it is spooled or sent (the fleet's track,
+    /// the campaigns' conditions): each is cheap and never waits.
+    pub observers: Vec<Observer>,
     /// Raised by a technician (web UI): submit nothing new, spool as during an outage.
     pub paused: Arc<AtomicBool>,
     /// The daemon stops: take what is queued and end even if capture has not closed the channel.
@@ -255,6 +261,9 @@ impl LaneTask {
         let next = frame.seq + 1;
         self.stats.preview.offer(&frame);
         self.stats.live.offer(&frame);
+        for observe in &self.observers {
+            observe(&frame);
+        }
         let frame = Held::plain(frame);
         let paused = self.paused.load(Ordering::Relaxed);
         // A number at or past the durable floor could have been handed out before a crash: such
