@@ -89,6 +89,7 @@ impl rigd_web::StatusSource for Runtime {
                 bytes,
                 drops,
                 device_drops,
+                capture_waits: e.health.capture_waits(),
                 spool_dropped,
                 refused,
                 last_frame_age_ms: age_ms(now.ns, e.health.last_frame_ns()),

@@ -102,6 +102,8 @@ pub struct SourceHealth {
     frames: AtomicU64,
     bytes: AtomicU64,
     drops: AtomicU64,
+    /// Frames whose hand-off waited for the pipeline (its queue full): capture held by the rig.
+    waits: AtomicU64,
     last_frame_ns: AtomicI64,
     state: AtomicU8,
     reason: Mutex<String>,
@@ -117,6 +119,7 @@ impl Default for SourceHealth {
             frames: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             drops: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
             last_frame_ns: AtomicI64::new(0),
             state: AtomicU8::new(0),
             reason: Mutex::new(String::new()),
@@ -135,6 +138,12 @@ impl SourceHealth {
     }
     pub fn drops(&self) -> u64 {
         self.drops.load(Ordering::Relaxed)
+    }
+    /// Frames whose hand-off waited for the pipeline ([`FrameSink::emit`] found its queue full):
+    /// the rig, not the device, held capture. A source that cannot wait (a camera's ring of
+    /// buffers, an audio period) loses frames while it does, counted by the driver as drops.
+    pub fn capture_waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
     }
     /// Capture time (rig clock, ns) of the newest frame; 0 before the first.
     pub fn last_frame_ns(&self) -> i64 {
@@ -387,6 +396,7 @@ impl FrameSink {
         match self.tx.try_send(frame) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(frame)) => {
+                self.health.waits.fetch_add(1, Ordering::Relaxed);
                 self.tx.blocking_send(frame).map_err(|_| SinkClosed)?
             }
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(SinkClosed),
@@ -540,6 +550,30 @@ mod jump_tests {
             .unwrap()
             .try_emit(stamp, Media::jpeg(2, 2), Bytes::new())
             .is_err());
+    }
+
+    #[test]
+    fn a_hand_off_that_waits_for_a_full_queue_is_counted_as_capture_held() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let mut sink = FrameSink::new(Arc::from("gps"), 0, tx, Arc::default());
+        let stamp = Stamp {
+            ns: 1,
+            state: ClockState::Locked,
+        };
+        let media = Media::Serial { text: true };
+        sink.emit(stamp, media.clone(), Bytes::from_static(b"a"))
+            .unwrap();
+        assert_eq!(sink.health().capture_waits(), 0);
+        // The queue is full: the second hand-off waits until the pipeline takes the first.
+        let taker = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let first = rx.blocking_recv().unwrap().seq;
+            (first, rx.blocking_recv().unwrap().seq)
+        });
+        sink.emit(stamp, media, Bytes::from_static(b"b")).unwrap();
+        assert_eq!(taker.join().unwrap(), (0, 1));
+        let h = sink.health();
+        assert_eq!((h.capture_waits(), h.drops(), h.frames()), (1, 0, 2));
     }
 
     #[test]

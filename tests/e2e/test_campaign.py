@@ -345,12 +345,17 @@ def test_bad_campaigns_are_rejected_with_their_reason_and_a_flood_leaves_capture
         assert totals[source]["spool_dropped"] == 0, totals
     for source in ("gps", "mic"):
         assert totals[source]["published"] == totals[source]["frames"], totals
-    assert totals["gps"]["device_drops"] == 0 and totals["cam"]["device_drops"] == 0, totals
-    # The synthetic mic counts a block as a device drop when its thread wakes over a bucket (33 ms)
-    # late: on a loaded 2-core host the flood's broker and client load does that a few times, the
-    # same with recall's garbage flood (no campaign code), never without a flood: 0-4 of ~900 alone,
-    # 17 of 896 in the fresh-clone run of 23:10Z (beside a QEMU guest and two other workers). The
-    # bound says the flood did not stop or starve it; the gps and camera above are exact.
+    # The rig never held capture: no hand-off from a source to its lane waited for room.
+    for source in ("gps", "mic", "cam"):
+        assert totals[source]["capture_waits"] == 0, totals
+    # A synthetic source counts a tick its thread woke two periods late as a device drop (what
+    # a device would have lost): host scheduling, not the rig, since no hand-off waited above.
+    # On a loaded 2-core host the flood's broker and client load does that a few times, the same
+    # with recall's garbage flood (no campaign code), never without a flood: mic 0-4 of ~900
+    # alone, 17 of 896 in the fresh-clone run of 2026-12-06 23:10Z, camera 1 of 351 and mic 47 of
+    # 1020 in the CI run of 2026-12-07 (beside a QEMU guest and two other workers). The bound
+    # says the flood did not stop or starve capture.
     print(f"flood: capture totals {totals}")
-    assert totals["mic"]["device_drops"] <= totals["mic"]["frames"] // 20, totals
+    for source in ("gps", "mic", "cam"):
+        assert totals[source]["device_drops"] <= totals[source]["frames"] // 20, totals
     assert_once_each(received_seqs(f"persistent://{ns}/{rig}-gps"), "gps")

@@ -134,6 +134,9 @@ pub struct SourceStatus {
     pub drops: u64,
     /// Frames the device or driver lost (sequence gaps, xruns, bad records).
     pub device_drops: u64,
+    /// Frames whose hand-off to the rig's pipeline waited (its queue of 256 full): capture held
+    /// by the rig itself, never by the device. Nonzero means a lane fell behind its source.
+    pub capture_waits: u64,
     /// This source's frames dropped from the spool (full, or cleared by a technician).
     pub spool_dropped: u64,
     /// Frames the broker refused (too large, rejected); lost.

@@ -194,6 +194,13 @@ pub fn render(s: &Status) -> String {
     );
     e.per_source(
         s,
+        "rigd_source_capture_waits_total",
+        "counter",
+        "Frames whose hand-off to the rig's pipeline waited for room (the rig held capture).",
+        |x| Some(x.capture_waits as f64),
+    );
+    e.per_source(
+        s,
         "rigd_source_uplink_bytes_total",
         "counter",
         "Bytes the source's producers wrote to the broker (its share of the budget; framing included).",
