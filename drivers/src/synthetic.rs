@@ -28,6 +28,10 @@ use std::time::{Duration, Instant};
 use crate::h264::Groups;
 use crate::{FrameClock, FrameSink, Media, Source, SourceError, StopFlag};
 
+/// Complete blocks the synthetic audio keeps for a late thread, as a capture device's ring of
+/// periods does (ALSA's buffer is commonly four periods): 4 x 33 ms.
+const AUDIO_RING_BLOCKS: i64 = 4;
+
 /// JPEG quality of encoded `yuyv` frames (the `v4l` source's default `jpeg-quality`).
 const YUYV_JPEG_QUALITY: u8 = 80;
 
@@ -919,11 +923,14 @@ impl Source for SyntheticAudio {
             sink.emit(stamp, media, Bytes::from(block))
                 .map_err(|_| closed(&self.id))?;
             bucket += 1;
-            // Fell behind by more than a bucket (suspended process): the lost blocks are drops.
-            let current = self.clock.now().ns.div_euclid(width_ns);
-            if current > bucket {
-                sink.health().add_drops((current - bucket) as u64);
-                bucket = current;
+            // A late thread still finds the last AUDIO_RING_BLOCKS complete blocks, as a device's
+            // capture ring holds several periods; fell behind further (a suspended process), the
+            // blocks before those are lost: drops.
+            let complete = self.clock.now().ns.div_euclid(width_ns);
+            if complete - bucket > AUDIO_RING_BLOCKS {
+                sink.health()
+                    .add_drops((complete - bucket - AUDIO_RING_BLOCKS) as u64);
+                bucket = complete - AUDIO_RING_BLOCKS;
             }
         }
     }
@@ -1031,6 +1038,64 @@ impl Source for SyntheticSerial {
 mod tests {
     use super::*;
     use crate::SystemClock;
+
+    /// A rig clock the test moves by hand.
+    struct StepClock(std::sync::atomic::AtomicI64);
+
+    impl FrameClock for StepClock {
+        fn now(&self) -> crate::Stamp {
+            self.map_realtime(self.0.load(std::sync::atomic::Ordering::SeqCst))
+        }
+        fn map_realtime(&self, ns: i64) -> crate::Stamp {
+            crate::Stamp {
+                ns,
+                state: crate::ClockState::Unsynced,
+            }
+        }
+    }
+
+    #[test]
+    fn audio_a_late_thread_finds_the_ring_of_blocks_and_loses_only_what_is_older() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let w = 33_000_000i64;
+        let clock = Arc::new(StepClock(std::sync::atomic::AtomicI64::new(1000 * w + 1)));
+        let mut mic = SyntheticAudio::new("a", 48_000, 1, 440.0, 33, clock.clone());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let mut sink = FrameSink::new(Arc::from("a"), 0, tx, Arc::default());
+        let health = sink.health().clone();
+        let stop = StopFlag::new();
+        let stopping = stop.clone();
+        let run = std::thread::spawn(move || mic.run(&mut sink, &stopping));
+        // The bucket of the next block handed over, within 2 s (None: none came).
+        let mut next = || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            loop {
+                if let Ok(f) = rx.try_recv() {
+                    return Some(f.capture_ns / w);
+                }
+                if std::time::Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // The thread reads the clock once as it starts (block 1001 is its first).
+        std::thread::sleep(Duration::from_millis(200));
+        clock.0.store(1002 * w + 1, SeqCst); // block 1001 complete
+        assert_eq!(next(), Some(1001));
+        // The thread wakes ten buckets late: the last four complete blocks are still there.
+        clock.0.store(1012 * w + 1, SeqCst);
+        let late: Vec<_> = (0..5).map(|_| next()).collect();
+        assert_eq!(late, [1002, 1008, 1009, 1010, 1011].map(Some));
+        assert_eq!(health.drops(), 5, "blocks 1003..=1007 were overwritten");
+        // Three buckets late: within the ring, nothing lost.
+        clock.0.store(1015 * w + 1, SeqCst);
+        let late: Vec<_> = (0..3).map(|_| next()).collect();
+        assert_eq!(late, [1012, 1013, 1014].map(Some));
+        assert_eq!(health.drops(), 5);
+        stop.raise();
+        run.join().unwrap().unwrap();
+    }
 
     #[test]
     fn camera_frame_is_a_tagged_jpeg_of_the_requested_size() {
