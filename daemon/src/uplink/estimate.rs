@@ -22,7 +22,8 @@
 //!   Mbit/s in a few seconds rather than a 25 % step every few seconds);
 //! - `Backoff`: the queueing delay above `target` (a link that got slower, or an estimate above
 //!   it): the estimate drops to the delivery rate measured now (a busy link delivers its
-//!   capacity), the samples of SENDs written before the cut are ignored, and the budget paces at
+//!   capacity; the cut and the first sample after it at most halve it each, [`MAX_CUT`]), the
+//!   samples of SENDs written before the cut are ignored, and the budget paces at
 //!   [`BACKOFF_GAIN`] until the delay is below half the target (the queue drained), then cruises.
 //!   Still above the target a round and an RTT later: cut again.
 //!
@@ -54,6 +55,10 @@ pub const BACKOFF_ROUNDS: u32 = 4;
 pub const CRUISE_GAIN: f64 = 0.95;
 /// A probe or growth round that raised the estimate by this factor grows on.
 pub const GREW: f64 = 1.1;
+/// A cut, and the first sample after it, at most halve the estimate each: a stall's sample (no
+/// receipt for a while: a broker's pause, a starved host) is no measure of the link. A link that
+/// did fall further is cut again when its queue still stands after the backoff.
+pub const MAX_CUT: f64 = 0.5;
 /// The default queueing delay target.
 pub const TARGET: Duration = Duration::from_millis(120);
 
@@ -190,7 +195,7 @@ impl Estimator {
                     // The first sample of the link since the cut replaces the cut's guess: while
                     // the queue drains, the link is busy and delivers its capacity.
                     self.fresh = true;
-                    self.bw.reset(now, rate);
+                    self.bw.reset(now, rate.max(self.estimate * MAX_CUT));
                 } else {
                     self.bw.push(now, rate);
                 }
@@ -252,7 +257,10 @@ impl Estimator {
                     .recent_rate(now, round)
                     .unwrap_or(self.estimate)
                     .min(self.bw.latest().unwrap_or(self.estimate));
-                self.estimate = now_rate.min(self.estimate).clamp(self.s.min, self.s.max);
+                self.estimate = now_rate
+                    .min(self.estimate)
+                    .max(self.estimate * MAX_CUT)
+                    .clamp(self.s.min, self.s.max);
                 self.bw.reset(now, self.estimate);
                 self.cut = Some(now);
                 self.fresh = false;
@@ -595,6 +603,30 @@ mod tests {
             assert!(p95 < 0.3, "{mbit}: queueing p95 {p95}");
             t += secs;
         }
+    }
+
+    #[test]
+    fn a_stall_of_the_receipts_costs_at_most_three_quarters_of_the_estimate_and_a_few_seconds() {
+        // 8 Mbit/s, then 1.5 s in which nothing is delivered (a broker's GC pause, a starved
+        // host: no receipt), then 8 Mbit/s again. Before MAX_CUT the cut took the stall's rate
+        // sample, the floor (64 kbit/s), and growth took 10 s and more to come back.
+        let mut sim = Sim::new(MBIT);
+        sim.run(10.0, 8.0 * MBIT, None);
+        sim.run(1.5, 0.0, None);
+        sim.run(15.0, 8.0 * MBIT, None);
+        sim.dump();
+        let lowest = sim
+            .trace
+            .iter()
+            .filter(|x| x.0 >= 10.0)
+            .map(|x| x.2)
+            .fold(f64::MAX, f64::min);
+        assert!(lowest >= 2.0 * MBIT, "fell to {} Mbit/s", lowest / MBIT);
+        let conv = sim.converged(11.5, 26.5);
+        assert!(
+            conv.is_some_and(|c| c < 6.0),
+            "back within 20 % after {conv:?} s"
+        );
     }
 
     #[test]
