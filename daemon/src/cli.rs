@@ -336,9 +336,13 @@ enum CampaignCommand {
         #[command(flatten)]
         link: CampaignLink,
     },
-    /// Stop campaign ID (windows already queued are still uploaded).
+    /// Stop campaign ID: no more triggers (windows already queued are still uploaded unless
+    /// --cancel-windows).
     Stop {
         id: String,
+        /// Cancel its windows not yet uploaded too (the one uploading stops at its next frame).
+        #[arg(long)]
+        cancel_windows: bool,
         #[command(flatten)]
         link: CampaignLink,
     },
@@ -382,7 +386,11 @@ fn campaign(command: CampaignCommand) -> ExitCode {
     let (ask, link) = match command {
         CampaignCommand::Push { file, link } => (Ask::Push(file), link),
         CampaignCommand::List { link } => (Ask::List, link),
-        CampaignCommand::Stop { id, link } => (Ask::Stop(id), link),
+        CampaignCommand::Stop {
+            id,
+            cancel_windows,
+            link,
+        } => (Ask::Stop(id, cancel_windows), link),
         CampaignCommand::Status { id, link } => (Ask::Status(id), link),
     };
     let access = match link.client.access(&link.pulsar) {

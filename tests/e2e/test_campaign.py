@@ -275,6 +275,45 @@ def test_the_quota_stops_uploads_within_one_percent_and_says_so(broker, tmp_path
     assert quota * 0.99 <= sent <= quota, f"{sent} bytes sent for a quota of {quota}"
 
 
+def test_a_stop_with_cancel_ends_the_windows_not_yet_uploaded(broker, tmp_path):
+    fence = {"geofence": {"source": "gps", "polygon": FENCE, "on": "enter"}}
+    with running(tmp_path, "cs") as (ns, rig, d, op):
+        # "up" (priority 1) triggers at the next entry; its window stays open 30 s, uploading.
+        op.push("up", fence, before_s=1, after_s=30, gap_s=600, priority=1)
+        assert op.wait("up", ("accepted", "rejected"))["state"] == "accepted"
+        up = op.wait("up", ("triggered",), timeout=20)["campaign"]["window"]
+        # "later" (priority 5) triggers on the next loud burst: its window waits behind "up"'s.
+        op.push("later", {"audio": {"source": "mic", "above_dbfs": -10, "for_s": 0.5}},
+                before_s=1, after_s=30, gap_s=600, priority=5)
+        assert op.wait("later", ("accepted", "rejected"))["state"] == "accepted"
+        later = op.wait("later", ("triggered",), timeout=20)["campaign"]["window"]
+        # Without cancel: stopped, its window left alone (no answer for it yet).
+        stopped = cli(rig, ns, "stop", "later", "--json")
+        assert stopped.returncode == 0 and json.loads(stopped.stdout)["state"] == "stopped", stopped
+        assert not [a for a in op.seen if a["id"] == later["upload"]
+                    and a["state"] in ("cancelled", "done", "partial")], op.seen[-3:]
+        op.send({"op": "campaign", "v": 1, "id": "later", "stop": True, "cancel": True})
+        assert op.wait(later["upload"], ("cancelled", "done", "partial"), timeout=10)["state"] == "cancelled"
+        t_stop = time.time_ns()
+        op.send({"op": "campaign", "v": 1, "id": "up", "stop": True, "cancel": True})
+        a = op.wait(up["upload"], ("cancelled", "done", "partial"), timeout=15)
+        assert a["state"] == "cancelled", a
+        took = (a["at_ns"] - t_stop) / S
+        assert d.stop() == 0
+    got = consume(BROKER_URL, [f"persistent://{ns}/{rig}-cam"], idle_timeout_s=3,
+                  consumer_type=pulsar.ConsumerType.Exclusive)
+    seqs = [int(m["properties"]["seq"]) for m in got]
+    captured = [int(m["properties"]["capture-ns"]) for m in got]
+    print(f"stop with cancel: the uploading window answered cancelled {took:.2f} s after the stop, "
+          f"{len(seqs)} frames sent of a 31 s window at 10 fps")
+    # Each once (the waiting window, overlapping the other, sent nothing), and no gap: the
+    # uploading window sent its frames from its start on until the stop.
+    assert seqs and len(seqs) == len(set(seqs)), f"{len(seqs) - len(set(seqs))} frames twice"
+    assert sorted(seqs) == list(range(min(seqs), max(seqs) + 1)), "a gap in what was sent"
+    assert all(up["from"] <= c < up["to"] for c in captured), "a frame outside the uploading window"
+    assert 0 < len(seqs) < 250, f"{len(seqs)} frames: the uploading window was not cut short"
+
+
 def test_a_campaign_survives_kill9_and_restart(broker, tmp_path):
     with running(tmp_path, "ck") as (ns, rig, d, op):
         op.push("keep", {"geofence": {"source": "gps", "polygon": FENCE, "on": "enter"}},

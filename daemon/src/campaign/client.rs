@@ -13,7 +13,8 @@ use crate::recall::protocol::{Answer, State};
 pub enum Ask {
     /// A campaign's JSON (`op` and `v` filled in when the file leaves them out).
     Push(PathBuf),
-    Stop(String),
+    /// Stop campaign `id`; `true`: cancel its windows not yet uploaded too.
+    Stop(String, bool),
     /// Every campaign's state (`list`), or one's (`status ID`) or all in full (`status`).
     List,
     Status(Option<String>),
@@ -48,10 +49,11 @@ pub fn message(ask: &Ask) -> Result<(String, Vec<u8>), CampaignError> {
                 .to_string();
             Ok((id, serde_json::to_vec(&v).expect("JSON")))
         }
-        Ask::Stop(id) => Ok((
+        Ask::Stop(id, cancel) => Ok((
             id.clone(),
             serde_json::to_vec(&serde_json::json!({
                 "op": "campaign", "v": super::spec::VERSION, "id": id, "stop": true,
+                "cancel": cancel,
             }))
             .expect("JSON"),
         )),
@@ -145,11 +147,13 @@ mod tests {
             super::super::spec::parse(&body, &rig, 0),
             Ok(super::super::spec::Message::Push(_))
         ));
-        let (id, body) = message(&Ask::Stop("gate".into())).unwrap();
-        assert_eq!(
-            super::super::spec::parse(&body, &rig, 0),
-            Ok(super::super::spec::Message::Stop { id })
-        );
+        for cancel in [false, true] {
+            let (id, body) = message(&Ask::Stop("gate".into(), cancel)).unwrap();
+            assert_eq!(
+                super::super::spec::parse(&body, &rig, 0),
+                Ok(super::super::spec::Message::Stop { id, cancel })
+            );
+        }
         let (id, body) = message(&Ask::List).unwrap();
         assert_eq!(
             super::super::spec::parse(&body, &rig, 0),

@@ -161,7 +161,8 @@ impl Campaigns {
             Err(r) => return Ok(vec![self.reject(r)]),
         };
         let mut book = self.book();
-        Ok(vec![match m {
+        let mut stopped = None;
+        let answer = match m {
             Message::Push(c) => {
                 let id = c.id.clone();
                 if let Some(e) = book.entries.get(&id) {
@@ -208,7 +209,7 @@ impl Campaigns {
                 self.refeed(&book);
                 a
             }
-            Message::Stop { id } => match book.entries.get_mut(&id) {
+            Message::Stop { id, cancel } => match book.entries.get_mut(&id) {
                 Some(e) => {
                     if e.record.phase == Phase::Active {
                         e.record.phase = Phase::Stopped;
@@ -218,16 +219,14 @@ impl Campaigns {
                     let a = self.answer(State::Stopped, &id, Some(e));
                     self.forget_inactive(&mut book)?;
                     self.refeed(&book);
+                    stopped = cancel.then_some(id);
                     a
                 }
-                None => {
-                    drop(book);
-                    self.reject(spec::Rejected {
-                        kind: "unknown-campaign",
-                        reason: format!("no campaign {id:?} to stop"),
-                        id: Some(id),
-                    })
-                }
+                None => self.reject(spec::Rejected {
+                    kind: "unknown-campaign",
+                    reason: format!("no campaign {id:?} to stop"),
+                    id: Some(id),
+                }),
             },
             Message::List { id } => {
                 let mut a = Answer::new(&id, &self.rig, State::Campaigns, now);
@@ -235,7 +234,22 @@ impl Campaigns {
                 a.campaign = Some(serde_json::json!({ "campaigns": list }));
                 a
             }
-        }])
+        };
+        // A stop with `cancel` cancels the campaign's windows still waiting or uploading: after
+        // the book's lock, since the uploader asks a campaign's priority while it holds recall's
+        // turn.
+        drop(book);
+        let mut answers = vec![answer];
+        if let Some(id) = stopped {
+            let cancelled = self
+                .recall
+                .cancel_all(|upload| campaign_of(upload) == Some(id.as_str()))?;
+            if !cancelled.is_empty() {
+                tracing::info!(campaign = %id, windows = cancelled.len(), "campaign: waiting windows cancelled");
+            }
+            answers.extend(cancelled);
+        }
+        Ok(answers)
     }
 
     /// Keeps at most [`KEEP_INACTIVE`] stopped or expired campaigns.
@@ -359,5 +373,82 @@ mod tests {
         assert_eq!(campaign_of("gate-w"), None);
         assert_eq!(campaign_of("0b9e-4c1d-wx"), None);
         assert_eq!(campaign_of("marker-12"), None);
+    }
+
+    /// A stop with `cancel` cancels the campaign's windows: the waiting one answered `cancelled`
+    /// at once, the one uploading told to stop; another campaign's window and an operator's
+    /// request untouched. Without `cancel` they stay.
+    #[test]
+    fn a_stop_cancels_the_campaigns_waiting_and_uploading_windows() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool =
+            crate::spool::Spool::open(&crate::recall::store::spool_config(dir.path())).unwrap();
+        let now = 1_000_000_000_000i64;
+        let producer =
+            Box::new(|_: &str| -> crate::uplink::ProducerConfig { unreachable!("no upload") });
+        let (recall, _answers) = Recall::new(
+            "van".into(),
+            vec![("cam".to_string(), true)],
+            spool,
+            producer,
+            Box::new(move || now),
+        )
+        .unwrap();
+        let sources = vec![SourceInfo {
+            id: "cam".into(),
+            on_request: true,
+            kind: spec::SourceKind::Other,
+            retain_ns: None,
+        }];
+        let campaigns = Campaigns::open(
+            recall.clone(),
+            sources,
+            Box::new(move || now),
+            Arc::default(),
+            Arc::default(),
+        )
+        .unwrap();
+        for id in ["c", "d"] {
+            let push = format!(
+                r#"{{"op":"campaign","v":1,"id":"{id}","when":{{"marker":{{}}}},"sources":["cam"],"quota_bytes":1000}}"#
+            );
+            let a = campaigns.message(push.as_bytes()).unwrap();
+            assert_eq!(a[0].state, State::Accepted, "{a:?}");
+        }
+        for id in ["c-w0", "c-w1", "d-w0", "op-1"] {
+            let upload = crate::recall::protocol::Upload {
+                id: id.into(),
+                sources: vec!["cam".into()],
+                from: now - 1_000_000_000,
+                to: now,
+                force: false,
+            };
+            recall.ask(upload).unwrap();
+        }
+        recall.turn().active = Some("c-w0".into());
+        let a = campaigns
+            .message(br#"{"op":"campaign","v":1,"id":"d","stop":true}"#)
+            .unwrap();
+        assert_eq!(a.len(), 1, "a stop alone leaves the windows: {a:?}");
+        let a = campaigns
+            .message(br#"{"op":"campaign","v":1,"id":"c","stop":true,"cancel":true}"#)
+            .unwrap();
+        let said: Vec<_> = a.iter().map(|a| (a.id.as_str(), a.state)).collect();
+        assert_eq!(said, [("c", State::Stopped), ("c-w1", State::Cancelled)]);
+        assert!(recall.turn().cancel, "the uploading window is told to stop");
+        let mut left: Vec<_> = recall
+            .store
+            .pending()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.upload.id)
+            .collect();
+        left.sort();
+        // c-w0 stays until the uploader ends it (and answers it `cancelled`).
+        assert_eq!(left, ["c-w0", "d-w0", "op-1"]);
+        assert!(
+            recall.known("c-w1").unwrap(),
+            "finished, so its id is never reused"
+        );
     }
 }

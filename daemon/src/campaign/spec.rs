@@ -27,9 +27,12 @@ pub struct Wire {
     pub op: String,
     pub v: u32,
     pub id: String,
-    /// `true`: stop the campaign `id` (nothing else is read).
+    /// `true`: stop the campaign `id` (nothing else is read but `cancel`).
     #[serde(default)]
     pub stop: bool,
+    /// With `stop`: its windows still waiting or uploading are cancelled too.
+    #[serde(default)]
+    pub cancel: bool,
     #[serde(default)]
     pub when: Option<Condition>,
     #[serde(default)]
@@ -121,8 +124,10 @@ pub struct Campaign {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {
     Push(Campaign),
+    /// Stop triggering; with `cancel` the windows not yet uploaded are cancelled too.
     Stop {
         id: String,
+        cancel: bool,
     },
     /// Every campaign's state, answered under this request id.
     List {
@@ -208,7 +213,10 @@ pub fn parse(bytes: &[u8], sources: &[SourceInfo], now_ns: i64) -> Result<Messag
         ));
     }
     if wire.stop {
-        return Ok(Message::Stop { id: wire.id });
+        return Ok(Message::Stop {
+            id: wire.id,
+            cancel: wire.cancel,
+        });
     }
     let when = wire
         .when
@@ -465,7 +473,17 @@ mod tests {
         );
         assert_eq!(
             p(r#"{"op":"campaign","v":1,"id":"gate","stop":true}"#).unwrap(),
-            Message::Stop { id: "gate".into() }
+            Message::Stop {
+                id: "gate".into(),
+                cancel: false
+            }
+        );
+        assert_eq!(
+            p(r#"{"op":"campaign","v":1,"id":"gate","stop":true,"cancel":true}"#).unwrap(),
+            Message::Stop {
+                id: "gate".into(),
+                cancel: true
+            }
         );
         assert_eq!(
             p(r#"{"op":"campaigns","id":"q1"}"#).unwrap(),

@@ -149,6 +149,40 @@ impl Recall {
             || self.store.pending()?.iter().any(|p| p.upload.id == id))
     }
 
+    /// Answers waiting request `p` `cancelled` and removes it (the caller holds [`Recall::turn`],
+    /// so the uploader cannot take it meanwhile).
+    pub(crate) fn cancel_waiting(
+        &self,
+        p: store::Pending,
+    ) -> Result<Answer, crate::spool::SpoolError> {
+        let mut a = self.answer(protocol::State::Cancelled, &p.upload.id);
+        a.sent = Some(p.sent);
+        self.store.finish(Some(p.arrival), &a, &[])?;
+        self.stats.pending.fetch_sub(1, Ordering::Relaxed);
+        Ok(a)
+    }
+
+    /// Cancels every request whose id `pick` chooses (a stopped campaign's windows): the one
+    /// uploading stops at its next step and answers `cancelled` itself; the waiting ones are
+    /// answered here. Returns those answers.
+    pub(crate) fn cancel_all(
+        &self,
+        pick: impl Fn(&str) -> bool,
+    ) -> Result<Vec<Answer>, crate::spool::SpoolError> {
+        let mut turn = self.turn();
+        let active = turn.active.clone();
+        if active.as_deref().is_some_and(&pick) {
+            turn.cancel = true;
+        }
+        let mut answers = Vec::new();
+        for p in self.store.pending()? {
+            if pick(&p.upload.id) && active.as_deref() != Some(p.upload.id.as_str()) {
+                answers.push(self.cancel_waiting(p)?);
+            }
+        }
+        Ok(answers)
+    }
+
     pub(crate) fn turn(&self) -> std::sync::MutexGuard<'_, Turn> {
         self.turn.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -233,13 +233,7 @@ async fn handle(
                 .into_iter()
                 .find(|p| p.upload.id == id);
             match waiting {
-                Some(p) => {
-                    let mut a = recall.answer(State::Cancelled, &id);
-                    a.sent = Some(p.sent);
-                    recall.store.finish(Some(p.arrival), &a, &[])?;
-                    recall.stats.pending.fetch_sub(1, Ordering::Relaxed);
-                    vec![a]
-                }
+                Some(p) => vec![recall.cancel_waiting(p)?],
                 None => match recall.store.finished(&id)? {
                     // Finished before the cancel came: its final answer.
                     Some(done) => vec![done],
