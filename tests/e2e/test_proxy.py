@@ -180,7 +180,11 @@ def test_a_range_read_off_the_proxy_recalls_exactly_its_frames_at_full_resolutio
     print(f"proxy {PROXY[0]}x{PROXY[1]}: {kbit:.0f} kbit/s over {span:.1f} s ({proxy_pictures} pictures decoded); "
           f"range {(to - frm) / S:.2f} s read off the proxy: {len(chosen)} proxy frames, "
           f"{len(recalled)} full {FULL[0]}x{FULL[1]} frames recalled, {full_pictures} decoded")
-    assert full_pictures == len(chosen) >= 20 * range_s
+    # Exactly the proxy's frames, each decoded. The count only says the range held a real stream:
+    # the synthetic 1080p camera draws and encodes in software and skips the pictures it cannot
+    # make in time (300 of 10 s at 30 fps alone, 181 and 140 in loaded fresh-clone runs beside the
+    # other lanes and a QEMU guest), so at least 10 per second.
+    assert full_pictures == len(chosen) >= 10 * range_s
     assert kbit < 2 * PROXY_KBIT, f"the proxy runs at {kbit:.0f} kbit/s for {PROXY_KBIT}kbit"
 
 
