@@ -538,6 +538,10 @@ config_faults() {
   wait_for 120 drained || rc=1
   return "$rc"
 }
+restarted_twice() { # the unit has been restarted at least twice since its last reset
+  local n; n=$(guest 'systemctl show -p NRestarts --value rigd' 30 | tr -dc 0-9)
+  [ "${n:-0}" -ge 2 ]
+}
 config_fault_steps() {
   local n1 state journal t0
   # An explicit restart sets NRestarts to 0; a config error must leave it there.
@@ -551,7 +555,8 @@ config_fault_steps() {
   # The config is right, the token it names is not there yet (provisioned later): exit 75, retried.
   guest "cp /root/rigd.toml.good /etc/rigd/rigd.toml; sed -i 's|^\\[pulsar\\]\$|[pulsar]\\ntoken-file = \"/etc/rigd/late.token\"|' /etc/rigd/rigd.toml; rm -f /etc/rigd/late.token; systemctl reset-failed rigd; systemctl start --no-block rigd" 60 >/dev/null
   t0=$(now)
-  sleep 10
+  # Two restarts (RestartSec 2 s each, plus a start that fails: seconds in a loaded TCG guest).
+  wait_for 90 restarted_twice || true
   n1=$(guest 'systemctl show -p NRestarts --value rigd' 30 | tr -dc 0-9)
   journal=$(guest 'journalctl -u rigd -n 30 --no-pager | grep -m1 late.token' 30 || true)
   log "  token file missing: NRestarts $n1 after $(secs "$t0" "$(now)") s; journal: ${journal:0:200}"
@@ -568,7 +573,7 @@ config_fault_steps() {
   [ "$(guest "grep -c '^path = \"/mnt/spool/rigd\"' /etc/rigd/rigd.toml" 30)" = 1 ] || { log "  the config does not name /mnt/spool/rigd"; return 1; }
   guest 'systemctl start --no-block rigd' 30 >/dev/null
   t0=$(now)
-  sleep 10
+  wait_for 90 restarted_twice || true
   n1=$(guest 'systemctl show -p NRestarts --value rigd' 30 | tr -dc 0-9)
   state=$(guest 'systemctl show -p ActiveState -p SubState -p ExecMainStatus rigd' 30 | tr '\n' ' ')
   journal=$(guest "journalctl -u rigd --since @$since --no-pager | grep -m1 'spool.path: /mnt/spool/rigd'" 30 || true)
