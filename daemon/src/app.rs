@@ -469,7 +469,8 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
             shutdown_rx.clone(),
         )));
     }
-    // Campaigns (crate::campaign): conditions on what the lanes' observers feed, windows uploaded by recall.
+    // Campaigns (crate::campaign): conditions on what the lanes' observers feed, windows
+    // uploaded by recall.
     if let (Some(r), Some(feed)) = (&recall, campaign_feed) {
         let health = entries.iter().map(|e| (e.id.to_string(), e.health.clone()));
         let watch = crate::campaign::run::Watch {

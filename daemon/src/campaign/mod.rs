@@ -63,7 +63,8 @@ pub struct Campaigns {
     rejected: Mutex<BTreeMap<&'static str, u64>>,
     /// Frames the evaluation's queue had no room for.
     pub feed_dropped: Arc<AtomicU64>,
-    /// Whether the lanes' observers feed the evaluation: while a campaign is active ([`Campaigns::refeed`]).
+    /// Whether the lanes' observers feed the evaluation: while a campaign is active
+    /// ([`Campaigns::refeed`]).
     feeding: Arc<AtomicBool>,
 }
 
@@ -105,8 +106,9 @@ impl Campaigns {
         Ok(Arc::new(campaigns))
     }
 
-    /// The lanes' observers feed the evaluation while a campaign is active: with none, a frame reaches no
-    /// condition, so capture pays nothing for it. Called when a campaign's phase changes.
+    /// The lanes' observers feed the evaluation while a campaign is active: with none, a frame
+    /// reaches no condition, so capture pays nothing for it. Called when a campaign's phase
+    /// changes.
     pub(crate) fn refeed(&self, book: &Book) {
         let active = book
             .entries

@@ -302,7 +302,8 @@ pub fn sources_of(config: &crate::config::Config) -> Vec<super::spec::SourceInfo
         .collect()
 }
 
-/// A feed for the lanes' observers when campaigns can run (recall runs: a broker and an on-request source).
+/// A feed for the lanes' observers when campaigns can run (recall runs: a broker and an
+/// on-request source).
 pub fn feed_for(
     config: &crate::config::Config,
 ) -> Option<(Feed, mpsc::Receiver<rigd_drivers::Frame>)> {
