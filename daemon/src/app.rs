@@ -271,6 +271,28 @@ impl LaneWiring<'_> {
     }
 }
 
+/// The rig's connections: over the default route under `budget`, or over each
+/// `[[pulsar.link]]`, each with a budget of its own (`uplink::links`).
+fn link_pool(config: &Config, budget: Option<Arc<Budget>>) -> Arc<crate::uplink::Pool> {
+    let links = &config.pulsar.links;
+    if links.is_empty() {
+        return crate::uplink::Pool::new(budget);
+    }
+    crate::uplink::Pool::over(
+        links
+            .iter()
+            .map(|l| {
+                crate::uplink::links::Path::new(
+                    l.name().to_string(),
+                    Some(l.interface.clone()),
+                    l.cost,
+                    Some(Budget::of(config.pulsar.link_bandwidth(l))),
+                )
+            })
+            .collect(),
+    )
+}
+
 /// The daemon. Returns when SIGTERM/SIGINT has been handled and everything is flushed. The config
 /// has passed [`crate::preflight`]; what can still fail here fails before capture starts.
 pub async fn run(mut config: Config) -> anyhow::Result<()> {
@@ -327,11 +349,23 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
     };
     let stop = StopFlag::new();
     let uplink_paused = Arc::new(AtomicBool::new(false));
+    // With several links each has a budget of its own (the pool's); this one then only sizes
+    // chunks and windows.
     let budget = config
         .pulsar
         .max_bandwidth
+        .or_else(|| {
+            (config.pulsar.links.first()).map(|l| config.pulsar.link_bandwidth(l))
+        })
         .filter(|_| config.pulsar.url.is_some())
         .map(Budget::of);
+    let pool = link_pool(&config, budget.clone());
+    if let Some(url) = config.pulsar.url.as_deref().filter(|_| pool.multi()) {
+        let brokers = crate::service::Endpoint::parse_service(url)
+            .map(|hosts| hosts.iter().map(|h| h.addr()).collect())
+            .unwrap_or_default();
+        drop(tokio::spawn(pool.clone().watch(brokers, shutdown_rx.clone())));
+    }
     let encryption = encryption(&config)?;
     let campaign_feed = crate::campaign::run::feed_for(&config);
     let wiring = LaneWiring {
@@ -342,7 +376,7 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
         spool: spool.clone(),
         paused: uplink_paused.clone(),
         shutdown: shutdown_rx.clone(),
-        pool: crate::uplink::Pool::new(budget.clone()),
+        pool: pool.clone(),
         budget,
         track: Arc::new(crate::fleet::track::Track::load(
             &crate::fleet::track::file(spool.path()),
@@ -479,7 +513,6 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
         };
         crate::campaign::run::start(r, &config, feed, watch, shutdown_rx.clone())?;
     }
-    let budget = wiring.budget.clone();
     drop(wiring);
     // On-request sources' retention (crate::recall): detached, it ends at shutdown.
     let clock_of_retention = clock.clone();
@@ -510,7 +543,7 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
         live,
         client_cert: client_cert(&config).map(|c| crate::uplink::identity::ClientCert::read(c.0)),
         recall,
-        budget,
+        pool: config.pulsar.url.is_some().then_some(pool),
     });
     // The alerts on the live view's `/events`, while a client subscribes (crate::live).
     if let Some(channel) = events_channel {

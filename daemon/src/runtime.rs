@@ -47,6 +47,7 @@ pub struct Runtime {
     /// Recall's shared state, for its status and a marker's upload; absent without a broker or
     /// without an on-request source (then nothing can be recalled).
     pub recall: Option<Arc<crate::recall::Recall>>,
-    /// `pulsar.max-bandwidth`'s budget, for status (under `auto`: the estimate).
-    pub budget: Option<Arc<crate::uplink::Budget>>,
+    /// The rig's connections over its links, each with its budget, for status (under `auto`:
+    /// the estimates); None without a broker.
+    pub pool: Option<Arc<crate::uplink::Pool>>,
 }

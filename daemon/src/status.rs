@@ -22,6 +22,46 @@ fn dbfs(linear: f32) -> f64 {
     }
 }
 
+/// A budget's pacing now (bytes per second) and, under `auto`, its estimate.
+fn budget_status(b: &crate::uplink::Budget) -> (u64, Option<rigd_web::LinkEstimate>) {
+    let reading = b.reading();
+    let pacing = reading.map_or(b.rate(), |r| r.pacing as u64);
+    let estimate = reading.map(|r| rigd_web::LinkEstimate {
+        bytes_per_second: r.estimate as u64,
+        pacing_bytes_per_second: r.pacing as u64,
+        base_rtt_ms: r.base_rtt.map(|d| d.as_secs_f64() * 1e3),
+        queueing_ms: r.queueing.as_secs_f64() * 1e3,
+        mode: r.mode.name().to_string(),
+    });
+    (pacing, estimate)
+}
+
+/// `[[pulsar.link]]`: each link's health, load and estimate.
+fn links_status(pool: &crate::uplink::Pool) -> Vec<rigd_web::LinkStatus> {
+    let now = std::time::Instant::now();
+    let loads = pool.loads();
+    pool.paths()
+        .iter()
+        .zip(loads)
+        .map(|(p, producers)| {
+            let state = p.state(now);
+            let (pacing, estimate) = p.budget.as_deref().map(budget_status).unzip();
+            rigd_web::LinkStatus {
+                name: p.name.clone(),
+                interface: p.interface.clone().unwrap_or_default(),
+                cost: p.cost,
+                up: state.up,
+                held: state.held,
+                given_up: state.given_up,
+                last_given_up: state.why,
+                producers,
+                budget_bytes_per_second: pacing,
+                estimate: estimate.flatten(),
+            }
+        })
+        .collect()
+}
+
 impl rigd_web::StatusSource for Runtime {
     fn status(&self) -> rigd_web::Status {
         let now = self.clock.now();
@@ -186,17 +226,22 @@ impl rigd_web::StatusSource for Runtime {
             uplink.last_error.as_deref(),
         );
         uplink.publish_rate = observed.rate("", "published", t, uplink.published);
-        if let Some(b) = self.budget.as_ref().filter(|_| uplink.configured) {
-            let reading = b.reading();
-            uplink.budget_bytes_per_second = Some(reading.map_or(b.rate(), |r| r.pacing as u64));
-            uplink.estimate = reading.map(|r| rigd_web::LinkEstimate {
-                bytes_per_second: r.estimate as u64,
-                pacing_bytes_per_second: r.pacing as u64,
-                base_rtt_ms: r.base_rtt.map(|d| d.as_secs_f64() * 1e3),
-                queueing_ms: r.queueing.as_secs_f64() * 1e3,
-                mode: r.mode.name().to_string(),
-            });
-            for (rank, total) in b.granted().into_iter().enumerate() {
+        if let Some(pool) = self.pool.as_ref().filter(|_| uplink.configured) {
+            let budgets: Vec<_> = pool.paths().iter().filter_map(|p| p.budget.clone()).collect();
+            if pool.multi() {
+                uplink.links = links_status(pool);
+            } else if let Some(b) = budgets.first() {
+                let (pacing, estimate) = budget_status(b);
+                uplink.budget_bytes_per_second = Some(pacing);
+                uplink.estimate = estimate;
+            }
+            let mut granted = [0u64; crate::uplink::budget::RANKS];
+            for b in &budgets {
+                for (sum, g) in granted.iter_mut().zip(b.granted()) {
+                    *sum += g;
+                }
+            }
+            for (rank, total) in granted.into_iter().enumerate() {
                 let key = format!("rank{rank}");
                 match observed.rate(&key, "granted", t, total) {
                     Some(rate) if total > 0 => uplink.rank_shares.push(rigd_web::RankShare {

@@ -31,7 +31,7 @@ CONF=$DATA/conf/standalone.conf
 MARKER=$DATA/.rigd-pulsar-data
 LOCKFILE=$DATA.lock
 
-HOST=127.0.0.1
+HOST=${PULSAR_HOST:-127.0.0.1}
 PORT=${PULSAR_PORT:-6650}
 HTTP_PORT=${PULSAR_HTTP_PORT:-8080}
 BOOKIE_PORT=${PULSAR_BOOKIE_PORT:-3181}
@@ -155,6 +155,8 @@ render_conf() { # output file
       -e "s|@NETTY_MAX_FRAME@|$NETTY_MAX_FRAME|g" \
       -e "s|@DEDUP@|$DEDUP|g" \
       -e "s|@DEDUP_INACTIVITY@|${PULSAR_DEDUP_INACTIVITY_MIN:-360}|g" \
+      -e "s|@HOST@|$HOST|g" \
+      -e "s|@LIVENESS@|${PULSAR_LIVENESS_CHECK_MS:-5000}|g" \
       "$HERE/standalone.conf.in"
     if [[ -n $TLS_DIR ]]; then
       local tls

@@ -245,6 +245,30 @@ pub struct UplinkStatus {
     pub rank_shares: Vec<RankShare>,
     /// Bytes per second written to the broker by every source over the last few seconds.
     pub wire_rate: Option<f64>,
+    /// `[[pulsar.link]]`: each link, its health and estimate (empty: one link, the default
+    /// route; its estimate is `estimate`).
+    pub links: Vec<LinkStatus>,
+}
+
+/// One of several links to the brokers (docs/UPLINK.md "Several links").
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct LinkStatus {
+    pub name: String,
+    pub interface: String,
+    pub cost: u8,
+    /// Its interface is up.
+    pub up: bool,
+    /// Given up (silent, or its interface went down) and not yet answering a connect again.
+    pub held: bool,
+    /// Times it was given up, and why the last time.
+    pub given_up: u64,
+    pub last_given_up: Option<String>,
+    /// Producers and consumers on it now.
+    pub producers: usize,
+    /// What its budget paces at now (bytes per second; None: unlimited).
+    pub budget_bytes_per_second: Option<u64>,
+    /// Under `auto`: its estimate.
+    pub estimate: Option<LinkEstimate>,
 }
 
 /// The link's capacity as rigd estimates it (`max-bandwidth = "auto"`).

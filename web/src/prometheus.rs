@@ -263,6 +263,9 @@ pub fn render(s: &Status) -> String {
             e.sample("rigd_uplink_base_rtt_seconds", &[], b / 1e3);
         }
     }
+    if !s.uplink.links.is_empty() {
+        link_samples(&mut e, &s.uplink.links);
+    }
     if !s.uplink.rank_shares.is_empty() {
         e.family(
             "rigd_uplink_rank_bytes_per_second",
@@ -476,6 +479,51 @@ pub fn render(s: &Status) -> String {
 type Family<T> = (&'static str, &'static str, &'static str, fn(&T) -> f64);
 
 /// Campaigns' families (docs/CAMPAIGNS.md): samples while recall runs, one series per campaign.
+/// `[[pulsar.link]]`: one sample per link in each family.
+fn link_samples(e: &mut Exposition, links: &[crate::LinkStatus]) {
+    type Value = fn(&crate::LinkStatus) -> Option<f64>;
+    let families: [(&str, &str, &str, Value); 5] = [
+        (
+            "rigd_uplink_link_up",
+            "gauge",
+            "1 when the link's interface is up and it is not given up.",
+            |l| Some(flag(l.up && !l.held)),
+        ),
+        (
+            "rigd_uplink_link_given_up_total",
+            "counter",
+            "Times the link was given up (silent, or its interface down) and its producers moved.",
+            |l| Some(l.given_up as f64),
+        ),
+        (
+            "rigd_uplink_link_producers",
+            "gauge",
+            "Producers and consumers on the link now.",
+            |l| Some(l.producers as f64),
+        ),
+        (
+            "rigd_uplink_link_estimate_bytes_per_second",
+            "gauge",
+            "max-bandwidth = \"auto\": the link's estimated capacity.",
+            |l| l.estimate.as_ref().map(|x| x.bytes_per_second as f64),
+        ),
+        (
+            "rigd_uplink_link_queueing_seconds",
+            "gauge",
+            "max-bandwidth = \"auto\": how long bytes wait in the link's queues now.",
+            |l| l.estimate.as_ref().map(|x| x.queueing_ms / 1e3),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        e.family(name, kind, help);
+        for l in links {
+            if let Some(v) = value(l) {
+                e.sample(name, &[("link", &l.name)], v);
+            }
+        }
+    }
+}
+
 fn campaigns(e: &mut Exposition, c: Option<&crate::CampaignsStatus>) {
     e.single(
         "rigd_campaigns_active",

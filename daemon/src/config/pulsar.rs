@@ -84,6 +84,32 @@ impl<'de> Deserialize<'de> for MaxBandwidth {
     }
 }
 
+/// `[[pulsar.link]]`: one way to the brokers, its connections bound to `interface`
+/// (SO_BINDTODEVICE).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LinkConfig {
+    /// The network interface (`wwan0`, `wlan0`): the link is up while it is.
+    pub interface: String,
+    /// Shown in status, metrics and logs; default: the interface.
+    pub name: Option<String>,
+    /// 0-9: the cheapest usable link carries the sources (depot Wi-Fi 0, a metered modem 9);
+    /// links of equal cost share them by their estimates.
+    #[serde(default)]
+    pub cost: u8,
+    /// This link's budget; default: `pulsar.max-bandwidth`, else `"auto"`.
+    pub max_bandwidth: Option<MaxBandwidth>,
+}
+
+/// At most this many `[[pulsar.link]]`.
+pub const MAX_LINKS: usize = 8;
+
+impl LinkConfig {
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.interface)
+    }
+}
+
 /// `hashing-scheme`: how a message's key picks its partition on a partitioned topic, as the Java
 /// client's `HashingScheme` (`uplink::route`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -149,6 +175,10 @@ pub struct PulsarConfig {
     /// rate, or `"auto"` (estimated from the link, `"auto, at most 8mbit"` under a cap);
     /// absent: unlimited.
     pub max_bandwidth: Option<MaxBandwidth>,
+    /// Several links to the brokers (modems, depot Wi-Fi), each bound to its interface and
+    /// estimated on its own (docs/UPLINK.md "Several links"); empty: the default route.
+    #[serde(default, rename = "link")]
+    pub links: Vec<LinkConfig>,
     /// A partitioned topic's key -> partition mapping (the same as Java producers that use it).
     #[serde(default)]
     pub hashing_scheme: HashingScheme,
@@ -219,6 +249,7 @@ impl Default for PulsarConfig {
             batch_max_bytes: default_batch_max_bytes(),
             batch_delay_ms: default_batch_delay_ms(),
             max_bandwidth: None,
+            links: Vec::new(),
             hashing_scheme: HashingScheme::default(),
             control_topic: None,
             coverage_topic: None,
@@ -442,9 +473,147 @@ impl PulsarConfig {
                 );
             }
         }
+        self.link_problems(p);
         if self.max_frame_bytes.0 == 0 || self.max_frame_bytes.0 > 1 << 30 {
             p.push("pulsar.max-frame-bytes: must be between 1 and 1GiB".to_string());
         }
+    }
+}
+
+impl PulsarConfig {
+    /// Each link's budget: its own `max-bandwidth`, else `pulsar.max-bandwidth`, else `"auto"`.
+    pub fn link_bandwidth(&self, link: &LinkConfig) -> MaxBandwidth {
+        link.max_bandwidth
+            .or(self.max_bandwidth)
+            .unwrap_or(MaxBandwidth::Auto { cap: None })
+    }
+
+    fn link_problems(&self, p: &mut Vec<String>) {
+        if self.links.is_empty() {
+            return;
+        }
+        if self.url.is_none() {
+            p.push("pulsar.link: set without pulsar.url (nothing is sent)".to_string());
+        }
+        if self.links.len() > MAX_LINKS {
+            p.push(format!(
+                "pulsar.link: {} links, at most {MAX_LINKS}",
+                self.links.len()
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, l) in self.links.iter().enumerate() {
+            let at = format!("pulsar.link[{i}]");
+            // IFNAMSIZ: 15 bytes and a NUL; no '/' (a path under /sys/class/net), no space.
+            if l.interface.is_empty()
+                || l.interface.len() > 15
+                || l.interface.contains(['/', ' ', ':'])
+                || l.interface == "."
+                || l.interface == ".."
+            {
+                p.push(format!(
+                    "{at}.interface: `{}` is not an interface name (1 to 15 bytes, no '/', ':' or space)",
+                    l.interface
+                ));
+            }
+            let name = l.name();
+            if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control()) {
+                p.push(format!("{at}.name: 1 to 64 characters, no control characters"));
+            }
+            if !seen.insert(name.to_string()) {
+                p.push(format!("{at}: a second link named `{name}`"));
+            }
+            if self.links[..i].iter().any(|o| o.interface == l.interface) {
+                p.push(format!(
+                    "{at}.interface: `{}` is already another link's",
+                    l.interface
+                ));
+            }
+            if l.cost > 9 {
+                p.push(format!("{at}.cost: {} is not 0 to 9", l.cost));
+            }
+            if let Some(b) = l
+                .max_bandwidth
+                .and_then(MaxBandwidth::bound)
+                .filter(|b| !(MIN_BANDWIDTH..=MAX_BANDWIDTH).contains(&b.0))
+            {
+                p.push(format!(
+                    "{at}.max-bandwidth: {} bit/s must be between 64kbit and 100gbit",
+                    b.0
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::*;
+
+    #[test]
+    fn links_are_checked_and_take_the_rigs_budget_by_default() {
+        let mut p = PulsarConfig {
+            url: Some("pulsar://10.0.0.1:6650".into()),
+            ..Default::default()
+        };
+        let link = |interface: &str, cost| LinkConfig {
+            interface: interface.into(),
+            name: None,
+            cost,
+            max_bandwidth: None,
+        };
+        p.links = vec![link("wlan0", 0), link("wwan0", 9)];
+        let mut problems = Vec::new();
+        p.problems(&mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(
+            p.link_bandwidth(&p.links[0]),
+            MaxBandwidth::Auto { cap: None }
+        );
+        p.max_bandwidth = Some(MaxBandwidth::parse("2mbit").unwrap());
+        p.links[1].max_bandwidth = Some(MaxBandwidth::parse("auto, at most 4mbit").unwrap());
+        assert_eq!(p.link_bandwidth(&p.links[0]), p.max_bandwidth.unwrap());
+        assert_eq!(p.link_bandwidth(&p.links[1]), p.links[1].max_bandwidth.unwrap());
+
+        p.links = vec![
+            link("wlan0", 0),
+            link("wlan0", 10),
+            link("../x", 0),
+            link("averyveryverylongname", 0),
+        ];
+        p.links[3].name = Some("wlan0".into());
+        let mut problems = Vec::new();
+        p.problems(&mut problems);
+        let all = problems.join("\n");
+        assert!(all.contains("pulsar.link[1]: a second link named `wlan0`"), "{all}");
+        assert!(all.contains("pulsar.link[1].interface: `wlan0` is already"), "{all}");
+        assert!(all.contains("pulsar.link[1].cost: 10 is not 0 to 9"), "{all}");
+        assert!(all.contains("pulsar.link[2].interface: `../x` is not"), "{all}");
+        assert!(all.contains("pulsar.link[3].interface: `averyveryverylongname`"), "{all}");
+        assert!(all.contains("pulsar.link[3]: a second link named `wlan0`"), "{all}");
+    }
+
+    #[test]
+    fn a_link_table_parses_from_toml() {
+        let p: PulsarConfig = toml::from_str(
+            r#"
+url = "pulsar://10.0.0.1:6650"
+[[link]]
+interface = "wlan0"
+[[link]]
+interface = "wwan0"
+name = "lte"
+cost = 9
+max-bandwidth = "auto, at most 4mbit"
+"#,
+        )
+        .unwrap();
+        assert_eq!(p.links.len(), 2);
+        assert_eq!(p.links[0].name(), "wlan0");
+        assert_eq!((p.links[1].name(), p.links[1].cost), ("lte", 9));
+        let e = toml::from_str::<PulsarConfig>("[[link]]\ninterface = \"x\"\nspeed = 1\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("speed"), "{e}");
     }
 }
 

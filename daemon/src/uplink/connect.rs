@@ -111,8 +111,10 @@ pub struct Setup {
     pub producer_name: String,
     pub token: Token,
     pub tls: Option<Arc<rustls::ClientConfig>>,
-    /// The rig's connections (one per broker), shared by its producers.
+    /// The rig's connections (one per link and broker), shared by its producers.
     pub pool: Arc<Pool>,
+    /// The link this setup goes over, chosen at its start (`Pool::choose`).
+    path: Option<Arc<super::links::Path>>,
     /// Which of the service URL's hosts to try first: the one that answered last, and the next
     /// one after a setup that failed (a dead broker is not asked first again).
     next_host: usize,
@@ -145,6 +147,7 @@ impl Setup {
             token,
             tls,
             pool,
+            path: None,
             next_host: 0,
             service_host: None,
             setup_timeout: REQUEST_TIMEOUT,
@@ -200,8 +203,14 @@ impl Setup {
                 .as_deref()
                 .map_or(String::new(), |p| format!(" via {p}"))
         );
-        let dial = self.dial(ep, proxy_to);
-        self.pool.connection(key, dial).await
+        let path = self.path.get_or_insert_with(|| self.pool.choose()).clone();
+        let dial = self.dial(ep, proxy_to, path.interface.clone());
+        self.pool.connection(key, &path, dial).await
+    }
+
+    /// A new setup chooses its link again (`Pool::choose`): where it goes now.
+    fn choose_path(&mut self) -> Arc<super::links::Path> {
+        self.path.insert(self.pool.choose()).clone()
     }
 
     /// TCP (or TLS) to `ep` and CONNECT, each step within its deadline.
@@ -209,6 +218,7 @@ impl Setup {
         &self,
         ep: &Endpoint,
         proxy_to: Option<String>,
+        interface: Option<String>,
     ) -> impl std::future::Future<Output = Result<Dialed, LinkError>> + 'static {
         let ep = ep.clone();
         let tls = self.tls.clone();
@@ -226,11 +236,7 @@ impl Setup {
                     .await?
                     .next()
                     .ok_or_else(|| std::io::Error::other("no address"))?;
-                let socket = if sa.is_ipv4() {
-                    tokio::net::TcpSocket::new_v4()?
-                } else {
-                    tokio::net::TcpSocket::new_v6()?
-                };
+                let socket = pool::bound_socket(sa, interface.as_deref())?;
                 socket.set_send_buffer_size(SEND_BUFFER)?;
                 socket.connect(sa).await
             })
@@ -401,6 +407,7 @@ impl Setup {
     /// How many partitions the topic has (0: not partitioned), asked on the rig's connection to
     /// the service (a partitioned producer watches for partitions added while it runs).
     pub async fn partitions(&mut self) -> Result<u32, LinkError> {
+        self.choose_path();
         let hosts = Endpoint::parse_service(&self.url).map_err(LinkError::Broker)?;
         let (_, conn) = self.open_service(&hosts).await?;
         self.partitions_on(&conn).await
@@ -443,6 +450,7 @@ impl Setup {
     /// Connects to the service, learns whether the topic is partitioned and looks it up (following
     /// redirects): the rig's connection to the broker that owns the topic.
     pub(super) async fn lookup(&mut self) -> Result<Arc<Connection>, LinkError> {
+        self.choose_path();
         let hosts = Endpoint::parse_service(&self.url).map_err(LinkError::Broker)?;
         let (service, mut conn) = self.open_service(&hosts).await?;
         self.service_host = Some(service.url());
@@ -658,8 +666,9 @@ mod tests {
             token: Token::None,
             rest: BytesMut::new(),
         };
+        let path = pool.choose();
         let conn = pool
-            .connection("b".into(), async { Ok(dialed) })
+            .connection("b".into(), &path, async { Ok(dialed) })
             .await
             .unwrap();
         let attach = || conn.attach(Arc::new(AtomicUsize::new(0)), Arc::new(|| {}));

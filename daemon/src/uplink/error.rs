@@ -42,6 +42,10 @@ pub enum LinkError {
     Closed,
     #[error("shutting down")]
     Shutdown,
+    /// A cheaper link is usable again (`uplink::links::better`): the producer closes and sets up
+    /// there.
+    #[error("moving to link {0}")]
+    Moved(String),
 }
 
 impl LinkError {

@@ -11,6 +11,7 @@ pub mod control;
 mod error;
 pub mod estimate;
 pub mod identity;
+pub mod links;
 pub mod plan;
 pub mod pool;
 mod probe;

@@ -26,6 +26,7 @@ use tokio::sync::{mpsc, Notify};
 use super::budget::Budget;
 use super::codec::{self, Inbound};
 use super::error::{server_error, LinkError};
+use super::links::{self, Path};
 use super::token::Token;
 
 pub mod state;
@@ -37,13 +38,18 @@ pub use state::{Wait, STARVED_AFTER};
 pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Conn for T {}
 
-/// The rig's connections, one per broker address (and TLS, and proxy target).
-#[derive(Default)]
+/// The rig's connections, one per link and broker address (and TLS, and proxy target).
 pub struct Pool {
-    /// The bandwidth budget every connection's writer is charged against.
-    budget: Option<Arc<Budget>>,
+    /// The links (`uplink::links`): one (the default route) unless `[[pulsar.link]]` names
+    /// several; each with the budget its connections' writers are charged against.
+    paths: Vec<Arc<Path>>,
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Weak<Connection>>>>>,
     retired: Arc<Retired>,
+}
+
+/// A slot's key: the link's name and the connection's own key.
+fn slot_key(path: &Path, key: &str) -> String {
+    format!("{}|{key}", path.name)
 }
 
 /// Sockets of connections given up for silence, kept open (unread, unwritten) until a new
@@ -107,20 +113,119 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
+    /// One link, the default route, under `budget`.
     pub fn new(budget: Option<Arc<Budget>>) -> Arc<Self> {
+        Pool::over(vec![Path::new("default".into(), None, 0, budget)])
+    }
+
+    /// Connections over `paths` (at least one).
+    pub fn over(paths: Vec<Arc<Path>>) -> Arc<Self> {
+        assert!(!paths.is_empty(), "a pool needs a link");
         Arc::new(Pool {
-            budget,
+            paths,
             slots: Mutex::default(),
             retired: Arc::default(),
         })
     }
 
-    /// The live connection under `key`, or a new one from `dial` (at most one dial per key at a
-    /// time: producers that ask meanwhile wait for it and share what it opened).
-    pub async fn connection<F>(&self, key: String, dial: F) -> Result<Arc<Connection>, LinkError>
+    pub fn paths(&self) -> &[Arc<Path>] {
+        &self.paths
+    }
+
+    /// Several links: connections watch their link's silence and producers move between them.
+    pub fn multi(&self) -> bool {
+        self.paths.len() > 1
+    }
+
+    /// Producers and consumers on each link's live connections now.
+    pub fn loads(&self) -> Vec<usize> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut loads = vec![0; self.paths.len()];
+        for (key, slot) in slots.iter() {
+            let Some(i) = self
+                .paths
+                .iter()
+                .position(|p| key.starts_with(&format!("{}|", p.name)))
+            else {
+                continue;
+            };
+            if let Some(c) = slot
+                .try_lock()
+                .ok()
+                .and_then(|w| w.upgrade())
+                .filter(|c| c.failure().is_none())
+            {
+                loads[i] += c.inner.state().channels.len();
+            }
+        }
+        loads
+    }
+
+    fn candidates(&self, now: Instant) -> Vec<links::Candidate> {
+        let loads = self.loads();
+        self.paths
+            .iter()
+            .zip(loads)
+            .map(|(p, load)| p.candidate(load, now))
+            .collect()
+    }
+
+    /// The link the next setup goes over ([`links::choose`]).
+    pub fn choose(&self) -> Arc<Path> {
+        if !self.multi() {
+            return self.paths[0].clone();
+        }
+        self.paths[links::choose(&self.candidates(Instant::now()))].clone()
+    }
+
+    /// A cheaper link that a producer on `at` should move to ([`links::better`]).
+    pub fn better(&self, at: &Path) -> Option<Arc<Path>> {
+        if !self.multi() {
+            return None;
+        }
+        let i = self.paths.iter().position(|p| std::ptr::eq(&**p, at))?;
+        links::better(&self.candidates(Instant::now()), i).map(|b| self.paths[b].clone())
+    }
+
+    /// Watches the links given up (several links only): each second a TCP connect to one of
+    /// `brokers` over it; one that succeeds makes it usable again. Also notes each link's
+    /// interface going down and up. Ends with `shutdown`.
+    pub async fn watch(
+        self: Arc<Self>,
+        brokers: Vec<String>,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        if !self.multi() {
+            return;
+        }
+        loop {
+            let now = Instant::now();
+            for p in &self.paths {
+                let up = p.interface_up();
+                p.interface_seen(up, now);
+                if up && p.held(now) && probe(p, &brokers).await {
+                    p.answered(Instant::now());
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(links::PROBE_EVERY) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// The live connection under `key` over `path`, or a new one from `dial` (at most one dial
+    /// per key at a time: producers that ask meanwhile wait for it and share what it opened).
+    pub async fn connection<F>(
+        &self,
+        key: String,
+        path: &Arc<Path>,
+        dial: F,
+    ) -> Result<Arc<Connection>, LinkError>
     where
         F: std::future::Future<Output = Result<Dialed, LinkError>>,
     {
+        let key = slot_key(path, &key);
         let slot = {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             slots.entry(key.clone()).or_default().clone()
@@ -133,7 +238,8 @@ impl Pool {
         self.retired.reset(&key);
         let conn = Arc::new(Connection::start(
             dialed,
-            self.budget.clone(),
+            path.clone(),
+            self.multi(),
             key.clone(),
             self.retired.clone(),
         ));
@@ -150,6 +256,44 @@ impl Pool {
             .filter(|c| c.failure().is_none())
             .count()
     }
+}
+
+/// A bare TCP connect over `path` to one of `brokers` (`host:port`) succeeds within
+/// [`links::PROBE_EVERY`].
+async fn probe(path: &Path, brokers: &[String]) -> bool {
+    for b in brokers {
+        let tried = tokio::time::timeout(links::PROBE_EVERY, async {
+            let sa = tokio::net::lookup_host(b)
+                .await?
+                .next()
+                .ok_or_else(|| std::io::Error::other("no address"))?;
+            let socket = bound_socket(sa, path.interface.as_deref())?;
+            socket.connect(sa).await
+        })
+        .await;
+        if let Ok(Ok(_)) = tried {
+            return true;
+        }
+    }
+    false
+}
+
+/// A TCP socket for `sa`, bound to `interface` (SO_BINDTODEVICE) when given.
+pub fn bound_socket(
+    sa: std::net::SocketAddr,
+    interface: Option<&str>,
+) -> std::io::Result<tokio::net::TcpSocket> {
+    let socket = if sa.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if let Some(i) = interface {
+        socket.bind_device(Some(i.as_bytes())).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("binding to interface {i}: {e}"))
+        })?;
+    }
+    Ok(socket)
 }
 
 /// A stream that answered CONNECT.
@@ -382,6 +526,8 @@ struct Inner {
     max_message_size: usize,
     token: Token,
     budget: Option<Arc<Budget>>,
+    /// The link it goes over.
+    path: Arc<Path>,
     ids: AtomicU64,
     state: Mutex<State>,
     /// The writer has something to do.
@@ -509,7 +655,8 @@ pub struct ChannelEnd {
 impl Connection {
     fn start(
         dialed: Dialed,
-        budget: Option<Arc<Budget>>,
+        path: Arc<Path>,
+        multi: bool,
         key: String,
         retired: Arc<Retired>,
     ) -> Self {
@@ -525,7 +672,8 @@ impl Connection {
             addr,
             max_message_size,
             token,
-            budget,
+            budget: path.budget.clone(),
+            path,
             ids: AtomicU64::new(0),
             state: Mutex::new(State {
                 conn: ConnectionState::new(Instant::now()),
@@ -540,11 +688,14 @@ impl Connection {
             tasks: Mutex::default(),
         });
         let (read, write) = tokio::io::split(stream);
-        let tasks = [
+        let mut tasks = vec![
             tokio::spawn(read_loop(inner.clone(), read, rest)).abort_handle(),
             tokio::spawn(write_loop(inner.clone(), write)).abort_handle(),
             tokio::spawn(keepalive_loop(inner.clone())).abort_handle(),
         ];
+        if multi {
+            tasks.push(tokio::spawn(link_loop(inner.clone())).abort_handle());
+        }
         inner
             .tasks
             .lock()
@@ -555,6 +706,16 @@ impl Connection {
 
     pub fn addr(&self) -> &str {
         &self.inner.addr
+    }
+
+    /// The link it goes over.
+    pub fn path(&self) -> &Arc<Path> {
+        &self.inner.path
+    }
+
+    /// Its link's budget (the one its SENDs' timings feed under `auto`).
+    pub fn budget(&self) -> Option<&Arc<Budget>> {
+        self.inner.budget.as_ref()
     }
 
     pub fn max_message_size(&self) -> usize {
@@ -861,6 +1022,46 @@ async fn keepalive_loop(inner: Arc<Inner>) {
             Tick::Dead => {
                 return inner.fail(Failure::Timeout("any traffic from the broker".into()))
             }
+        }
+    }
+}
+
+/// A connection over one of several links: every [`links::LOOK_EVERY`] its link is judged. Its
+/// interface down, or its socket silent ([`links::Silence`]): the link is given up, this
+/// connection and every other on the link fail (kept for their reset when the link answers
+/// again, as one given up for silence), and their producers set up again on another link.
+async fn link_loop(inner: Arc<Inner>) {
+    let path = inner.path.clone();
+    let generation = path.generation();
+    let mut silence = links::Silence::default();
+    let mut tick = tokio::time::interval(links::LOOK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let why = if path.generation() != generation {
+            Some(format!("link {} given up", path.name))
+        } else if !path.interface_up() {
+            Some(format!(
+                "link {}: interface {} down",
+                path.name,
+                path.interface.as_deref().unwrap_or("-")
+            ))
+        } else {
+            use std::os::fd::AsFd;
+            rigd_drivers::tcp::acks(inner.socket.as_fd())
+                .filter(|&(unacked, since_ack)| silence.sample(unacked, since_ack, now))
+                .map(|(unacked, since_ack)| {
+                    format!(
+                        "link {}: {unacked} segments unacknowledged, no ACK for {} ms",
+                        path.name,
+                        since_ack.as_millis()
+                    )
+                })
+        };
+        if let Some(why) = why {
+            path.give_up(generation, &why, now);
+            return inner.fail(Failure::Timeout(why));
         }
     }
 }

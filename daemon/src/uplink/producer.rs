@@ -34,6 +34,8 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 const LINK_STALL_AFTER: Duration = Duration::from_secs(5);
 pub use super::session::SHUTDOWN_GRACE;
 /// How long `close` waits for the task beyond the grace before aborting it.
+/// Several links: a producer on a costlier one looks this often whether a cheaper one is back.
+const MOVE_LOOK_EVERY: Duration = Duration::from_secs(1);
 const CLOSE_SLACK: Duration = Duration::from_secs(1);
 /// Reading the topic's last message at the first producer creation.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -336,7 +338,7 @@ impl Producer {
                 setup,
                 shutdown,
                 created: false,
-                budget: cfg.budget.clone(),
+                serving: None,
                 sends: None,
                 fresh: cfg.fresh,
                 numbering: cfg.numbering.clone(),
@@ -427,7 +429,8 @@ struct Session {
     /// A producer was created once in this process (the window judges earlier runs' frames
     /// against the first creation only).
     created: bool,
-    budget: Option<Arc<Budget>>,
+    /// The budget of the link served now (each link has its own, `uplink::links`).
+    serving: Option<Arc<Budget>>,
     /// The SENDs of the link served now that await their receipt ([`Sends`]); only under
     /// `max-bandwidth = "auto"`, the one budget that reads their timing.
     sends: Option<Sends>,
@@ -584,13 +587,16 @@ impl Session {
     /// until the link fails, or after a stop once nothing is outstanding or the grace is over.
     async fn serve(&mut self, link: &mut Link) -> Result<(), LinkError> {
         let shared = self.shared.clone();
-        let mut serve = Serve::new(self.budget.as_ref().map(|b| b.rate()));
+        self.serving = link.conn.budget().cloned();
+        let mut serve = Serve::new(self.serving.as_ref().map(|b| b.rate()));
         let mut abort_armed = false;
         let progress = link.channel.progress.clone();
         // Each SEND on this link, timed for the budget's estimator (`max-bandwidth = "auto"`).
-        self.sends = (self.budget.as_ref())
+        self.sends = (self.serving.as_ref())
             .filter(|b| b.is_auto())
             .map(|_| Sends::default());
+        // Several links: whether a cheaper one is back is looked at this often.
+        let mut look_at = Instant::now() + MOVE_LOOK_EVERY;
         loop {
             let now = Instant::now();
             if serve.begin(self.stopping(), now) {
@@ -639,6 +645,14 @@ impl Session {
                     ))
                 }
                 Turn::Stopped => return Err(LinkError::Shutdown),
+            }
+            if now >= look_at && !serve.draining() {
+                look_at = now + MOVE_LOOK_EVERY;
+                if let Some(to) = self.setup.pool.better(link.conn.path()) {
+                    tracing::info!(topic = %self.setup.topic, from = %link.conn.path().name,
+                        to = %to.name, "a cheaper link is usable again: the producer moves to it");
+                    return Err(LinkError::Moved(to.name.clone()));
+                }
             }
             if abort_armed && link.conn.progress(link.producer_id).1 == 0 {
                 // Test hook: a crash between the chunks of a frame, after the broker stored some.
@@ -689,7 +703,7 @@ impl Session {
         }
         if cmd.send_receipt.is_some() || cmd.send_error.is_some() {
             let answered = self.sends.as_mut().and_then(Sends::answered);
-            if let (Some(b), Some((bytes, written))) = (&self.budget, answered) {
+            if let (Some(b), Some((bytes, written))) = (&self.serving, answered) {
                 b.receipt(bytes, written, now);
             }
         }

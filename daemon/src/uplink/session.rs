@@ -129,7 +129,9 @@ pub fn link_end(why: &LinkError, broker_quiet_for: Duration, stall_after: Durati
         }
         // The broker refused this producer's frames (or its topic) and the connection serves the
         // others.
-        LinkError::Broker(_) | LinkError::Terminated(_) => LinkEnd::CloseProducer,
+        LinkError::Broker(_) | LinkError::Terminated(_) | LinkError::Moved(_) => {
+            LinkEnd::CloseProducer
+        }
         _ => LinkEnd::Drop,
     }
 }
@@ -358,6 +360,8 @@ impl Retry {
     pub fn end(&mut self, result: &Result<(), LinkError>, now: Instant) -> End {
         match result {
             Err(LinkError::Shutdown) => End::Stop,
+            // Closed on purpose to set up on a better link: at once.
+            Err(LinkError::Moved(_)) => End::Again(Duration::ZERO),
             Err(LinkError::Partitioned { partitions, .. }) => End::Partitioned {
                 partitions: *partitions,
                 wait: TERMINATED_RETRY,
