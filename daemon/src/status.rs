@@ -39,11 +39,10 @@ fn budget_status(b: &crate::uplink::Budget) -> (u64, Option<rigd_web::LinkEstima
 /// `[[pulsar.link]]`: each link's health, load and estimate.
 fn links_status(pool: &crate::uplink::Pool) -> Vec<rigd_web::LinkStatus> {
     let now = std::time::Instant::now();
-    let loads = pool.loads();
     pool.paths()
         .iter()
-        .zip(loads)
-        .map(|(p, producers)| {
+        .map(|p| {
+            let producers = p.load();
             let state = p.state(now);
             let (pacing, estimate) = p.budget.as_deref().map(budget_status).unzip();
             rigd_web::LinkStatus {

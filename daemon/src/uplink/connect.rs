@@ -131,6 +131,14 @@ pub struct Setup {
     pub setup_timeout: Duration,
 }
 
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(p) = self.path.take() {
+            p.release();
+        }
+    }
+}
+
 impl Setup {
     pub fn new(
         url: String,
@@ -203,14 +211,21 @@ impl Setup {
                 .as_deref()
                 .map_or(String::new(), |p| format!(" via {p}"))
         );
-        let path = self.path.get_or_insert_with(|| self.pool.choose()).clone();
+        let path = match &self.path {
+            Some(p) => p.clone(),
+            None => self.choose_path(),
+        };
         let dial = self.dial(ep, proxy_to, path.interface.clone());
         self.pool.connection(key, &path, dial).await
     }
 
-    /// A new setup chooses its link again (`Pool::choose`): where it goes now.
+    /// A new setup chooses its link again (`Pool::take`): where it goes now.
     fn choose_path(&mut self) -> Arc<super::links::Path> {
-        self.path.insert(self.pool.choose()).clone()
+        let path = self.pool.take();
+        if let Some(old) = self.path.replace(path.clone()) {
+            old.release();
+        }
+        path
     }
 
     /// TCP (or TLS) to `ep` and CONNECT, each step within its deadline.
@@ -666,7 +681,7 @@ mod tests {
             token: Token::None,
             rest: BytesMut::new(),
         };
-        let path = pool.choose();
+        let path = pool.take();
         let conn = pool
             .connection("b".into(), &path, async { Ok(dialed) })
             .await

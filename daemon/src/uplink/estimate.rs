@@ -125,6 +125,14 @@ pub struct Estimator {
     recent: MinWindow,
     /// Delivery rate samples, largest first.
     bw: MaxWindow,
+    /// SEND sizes of the last [`BW_WINDOW`], largest first: a round lasts as long as two of the
+    /// largest take to write ([`Estimator::round`]).
+    sends: MaxWindow,
+    /// A rate sample came since the mode began (a growth round without one judges nothing).
+    sampled: bool,
+    /// The last time a writer waited for the budget: samples of a time without such a wait are
+    /// app-limited (the link carried what it was given, not what it can).
+    held_at: Option<Instant>,
     estimate: f64,
     mode: Mode,
     /// When the mode began, and the estimate then.
@@ -146,6 +154,9 @@ impl Estimator {
             base: MinWindow::min(BASE_WINDOW),
             recent: MinWindow::min(RECENT),
             bw: MaxWindow::max(BW_WINDOW),
+            sends: MaxWindow::max(BW_WINDOW),
+            sampled: false,
+            held_at: None,
             estimate,
             mode: Mode::Grow,
             since: now,
@@ -183,6 +194,7 @@ impl Estimator {
         }
         self.base.push(now, rtt);
         self.recent.push(now, rtt);
+        self.sends.push(now, bytes as f64);
         if let (Some(base), Some(current)) = (self.base.get(now), self.recent.get(now)) {
             self.queueing = current.saturating_sub(base);
         }
@@ -196,9 +208,15 @@ impl Estimator {
                     // the queue drains, the link is busy and delivers its capacity.
                     self.fresh = true;
                     self.bw.reset(now, rate.max(self.estimate * MAX_CUT));
-                } else {
+                } else if self.held_at.is_some_and(|h| h >= t0)
+                    || rate > self.bw.get(now).unwrap_or(0.0)
+                {
+                    // An app-limited sample (no writer waited for the budget while it was
+                    // taken) only counts when it is more than the estimate: a link that
+                    // carried little keeps what it was last seen to carry (BBR's rule).
                     self.bw.push(now, rate);
                 }
+                self.sampled = true;
                 self.estimate = self
                     .bw
                     .get(now)
@@ -207,6 +225,12 @@ impl Estimator {
             }
         }
         self.advance(now);
+    }
+
+    /// A writer waits for the budget now: demand is above the pacing (samples taken meanwhile
+    /// measure the link, not the sources).
+    pub fn held(&mut self, now: Instant) {
+        self.held_at = Some(now);
     }
 
     /// Bytes per second receipted over the last `span` (None: no receipt that long ago).
@@ -226,14 +250,28 @@ impl Estimator {
         self.history.back().map_or(0, |(_, d)| *d)
     }
 
-    /// The rounds' length now.
-    fn round(&mut self, now: Instant) -> Duration {
-        ROUND.max(self.base.get(now).unwrap_or_default() + self.s.target)
+    /// How long the largest recent SEND takes to write at the estimate: a SEND's rate sample
+    /// covers its whole write, so a round that changes the pace must span whole SENDs to see
+    /// its own effect (a 200 kB camera frame is 0.8 s at 2 Mbit/s).
+    fn send_time(&mut self, now: Instant) -> Duration {
+        let largest = self.sends.get(now).unwrap_or(0.0);
+        Duration::from_secs_f64(largest / self.estimate.max(1.0))
     }
 
-    /// A growth round: long enough for a rate sample of its own ([`MIN_SAMPLE`] and the RTT).
+    /// The rounds' length now: at least [`ROUND`], the base RTT and the target, and two of the
+    /// largest recent SENDs' writes.
+    fn round(&mut self, now: Instant) -> Duration {
+        let writes = self.send_time(now) * 2;
+        ROUND
+            .max(self.base.get(now).unwrap_or_default() + self.s.target)
+            .max(writes)
+    }
+
+    /// A growth round: long enough for a rate sample of its own ([`MIN_SAMPLE`], or two of the
+    /// largest SENDs' writes, and the RTT).
     fn growth_round(&mut self, now: Instant) -> Duration {
-        MIN_SAMPLE + self.base.get(now).unwrap_or_default()
+        let writes = self.send_time(now) * 2;
+        MIN_SAMPLE.max(writes) + self.base.get(now).unwrap_or_default()
     }
 
     fn enter(&mut self, mode: Mode, now: Instant) {
@@ -243,6 +281,7 @@ impl Estimator {
         }
         self.mode = mode;
         self.since = now;
+        self.sampled = false;
     }
 
     /// The modes' clock: called with every receipt and every look at the pacing.
@@ -279,7 +318,9 @@ impl Estimator {
             }
             Mode::Cruise if elapsed >= PROBE_EVERY => self.enter(Mode::Probe, now),
             Mode::Probe if elapsed >= round => self.enter(Mode::Drain, now),
-            Mode::Grow if elapsed >= growth_round => {
+            // A growth round without a sample (nothing to send yet: the start of a link that
+            // carries nothing) says nothing of the link: growth goes on.
+            Mode::Grow if elapsed >= growth_round && self.sampled => {
                 let next = if grew { Mode::Grow } else { Mode::Drain };
                 self.enter(next, now);
             }
@@ -438,7 +479,14 @@ mod tests {
         now: Instant,
         tokens: f64,
         backlog: f64,
-        queue: VecDeque<(usize, Instant, f64)>,
+        /// SENDs of this many bytes...
+        send: usize,
+        /// ...written in pieces as the tokens allow (the budget's grants); what is left of the
+        /// one being written.
+        writing: usize,
+        /// Pieces in the link's queue: (bytes, queued at, the SEND's size and the write of its
+        /// last byte when this piece ends it, bytes left to serve).
+        queue: VecDeque<(usize, Instant, Option<(usize, Instant)>, f64)>,
         queued: usize,
         head_left: f64,
         receipts: VecDeque<(Instant, usize, Instant)>,
@@ -448,6 +496,8 @@ mod tests {
     }
 
     const SEND: usize = 30_000;
+    /// A grant of the budget, a write to the socket.
+    const PIECE: usize = 16_384;
     const QUEUE: usize = 500_000;
     const BASE: Duration = Duration::from_millis(30);
 
@@ -468,6 +518,8 @@ mod tests {
                 now: t0,
                 tokens: 0.0,
                 backlog: 0.0,
+                send: SEND,
+                writing: 0,
                 queue: VecDeque::new(),
                 queued: 0,
                 head_left: 0.0,
@@ -494,28 +546,39 @@ mod tests {
                     Some(d) => self.backlog + d * dt,
                     None => f64::MAX,
                 };
-                while self.tokens > 0.0
-                    && self.backlog >= SEND as f64
-                    && self.queued + SEND <= QUEUE
-                {
-                    self.tokens -= SEND as f64;
-                    self.backlog -= SEND as f64;
-                    self.queue.push_back((SEND, now, SEND as f64));
-                    self.queued += SEND;
+                while self.tokens > 0.0 && self.queued + PIECE <= QUEUE {
+                    if self.writing == 0 {
+                        if self.backlog < self.send as f64 {
+                            break;
+                        }
+                        self.backlog -= self.send as f64;
+                        self.writing = self.send;
+                    }
+                    let piece = PIECE.min(self.writing);
+                    self.tokens -= piece as f64;
+                    self.writing -= piece;
+                    let last = (self.writing == 0).then_some((self.send, now));
+                    self.queue.push_back((piece, now, last, piece as f64));
+                    self.queued += piece;
+                }
+                if self.tokens <= 0.0 && (self.writing > 0 || self.backlog >= self.send as f64) {
+                    self.est.held(now);
                 }
                 let mut budget = capacity * dt + self.head_left;
                 self.head_left = 0.0;
                 while let Some(front) = self.queue.front_mut() {
-                    if budget >= front.2 {
-                        budget -= front.2;
-                        let (bytes, written, _) = self.queue.pop_front().unwrap();
+                    if budget >= front.3 {
+                        budget -= front.3;
+                        let (bytes, queued_at, last, _) = self.queue.pop_front().unwrap();
                         self.queued -= bytes;
-                        last_delay = now.saturating_duration_since(written).as_secs_f64();
-                        self.receipts.push_back((now + BASE, bytes, written));
+                        last_delay = now.saturating_duration_since(queued_at).as_secs_f64();
+                        if let Some((send, written)) = last {
+                            self.receipts.push_back((now + BASE, send, written));
+                        }
                         self.delivered
                             .push((now.duration_since(self.t0).as_secs_f64(), bytes));
                     } else {
-                        front.2 -= budget;
+                        front.3 -= budget;
                         break;
                     }
                 }
@@ -644,6 +707,50 @@ mod tests {
         );
         let e = sim.trace.last().unwrap().2;
         assert!((6.5 * MBIT..=9.6 * MBIT).contains(&e), "{}", e / MBIT);
+    }
+
+    #[test]
+    fn large_sends_grow_the_estimate_as_small_ones_do() {
+        // A camera's frames as SENDs of 200 kB (a 1080p MJPEG frame; a chunk), each written in
+        // the budget's grants over most of a second at the 2 Mbit/s start, on a 12 Mbit/s link
+        // with a demand that never ends. Before, a probe's round (0.3 s) was shorter than one
+        // SEND's write: its rate sample took in mostly bytes written before the probe, never
+        // grew by the 10 % that starts growing, and the estimate crept 2.0 -> 2.1 Mbit/s in 10 s
+        // (measured in the e2e test of links: 11 s before it grew, 8.7 s capture-to-arrival).
+        let mut sim = Sim::new(2.0 * MBIT);
+        sim.send = 200_000;
+        sim.run(20.0, 12.0 * MBIT, None);
+        sim.dump();
+        let conv = sim.converged(0.0, 20.0);
+        let used = sim.delivered_between(10.0, 20.0) / (10.0 * 12.0 * MBIT);
+        println!("converged after {conv:?} s, used {:.0} %", used * 100.0);
+        assert!(conv.is_some_and(|c| c < 8.0), "{conv:?}");
+        assert!(used >= 0.85, "used {used}");
+    }
+
+    #[test]
+    fn a_link_that_carried_little_keeps_its_estimate_for_the_load_that_moves_onto_it() {
+        // One of two links: 8 Mbit/s of demand for 10 s (its capacity, 12 Mbit/s, not reached),
+        // then 20 s of a little audio (0.3 Mbit/s: the camera went to the other link), then the
+        // other link fails and everything comes back onto this one. App-limited samples do not
+        // lower the estimate: it is still what the link was seen to carry, and the load that
+        // moves onto it goes at once. (Before, the estimate followed the audio down to 0.3
+        // Mbit/s and took 5 s and more of growth rounds to come back.)
+        let mut sim = Sim::new(2.0 * MBIT);
+        sim.run(10.0, 12.0 * MBIT, Some(8.0 * MBIT));
+        sim.run(20.0, 12.0 * MBIT, Some(0.3 * MBIT));
+        sim.backlog = 0.0;
+        sim.run(10.0, 12.0 * MBIT, None);
+        sim.dump();
+        let lowest = sim
+            .trace
+            .iter()
+            .filter(|x| (12.0..30.0).contains(&x.0))
+            .map(|x| x.2)
+            .fold(f64::MAX, f64::min);
+        assert!(lowest >= 6.0 * MBIT, "fell to {} Mbit/s", lowest / MBIT);
+        let conv = sim.converged(30.0, 40.0);
+        assert!(conv.is_some_and(|c| c < 3.0), "{conv:?}");
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! own deadlines (docs/UPLINK.md "Deadlines follow progress") are all there is, since there is
 //! nowhere to move to.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,9 @@ pub struct Path {
     health: Mutex<Health>,
     /// Bumped each time it is given up: its connections fail when they see it move.
     generation: AtomicU64,
+    /// Setups (producers, the probe's and control's consumers) that chose it and have not
+    /// chosen again or ended: its load as [`choose`] weighs it.
+    assigned: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -91,7 +94,25 @@ impl Path {
                 given_up: 0,
             }),
             generation: AtomicU64::new(0),
+            assigned: AtomicUsize::new(0),
         })
+    }
+
+    /// Setups on it now ([`Path::assign`]ed, not yet released).
+    pub fn load(&self) -> usize {
+        self.assigned.load(Ordering::Relaxed)
+    }
+
+    /// A setup chose it.
+    pub fn assign(&self) {
+        self.assigned.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A setup that chose it chose again, or ended.
+    pub fn release(&self) {
+        let _ = self
+            .assigned
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 
     fn health(&self) -> MutexGuard<'_, Health> {

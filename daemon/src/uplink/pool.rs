@@ -43,6 +43,8 @@ pub struct Pool {
     /// The links (`uplink::links`): one (the default route) unless `[[pulsar.link]]` names
     /// several; each with the budget its connections' writers are charged against.
     paths: Vec<Arc<Path>>,
+    /// Held while a setup chooses its link and is counted on it (concurrent setups spread).
+    choosing: Mutex<()>,
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Weak<Connection>>>>>,
     retired: Arc<Retired>,
 }
@@ -123,6 +125,7 @@ impl Pool {
         assert!(!paths.is_empty(), "a pool needs a link");
         Arc::new(Pool {
             paths,
+            choosing: Mutex::default(),
             slots: Mutex::default(),
             retired: Arc::default(),
         })
@@ -137,45 +140,23 @@ impl Pool {
         self.paths.len() > 1
     }
 
-    /// Producers and consumers on each link's live connections now.
-    pub fn loads(&self) -> Vec<usize> {
-        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let mut loads = vec![0; self.paths.len()];
-        for (key, slot) in slots.iter() {
-            let Some(i) = self
-                .paths
-                .iter()
-                .position(|p| key.starts_with(&format!("{}|", p.name)))
-            else {
-                continue;
-            };
-            if let Some(c) = slot
-                .try_lock()
-                .ok()
-                .and_then(|w| w.upgrade())
-                .filter(|c| c.failure().is_none())
-            {
-                loads[i] += c.inner.state().channels.len();
-            }
-        }
-        loads
-    }
-
     fn candidates(&self, now: Instant) -> Vec<links::Candidate> {
-        let loads = self.loads();
         self.paths
             .iter()
-            .zip(loads)
-            .map(|(p, load)| p.candidate(load, now))
+            .map(|p| p.candidate(p.load(), now))
             .collect()
     }
 
-    /// The link the next setup goes over ([`links::choose`]).
-    pub fn choose(&self) -> Arc<Path> {
-        if !self.multi() {
-            return self.paths[0].clone();
-        }
-        self.paths[links::choose(&self.candidates(Instant::now()))].clone()
+    /// The link the next setup goes over ([`links::choose`]), counted on it
+    /// ([`Path::assign`]: the setup releases it when it chooses again or ends).
+    pub fn take(&self) -> Arc<Path> {
+        let _choosing = self.choosing.lock().unwrap_or_else(|p| p.into_inner());
+        let path = match self.multi() {
+            false => self.paths[0].clone(),
+            true => self.paths[links::choose(&self.candidates(Instant::now()))].clone(),
+        };
+        path.assign();
+        path
     }
 
     /// A cheaper link that a producer on `at` should move to ([`links::better`]).
