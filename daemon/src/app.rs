@@ -354,9 +354,7 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
     let budget = config
         .pulsar
         .max_bandwidth
-        .or_else(|| {
-            (config.pulsar.links.first()).map(|l| config.pulsar.link_bandwidth(l))
-        })
+        .or_else(|| (config.pulsar.links.first()).map(|l| config.pulsar.link_bandwidth(l)))
         .filter(|_| config.pulsar.url.is_some())
         .map(Budget::of);
     let pool = link_pool(&config, budget.clone());
@@ -364,7 +362,9 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
         let brokers = crate::service::Endpoint::parse_service(url)
             .map(|hosts| hosts.iter().map(|h| h.addr()).collect())
             .unwrap_or_default();
-        drop(tokio::spawn(pool.clone().watch(brokers, shutdown_rx.clone())));
+        drop(tokio::spawn(
+            pool.clone().watch(brokers, shutdown_rx.clone()),
+        ));
     }
     let encryption = encryption(&config)?;
     let campaign_feed = crate::campaign::run::feed_for(&config);

@@ -226,7 +226,11 @@ impl rigd_web::StatusSource for Runtime {
         );
         uplink.publish_rate = observed.rate("", "published", t, uplink.published);
         if let Some(pool) = self.pool.as_ref().filter(|_| uplink.configured) {
-            let budgets: Vec<_> = pool.paths().iter().filter_map(|p| p.budget.clone()).collect();
+            let budgets: Vec<_> = pool
+                .paths()
+                .iter()
+                .filter_map(|p| p.budget.clone())
+                .collect();
             if pool.multi() {
                 uplink.links = links_status(pool);
             } else if let Some(b) = budgets.first() {

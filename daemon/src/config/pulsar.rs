@@ -518,7 +518,9 @@ impl PulsarConfig {
             }
             let name = l.name();
             if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control()) {
-                p.push(format!("{at}.name: 1 to 64 characters, no control characters"));
+                p.push(format!(
+                    "{at}.name: 1 to 64 characters, no control characters"
+                ));
             }
             if !seen.insert(name.to_string()) {
                 p.push(format!("{at}: a second link named `{name}`"));
@@ -573,7 +575,10 @@ mod link_tests {
         p.max_bandwidth = Some(MaxBandwidth::parse("2mbit").unwrap());
         p.links[1].max_bandwidth = Some(MaxBandwidth::parse("auto, at most 4mbit").unwrap());
         assert_eq!(p.link_bandwidth(&p.links[0]), p.max_bandwidth.unwrap());
-        assert_eq!(p.link_bandwidth(&p.links[1]), p.links[1].max_bandwidth.unwrap());
+        assert_eq!(
+            p.link_bandwidth(&p.links[1]),
+            p.links[1].max_bandwidth.unwrap()
+        );
 
         p.links = vec![
             link("wlan0", 0),
@@ -585,12 +590,30 @@ mod link_tests {
         let mut problems = Vec::new();
         p.problems(&mut problems);
         let all = problems.join("\n");
-        assert!(all.contains("pulsar.link[1]: a second link named `wlan0`"), "{all}");
-        assert!(all.contains("pulsar.link[1].interface: `wlan0` is already"), "{all}");
-        assert!(all.contains("pulsar.link[1].cost: 10 is not 0 to 9"), "{all}");
-        assert!(all.contains("pulsar.link[2].interface: `../x` is not"), "{all}");
-        assert!(all.contains("pulsar.link[3].interface: `averyveryverylongname`"), "{all}");
-        assert!(all.contains("pulsar.link[3]: a second link named `wlan0`"), "{all}");
+        assert!(
+            all.contains("pulsar.link[1]: a second link named `wlan0`"),
+            "{all}"
+        );
+        assert!(
+            all.contains("pulsar.link[1].interface: `wlan0` is already"),
+            "{all}"
+        );
+        assert!(
+            all.contains("pulsar.link[1].cost: 10 is not 0 to 9"),
+            "{all}"
+        );
+        assert!(
+            all.contains("pulsar.link[2].interface: `../x` is not"),
+            "{all}"
+        );
+        assert!(
+            all.contains("pulsar.link[3].interface: `averyveryverylongname`"),
+            "{all}"
+        );
+        assert!(
+            all.contains("pulsar.link[3]: a second link named `wlan0`"),
+            "{all}"
+        );
     }
 
     #[test]
@@ -611,8 +634,8 @@ max-bandwidth = "auto, at most 4mbit"
         assert_eq!(p.links.len(), 2);
         assert_eq!(p.links[0].name(), "wlan0");
         assert_eq!((p.links[1].name(), p.links[1].cost), ("lte", 9));
-        let e = toml::from_str::<PulsarConfig>("[[link]]\ninterface = \"x\"\nspeed = 1\n")
-            .unwrap_err();
+        let e =
+            toml::from_str::<PulsarConfig>("[[link]]\ninterface = \"x\"\nspeed = 1\n").unwrap_err();
         assert!(e.to_string().contains("speed"), "{e}");
     }
 }

@@ -484,9 +484,7 @@ mod tests {
         /// ...written in pieces as the tokens allow (the budget's grants); what is left of the
         /// one being written.
         writing: usize,
-        /// Pieces in the link's queue: (bytes, queued at, the SEND's size and the write of its
-        /// last byte when this piece ends it, bytes left to serve).
-        queue: VecDeque<(usize, Instant, Option<(usize, Instant)>, f64)>,
+        queue: VecDeque<Piece>,
         queued: usize,
         head_left: f64,
         receipts: VecDeque<(Instant, usize, Instant)>,
@@ -494,6 +492,10 @@ mod tests {
         trace: Vec<(f64, f64, f64, f64, f64)>,
         delivered: Vec<(f64, usize)>,
     }
+
+    /// A piece in the link's queue: (bytes, queued at, the SEND's size and the write of its last
+    /// byte when this piece ends it, bytes left to serve).
+    type Piece = (usize, Instant, Option<(usize, Instant)>, f64);
 
     const SEND: usize = 30_000;
     /// A grant of the budget, a write to the socket.

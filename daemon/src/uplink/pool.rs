@@ -270,9 +270,9 @@ pub fn bound_socket(
         tokio::net::TcpSocket::new_v6()?
     };
     if let Some(i) = interface {
-        socket.bind_device(Some(i.as_bytes())).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("binding to interface {i}: {e}"))
-        })?;
+        socket
+            .bind_device(Some(i.as_bytes()))
+            .map_err(|e| std::io::Error::new(e.kind(), format!("binding to interface {i}: {e}")))?;
     }
     Ok(socket)
 }
