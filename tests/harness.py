@@ -441,6 +441,32 @@ class ShapedBrokerPort(LoopbackQdisc):
         self.__enter__()
 
 
+class Arrivals:
+    """Every message of a topic as it arrives (a listener of the official client, subscribed from
+    the start): (receive time s, capture time s from the `capture-ns` property)."""
+
+    def __init__(self, client, topic):
+        import threading
+
+        import pulsar
+        self.seen = []
+        self.lock = threading.Lock()
+        self.consumer = client.subscribe(topic, unique("live"), receiver_queue_size=50000,
+                                         initial_position=pulsar.InitialPosition.Earliest,
+                                         message_listener=self.on)
+
+    def on(self, consumer, msg):
+        t = time.time()
+        with self.lock:
+            self.seen.append((t, int(msg.properties()["capture-ns"]) / 1e9))
+        consumer.acknowledge(msg)
+
+    def latencies(self, a, b):
+        """Capture to arrival of the frames captured in [a, b), sorted."""
+        with self.lock:
+            return sorted(r - c for r, c in self.seen if a <= c < b)
+
+
 def received_seqs(topic: str, url: str = BROKER_URL, idle: float = 6) -> list[int]:
     """The `seq` property of every message on `topic`, in delivery order (Exclusive subscription:
     publish order; Key_Shared orders per key only)."""

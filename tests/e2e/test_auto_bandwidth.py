@@ -9,13 +9,13 @@ Printed per phase (the benchmark's figures, docs/PERFORMANCE.md): the share of t
 the share of estimate samples within 20 %, serial and audio p95 capture-to-receive."""
 
 import os
-import threading
 import time
 
 import pulsar
 import pytest
 
-from harness import BROKER_URL, Rigd, ShapedBrokerPort, assert_once_each, consume, namespace_with_dedup, unique
+from harness import (BROKER_URL, Arrivals, Rigd, ShapedBrokerPort, assert_once_each, consume,
+                     namespace_with_dedup, unique)
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="tc needs root"), pytest.mark.holds_broker]
 
@@ -61,27 +61,6 @@ path = "spool"
 [web]
 bind = "127.0.0.1:{{WEB_PORT}}"
 """
-
-
-class Arrivals:
-    """Every message of a topic as it arrives: (receive time s, capture time s)."""
-
-    def __init__(self, client, topic):
-        self.seen = []
-        self.lock = threading.Lock()
-        self.consumer = client.subscribe(topic, unique("live"), receiver_queue_size=50000,
-                                         initial_position=pulsar.InitialPosition.Earliest,
-                                         message_listener=self.on)
-
-    def on(self, consumer, msg):
-        t = time.time()
-        with self.lock:
-            self.seen.append((t, int(msg.properties()["capture-ns"]) / 1e9))
-        consumer.acknowledge(msg)
-
-    def latencies(self, a, b):
-        with self.lock:
-            return sorted(r - c for r, c in self.seen if a <= c < b)
 
 
 def p95(xs):

@@ -15,13 +15,12 @@ setting a fleet that wants a move within 3 s gives its brokers (docs/UPLINK.md "
 import os
 import random
 import subprocess
-import threading
 import time
 
 import pulsar
 import pytest
 
-from harness import ROOT, Rigd, assert_once_each, consume, free_port, unique
+from harness import ROOT, Arrivals, Rigd, assert_once_each, consume, free_port, unique
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and veth need root"),
               pytest.mark.holds_broker, pytest.mark.xdist_group("links")]
@@ -38,16 +37,24 @@ def sh(*args, check=True):
 
 
 class TwoLinks:
-    """A namespace `<tag>ns` for the rig with veth links a (10.O.1.0/30), b (10.O.2.0/30) and m
-    (10.O.9.0/30, the web UI's), to this namespace, where the broker's address 10.O.0.1 sits on
-    a veth pair of its own (`<tag>h0`). The rig's routes to the broker: over a (metric 10) and b
-    (20); rigd binds each link's connections to its interface. Everything made here is deleted
-    by `close()`."""
+    """A namespace `rigdlinks-<pid>-<tag>` for the rig with veth links a (10.O.1.0/30), b
+    (10.O.2.0/30) and m (10.O.9.0/30, the web UI's) to this namespace, where the broker's address
+    10.O.0.1 sits on `<tag>h0` (its peer in the rig's namespace, so that every interface made here
+    goes with the namespace). The rig's routes to the broker: over a (metric 10) and b (20); rigd
+    binds each link's connections to its interface. `close()` deletes the namespace; one whose
+    owner's pid is gone is deleted by the next user (docs/TESTING.md)."""
+
+    PREFIX = "rigdlinks-"
 
     def __init__(self):
+        for name in sh("ip", "netns", "list").stdout.split():
+            if name.startswith(self.PREFIX):
+                pid = name[len(self.PREFIX):].split("-")[0]
+                if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                    sh("ip", "netns", "del", name, check=False)
         self.tag = f"rl{random.randrange(16 ** 4):04x}"
         self.o = random.randrange(100, 250)
-        self.ns = f"{self.tag}ns"
+        self.ns = f"{self.PREFIX}{os.getpid()}-{self.tag}"
         self.broker_ip = f"10.{self.o}.0.1"
         self.made = []
         try:
@@ -67,11 +74,11 @@ class TwoLinks:
         self.made.append(("netns", self.ns))
         sh("ip", "-n", self.ns, "link", "set", "lo", "up")
         h0, h1 = self.ifname("h", 0), self.ifname("h", 1)
-        sh("ip", "link", "add", h0, "type", "veth", "peer", "name", h1)
+        sh("ip", "link", "add", h0, "type", "veth", "peer", "name", h1, "netns", self.ns)
         self.made.append(("link", h0))
         sh("ip", "addr", "add", f"{self.broker_ip}/32", "dev", h0)
         sh("ip", "link", "set", h0, "up")
-        sh("ip", "link", "set", h1, "up")
+        sh("ip", "-n", self.ns, "link", "set", h1, "up")
         for link, third in [("a", 1), ("b", 2), ("m", 9)]:
             host, rig = self.ifname(link, 0), self.ifname(link, 1)
             sh("ip", "link", "add", host, "type", "veth", "peer", "name", rig, "netns", self.ns)
@@ -233,29 +240,6 @@ bind = "{net.rig_ip('m')}:{{WEB_PORT}}"
 """
 
 
-class Arrivals:
-    """Every message of a topic as it arrives: (receive time s, capture time s)."""
-
-    def __init__(self, client, topic):
-        self.seen = []
-        self.lock = threading.Lock()
-        self.consumer = client.subscribe(topic, unique("live"), receiver_queue_size=50000,
-                                         initial_position=pulsar.InitialPosition.Earliest,
-                                         message_listener=self.on)
-
-    def on(self, consumer, msg):
-        t = time.time()
-        with self.lock:
-            self.seen.append((t, int(msg.properties()["capture-ns"]) / 1e9))
-        consumer.acknowledge(msg)
-
-    def worst(self, a, b):
-        """The longest capture-to-arrival of frames captured in [a, b), and how many there were."""
-        with self.lock:
-            waits = [r - c for r, c in self.seen if a <= c < b]
-        return max(waits, default=None), len(waits)
-
-
 def on_link(status, name):
     return next(x for x in status["uplink"]["links"] if x["name"] == name)
 
@@ -305,7 +289,8 @@ def run_fault(net, broker, tmp_path, costs, fault, restore, spread, bandwidth, c
         # Every frame captured from 3 s before the fault to the end arrived within the bound.
         time.sleep(2)
         for src, arr in live.items():
-            worst, n = arr.worst(t_fault - 3, t_end - 3)
+            waits = arr.latencies(t_fault - 3, t_end - 3)
+            worst, n = (waits[-1] if waits else float("nan")), len(waits)
             print(f"{src}: {n} frames captured across the fault and the move back, worst capture-to-arrival "
                   f"{worst:.2f} s")
             # Beside the stall, a frame's own time on the link and in its queue.
