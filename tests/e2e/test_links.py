@@ -28,8 +28,11 @@ pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces a
 # Each link's rate, rig to broker, and its drop-tail queue.
 LINK_KBIT = 12000
 QUEUE_BYTES = 500_000
-# The bound the issue sets: a link's producers on another within 3 s.
+# The bound the issue sets: a link's producers on another within 3 s...
 STALL_S = 3.0
+# ...and what a frame captured just before the fault adds: its own time on the link and in its
+# queue, and a CI host's load (a quiet run: 1.3-2.9 s in all, docs/PERFORMANCE.md "Several links").
+SLACK_S = 1.5
 
 
 def sh(*args, check=True):
@@ -294,7 +297,7 @@ def run_fault(net, broker, tmp_path, costs, fault, restore, spread, bandwidth, c
             print(f"{src}: {n} frames captured across the fault and the move back, worst capture-to-arrival "
                   f"{worst:.2f} s")
             # Beside the stall, a frame's own time on the link and in its queue.
-            bound = cam_bound if src == "cam" else STALL_S + 0.5
+            bound = cam_bound if src == "cam" else STALL_S + SLACK_S
             assert n > 0 and worst <= bound, f"{src}: a frame waited {worst:.2f} s (bound {bound} s)\n{log[-3000:]}"
     finally:
         d.stop()
@@ -309,7 +312,7 @@ def test_a_pulled_link_moves_its_producers_to_the_other_and_back(links, tmp_path
     under a fixed 10 Mbit/s budget: b's is all there at once."""
     net, broker = links
     run_fault(net, broker, tmp_path, [("a", 0), ("b", 5)], net.down, net.up, spread=False,
-              bandwidth="10mbit", cam_bound=STALL_S + 1.5)
+              bandwidth="10mbit", cam_bound=STALL_S + SLACK_S + 1.0)
 
 
 def test_a_silent_link_moves_its_producers_within_3_s(links, tmp_path):
@@ -319,4 +322,4 @@ def test_a_silent_link_moves_its_producers_within_3_s(links, tmp_path):
     waited for its growth (docs/UPLINK.md "Several links")."""
     net, broker = links
     run_fault(net, broker, tmp_path, [("a", 0), ("b", 0)], net.silence, net.shape, spread=True,
-              bandwidth="10mbit", cam_bound=STALL_S + 1.5)
+              bandwidth="10mbit", cam_bound=STALL_S + SLACK_S + 1.0)
