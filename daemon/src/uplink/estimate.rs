@@ -125,14 +125,6 @@ pub struct Estimator {
     recent: MinWindow,
     /// Delivery rate samples, largest first.
     bw: MaxWindow,
-    /// SEND sizes of the last [`BW_WINDOW`], largest first: a round lasts as long as two of the
-    /// largest take to write ([`Estimator::round`]).
-    sends: MaxWindow,
-    /// A rate sample came since the mode began (a growth round without one judges nothing).
-    sampled: bool,
-    /// The last time a writer waited for the budget: samples of a time without such a wait are
-    /// app-limited (the link carried what it was given, not what it can).
-    held_at: Option<Instant>,
     estimate: f64,
     mode: Mode,
     /// When the mode began, and the estimate then.
@@ -154,9 +146,6 @@ impl Estimator {
             base: MinWindow::min(BASE_WINDOW),
             recent: MinWindow::min(RECENT),
             bw: MaxWindow::max(BW_WINDOW),
-            sends: MaxWindow::max(BW_WINDOW),
-            sampled: false,
-            held_at: None,
             estimate,
             mode: Mode::Grow,
             since: now,
@@ -194,7 +183,6 @@ impl Estimator {
         }
         self.base.push(now, rtt);
         self.recent.push(now, rtt);
-        self.sends.push(now, bytes as f64);
         if let (Some(base), Some(current)) = (self.base.get(now), self.recent.get(now)) {
             self.queueing = current.saturating_sub(base);
         }
@@ -208,15 +196,9 @@ impl Estimator {
                     // the queue drains, the link is busy and delivers its capacity.
                     self.fresh = true;
                     self.bw.reset(now, rate.max(self.estimate * MAX_CUT));
-                } else if self.held_at.is_some_and(|h| h >= t0)
-                    || rate > self.bw.get(now).unwrap_or(0.0)
-                {
-                    // An app-limited sample (no writer waited for the budget while it was
-                    // taken) only counts when it is more than the estimate: a link that
-                    // carried little keeps what it was last seen to carry (BBR's rule).
+                } else {
                     self.bw.push(now, rate);
                 }
-                self.sampled = true;
                 self.estimate = self
                     .bw
                     .get(now)
@@ -225,12 +207,6 @@ impl Estimator {
             }
         }
         self.advance(now);
-    }
-
-    /// A writer waits for the budget now: demand is above the pacing (samples taken meanwhile
-    /// measure the link, not the sources).
-    pub fn held(&mut self, now: Instant) {
-        self.held_at = Some(now);
     }
 
     /// Bytes per second receipted over the last `span` (None: no receipt that long ago).
@@ -250,28 +226,14 @@ impl Estimator {
         self.history.back().map_or(0, |(_, d)| *d)
     }
 
-    /// How long the largest recent SEND takes to write at the estimate: a SEND's rate sample
-    /// covers its whole write, so a round that changes the pace must span whole SENDs to see
-    /// its own effect (a 200 kB camera frame is 0.8 s at 2 Mbit/s).
-    fn send_time(&mut self, now: Instant) -> Duration {
-        let largest = self.sends.get(now).unwrap_or(0.0);
-        Duration::from_secs_f64(largest / self.estimate.max(1.0))
-    }
-
-    /// The rounds' length now: at least [`ROUND`], the base RTT and the target, and two of the
-    /// largest recent SENDs' writes.
+    /// The rounds' length now.
     fn round(&mut self, now: Instant) -> Duration {
-        let writes = self.send_time(now) * 2;
-        ROUND
-            .max(self.base.get(now).unwrap_or_default() + self.s.target)
-            .max(writes)
+        ROUND.max(self.base.get(now).unwrap_or_default() + self.s.target)
     }
 
-    /// A growth round: long enough for a rate sample of its own ([`MIN_SAMPLE`], or two of the
-    /// largest SENDs' writes, and the RTT).
+    /// A growth round: long enough for a rate sample of its own ([`MIN_SAMPLE`] and the RTT).
     fn growth_round(&mut self, now: Instant) -> Duration {
-        let writes = self.send_time(now) * 2;
-        MIN_SAMPLE.max(writes) + self.base.get(now).unwrap_or_default()
+        MIN_SAMPLE + self.base.get(now).unwrap_or_default()
     }
 
     fn enter(&mut self, mode: Mode, now: Instant) {
@@ -281,7 +243,6 @@ impl Estimator {
         }
         self.mode = mode;
         self.since = now;
-        self.sampled = false;
     }
 
     /// The modes' clock: called with every receipt and every look at the pacing.
@@ -318,9 +279,7 @@ impl Estimator {
             }
             Mode::Cruise if elapsed >= PROBE_EVERY => self.enter(Mode::Probe, now),
             Mode::Probe if elapsed >= round => self.enter(Mode::Drain, now),
-            // A growth round without a sample (nothing to send yet: the start of a link that
-            // carries nothing) says nothing of the link: growth goes on.
-            Mode::Grow if elapsed >= growth_round && self.sampled => {
+            Mode::Grow if elapsed >= growth_round => {
                 let next = if grew { Mode::Grow } else { Mode::Drain };
                 self.enter(next, now);
             }
@@ -563,9 +522,6 @@ mod tests {
                     self.queue.push_back((piece, now, last, piece as f64));
                     self.queued += piece;
                 }
-                if self.tokens <= 0.0 && (self.writing > 0 || self.backlog >= self.send as f64) {
-                    self.est.held(now);
-                }
                 let mut budget = capacity * dt + self.head_left;
                 self.head_left = 0.0;
                 while let Some(front) = self.queue.front_mut() {
@@ -712,6 +668,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "found in issue 50.2, not mended: docs/UPLINK.md \"auto\" (a reproducer)"]
     fn large_sends_grow_the_estimate_as_small_ones_do() {
         // A camera's frames as SENDs of 200 kB (a 1080p MJPEG frame; a chunk), each written in
         // the budget's grants over most of a second at the 2 Mbit/s start, on a 12 Mbit/s link
@@ -731,6 +688,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "found in issue 50.2, not mended: docs/UPLINK.md \"auto\" (a reproducer)"]
     fn a_link_that_carried_little_keeps_its_estimate_for_the_load_that_moves_onto_it() {
         // One of two links: 8 Mbit/s of demand for 10 s (its capacity, 12 Mbit/s, not reached),
         // then 20 s of a little audio (0.3 Mbit/s: the camera went to the other link), then the
