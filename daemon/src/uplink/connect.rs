@@ -113,7 +113,7 @@ pub struct Setup {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// The rig's connections (one per link and broker), shared by its producers.
     pub pool: Arc<Pool>,
-    /// The link this setup goes over, chosen at its start (`Pool::choose`).
+    /// The link this setup goes over, chosen at its start (`Pool::take`).
     path: Option<Arc<super::links::Path>>,
     /// Which of the service URL's hosts to try first: the one that answered last, and the next
     /// one after a setup that failed (a dead broker is not asked first again).
