@@ -3,11 +3,12 @@
 //!
 //! Simple frame: `[total u32][cmd size u32][BaseCommand]`. A SEND adds
 //! `[magic 0x0e01][crc32c u32][metadata size u32][MessageMetadata][payload]`, the checksum covering
-//! everything after itself. The payload is written straight from the frame's buffer (no copy of a
-//! message into an intermediate Vec). A MESSAGE from the broker may put
+//! everything after itself. A payload of [`REFERENCE_FROM`] bytes or more is not copied: [`Frames`]
+//! holds each SEND's header and a reference to its payload where it lies (the frame's buffer, a
+//! sealed piece), and the writer hands both to one vectored write. A MESSAGE from the broker may put
 //! `[magic 0x0e02][size u32][BrokerEntryMetadata]` before the magic.
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message as _;
 use pulsar::proto::{
     base_command::Type, AuthData, BaseCommand, CommandAuthResponse, CommandPing, CommandPong,
@@ -56,6 +57,17 @@ pub fn encode_send(
     payload: &[u8],
     dst: &mut BytesMut,
 ) {
+    encode_send_head(cmd, metadata, payload, dst);
+    dst.put_slice(payload);
+}
+
+/// A SEND frame up to its payload, the checksum covering `payload` (appended by the caller).
+fn encode_send_head(
+    cmd: &BaseCommand,
+    metadata: &MessageMetadata,
+    payload: &[u8],
+    dst: &mut BytesMut,
+) {
     let cmd_size = cmd.encoded_len();
     let meta_size = metadata.encoded_len();
     let total = 4 + cmd_size + 2 + 4 + 4 + meta_size + payload.len();
@@ -70,8 +82,115 @@ pub fn encode_send(
     dst.put_u32(meta_size as u32);
     let _ = metadata.encode(dst);
     let crc = crc32c::crc32c_append(crc32c::crc32c(&dst[meta_at..]), payload);
-    dst.put_slice(payload);
     dst[crc_at..crc_at + 4].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// Payloads from this size on are referenced by [`Frames`], smaller ones copied: a serial line or
+/// a batch costs less copied than as a piece of its own in a vectored write.
+pub const REFERENCE_FROM: usize = 8 << 10;
+
+/// SEND frames as the writer writes them, in order: headers encoded here, payloads of
+/// [`REFERENCE_FROM`] bytes or more referenced where they lie (no copy), one vectored write for
+/// all of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Frames {
+    /// Written in order; the last may still grow (`open`).
+    parts: Vec<Bytes>,
+    /// The headers and small payloads not yet sealed into `parts`.
+    open: BytesMut,
+    len: usize,
+}
+
+impl Frames {
+    /// Bytes in all.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends a SEND frame for one message (or one chunk) whose payload is `payload`.
+    pub fn send(&mut self, cmd: &BaseCommand, metadata: &MessageMetadata, payload: Bytes) {
+        let before = self.open.len();
+        encode_send_head(cmd, metadata, &payload, &mut self.open);
+        if payload.len() < REFERENCE_FROM {
+            self.open.put_slice(&payload);
+            self.len += self.open.len() - before;
+        } else {
+            self.len += self.open.len() - before + payload.len();
+            self.seal();
+            self.parts.push(payload);
+        }
+    }
+
+    /// Appends what `other` holds after this.
+    pub fn append(&mut self, mut other: Frames) {
+        self.seal();
+        other.seal();
+        self.len += other.len;
+        self.parts.append(&mut other.parts);
+    }
+
+    fn seal(&mut self) {
+        if !self.open.is_empty() {
+            self.parts.push(self.open.split().freeze());
+        }
+    }
+
+    /// Its pieces in write order; empty afterwards.
+    pub fn take(&mut self) -> Vec<Bytes> {
+        self.seal();
+        self.len = 0;
+        std::mem::take(&mut self.parts)
+    }
+
+    /// All of it in one buffer (tests, and the rare caller that needs it whole).
+    pub fn to_bytes(&self) -> Bytes {
+        let mut all = BytesMut::with_capacity(self.len);
+        for p in &self.parts {
+            all.put_slice(p);
+        }
+        all.put_slice(&self.open);
+        all.freeze()
+    }
+}
+
+impl From<Bytes> for Frames {
+    fn from(b: Bytes) -> Self {
+        Frames {
+            len: b.len(),
+            parts: vec![b],
+            open: BytesMut::new(),
+        }
+    }
+}
+
+/// Where a window's SEND frames go: [`Frames`] for the writer, a plain buffer in tests.
+pub trait SendOut {
+    fn send(&mut self, cmd: &BaseCommand, metadata: &MessageMetadata, payload: Bytes);
+    fn len(&self) -> usize;
+}
+
+impl SendOut for Frames {
+    fn send(&mut self, cmd: &BaseCommand, metadata: &MessageMetadata, payload: Bytes) {
+        Frames::send(self, cmd, metadata, payload)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl SendOut for BytesMut {
+    fn send(&mut self, cmd: &BaseCommand, metadata: &MessageMetadata, payload: Bytes) {
+        encode_send(cmd, metadata, &payload, self)
+    }
+
+    fn len(&self) -> usize {
+        BytesMut::len(self)
+    }
 }
 
 /// One frame from the broker: the command and, for a frame with a payload (a MESSAGE), the
@@ -243,6 +362,23 @@ mod tests {
         let crc = u32::from_be_bytes(buf[magic_at + 2..magic_at + 6].try_into().unwrap());
         assert_eq!(crc, crc32c::crc32c(&buf[magic_at + 6..]));
         assert_eq!(&buf[buf.len() - 5..], b"hello");
+        // The vectored form writes the same bytes, a large payload referenced, not copied.
+        let large = Bytes::from(vec![3u8; REFERENCE_FROM]);
+        let mut frames = Frames::default();
+        frames.send(&cmd, &meta, Bytes::from_static(b"hello"));
+        frames.send(&cmd, &meta, large.clone());
+        let mut plain = buf.clone();
+        encode_send(&cmd, &meta, &large, &mut plain);
+        assert_eq!(frames.len(), plain.len());
+        assert_eq!(frames.to_bytes(), plain.freeze());
+        let parts = frames.take();
+        assert_eq!(
+            parts.len(),
+            2,
+            "the small frame with the large one's header, then its payload"
+        );
+        assert_eq!(parts.last().unwrap().as_ptr(), large.as_ptr(), "referenced");
+        assert!(frames.is_empty());
         // The broker would see the same command back.
         assert_eq!(
             decode(&mut buf).unwrap().unwrap().send.unwrap().sequence_id,

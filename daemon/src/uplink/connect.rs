@@ -37,7 +37,7 @@ const SEND_BUFFER: u32 = 128 << 10;
 pub struct Link {
     pub conn: Arc<Connection>,
     pub channel: ChannelEnd,
-    pub out: BytesMut,
+    pub out: codec::Frames,
     pub max_message_size: usize,
     pub producer_id: u64,
     /// How long a request waits: the setup's deadline (see `Setup::setup_timeout`).
@@ -61,7 +61,8 @@ impl Link {
         if self.out.is_empty() {
             return Ok(());
         }
-        self.conn.push(self.producer_id, self.out.split().freeze())
+        self.conn
+            .push(self.producer_id, std::mem::take(&mut self.out))
     }
 
     /// Closes the producer on the broker and waits for its answer (bounded), so that the next
@@ -557,7 +558,7 @@ impl Setup {
             producer_id: channel.id,
             conn,
             channel,
-            out: BytesMut::new(),
+            out: codec::Frames::default(),
             request_timeout: self.setup_timeout,
             open: true,
         };
@@ -640,7 +641,7 @@ mod tests {
     use pulsar::proto::{CommandSend, MessageMetadata};
 
     /// A SEND of `bytes` for producer `producer_id`.
-    fn send(producer_id: u64, sequence_id: u64, bytes: usize) -> bytes::Bytes {
+    fn send(producer_id: u64, sequence_id: u64, bytes: usize) -> codec::Frames {
         let cmd = BaseCommand {
             r#type: Type::Send as i32,
             send: Some(CommandSend {
@@ -655,9 +656,10 @@ mod tests {
             sequence_id,
             ..Default::default()
         };
-        let mut out = BytesMut::new();
-        codec::encode_send(&cmd, &metadata, &vec![7u8; bytes], &mut out);
-        out.freeze()
+        // Written as the window writes: a large payload referenced, in a vectored write.
+        let mut out = codec::Frames::default();
+        out.send(&cmd, &metadata, bytes::Bytes::from(vec![7u8; bytes]));
+        out
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -701,7 +703,7 @@ mod tests {
             producer_id: closed_id,
             conn: conn.clone(),
             channel: closed,
-            out: BytesMut::new(),
+            out: codec::Frames::default(),
             request_timeout: Duration::from_secs(3),
             open: true,
         };

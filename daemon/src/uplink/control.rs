@@ -302,7 +302,7 @@ impl Publisher {
         };
         let mut out = BytesMut::new();
         super::codec::encode_send(&cmd, &metadata, payload, &mut out);
-        self.link.out = out;
+        self.link.out = out.freeze().into();
         self.link.push()?;
         self.next_sequence_id += 1;
         let wait = async {

@@ -755,7 +755,7 @@ impl Window {
     /// clock now (the message's publish time).
     pub fn encode_next(
         &mut self,
-        out: &mut BytesMut,
+        out: &mut impl codec::SendOut,
         now: Instant,
         publish_ms: u64,
     ) -> Option<Encoded> {
@@ -817,15 +817,15 @@ impl Window {
         // Encrypted chunk by chunk, as the clients do: each message decrypts on its own.
         let sealed_now;
         let (payload, encryption) = match (&m.sealed, &self.cfg.encryption) {
-            (Some(s), _) => (&s.pieces[i].ciphertext[..], Some((&s.key, &s.pieces[i]))),
+            (Some(s), _) => (s.pieces[i].ciphertext.clone(), Some((&s.key, &s.pieces[i]))),
             (None, Some(enc)) => {
                 sealed_now = enc.seal(&m.wire[m.chunks[i].clone()]);
                 (
-                    &sealed_now.1.ciphertext[..],
+                    sealed_now.1.ciphertext.clone(),
                     Some((&sealed_now.0, &sealed_now.1)),
                 )
             }
-            (None, None) => (&m.wire[m.chunks[i].clone()], None),
+            (None, None) => (m.wire.slice(m.chunks[i].clone()), None),
         };
         if let Some((key, piece)) = encryption {
             metadata.encryption_keys = key.metadata();
@@ -843,7 +843,7 @@ impl Window {
             }),
             ..Default::default()
         };
-        codec::encode_send(&cmd, &metadata, payload, out);
+        out.send(&cmd, &metadata, payload);
         m.written += 1;
         Some(Encoded {
             seq: m.frame.seq,

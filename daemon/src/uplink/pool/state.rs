@@ -29,6 +29,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 use std::time::Instant;
 
+use crate::uplink::codec::Frames;
+
 pub use super::super::budget::OVERDUE_AFTER;
 use super::super::session::{keepalive, Keepalive};
 #[cfg(test)]
@@ -107,7 +109,7 @@ pub enum Next {
     /// A command before every frame (answers to the broker, requests, closes, pings).
     Control(Bytes),
     /// Queued frames of channel `id`.
-    Frame { id: u64, bytes: Bytes },
+    Frame { id: u64, bytes: Frames },
 }
 
 /// What a keepalive tick asks for.
@@ -124,7 +126,7 @@ pub enum Tick {
 
 #[derive(Debug, Default)]
 struct Queue {
-    frames: VecDeque<Bytes>,
+    frames: VecDeque<Frames>,
     queued: usize,
     written: u64,
     /// Since when its frames have waited untaken (None: nothing queued, or being written).
@@ -225,7 +227,7 @@ impl ConnectionState {
     }
 
     /// Queues frames of channel `id`; false when it is not attached.
-    pub fn push(&mut self, id: u64, frames: Bytes, now: Instant) -> bool {
+    pub fn push(&mut self, id: u64, frames: Frames, now: Instant) -> bool {
         let written_now = self.writing.is_some_and(|w| w.id == Some(id));
         let Some(q) = self.queues.get_mut(&id) else {
             return false;
@@ -280,19 +282,13 @@ impl ConnectionState {
             // the first (a producer of small frames queues one entry per turn of its own).
             let allowance = self.credit / OUT_OF_RANK_COST;
             let mut more = bytes.len() as u64;
-            let mut joined: Option<bytes::BytesMut> = None;
             while let Some(f) = q.frames.front() {
                 more += f.len() as u64;
                 if more > allowance {
                     break;
                 }
                 let f = q.frames.pop_front()?;
-                joined
-                    .get_or_insert_with(|| bytes::BytesMut::from(&bytes[..]))
-                    .extend_from_slice(&f);
-            }
-            if let Some(j) = joined {
-                bytes = j.freeze();
+                bytes.append(f);
             }
             self.credit = self
                 .credit

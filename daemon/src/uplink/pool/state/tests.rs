@@ -1,6 +1,10 @@
 use super::*;
 
-fn b(n: usize) -> Bytes {
+fn b(n: usize) -> Frames {
+    cmd(n).into()
+}
+
+fn cmd(n: usize) -> Bytes {
     Bytes::from(vec![0u8; n])
 }
 
@@ -170,10 +174,10 @@ fn strict_rank_order_is_kept_while_nothing_is_overdue() {
     c.attach(2);
     c.push(2, b(10), t0);
     c.push(1, b(10), t0);
-    c.control(b(3));
+    c.control(cmd(3));
     let rank = |id: u64| if id == 1 { 0 } else { 11 };
     // Control before every frame, then rank order.
-    assert_eq!(c.next(t0, rank), Some(Next::Control(b(3))));
+    assert_eq!(c.next(t0, rank), Some(Next::Control(cmd(3))));
     c.frame_done(t0);
     assert_eq!(write_one(&mut c, t0, rank), Some(1));
     assert_eq!(write_one(&mut c, t0, rank), Some(2));
@@ -200,7 +204,7 @@ fn progress_is_credited_to_the_channel_written_only() {
     c.frame_done(t0);
     assert_eq!(c.progress(1), (100, 0));
     // A control command credits nobody.
-    c.control(b(8));
+    c.control(cmd(8));
     assert!(matches!(c.next(t0, |_| 0), Some(Next::Control(_))));
     assert_eq!(c.wrote(8, t0), None);
     c.frame_done(t0);
@@ -395,7 +399,7 @@ fn the_end_and_a_detach_tell_the_channels_told_they_wait() {
     assert_eq!(c.take_told().len(), 2);
     assert!(c.detach(1));
     assert!(!c.detach(3));
-    c.control(b(1));
+    c.control(cmd(1));
     assert_eq!(c.end(), vec![2]);
     assert_eq!(c.next(t0, |_| 0), None, "nothing left to write");
 }
