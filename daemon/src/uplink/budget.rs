@@ -286,6 +286,9 @@ impl Budget {
                     return n;
                 }
                 Grant::WaitUntil(t) => {
+                    if let Some(mut e) = self.estimator() {
+                        e.held(now);
+                    }
                     if registered.is_none() {
                         self.arbiter().wait(rank);
                         registered = Some(Registered { budget: self, rank });
