@@ -224,11 +224,12 @@ impl Estimator {
                     self.fresh = true;
                     self.bw.reset(now, rate.max(self.estimate * MAX_CUT));
                 } else if self.held_at.is_some_and(|h| h >= t0)
-                    || rate > self.bw.get(now).unwrap_or(0.0)
+                    || rate > self.bw.get(now).unwrap_or(self.estimate)
                 {
                     // An app-limited sample (no writer waited for the budget while it was
                     // taken) only counts when it is more than the estimate: a link that
-                    // carried little keeps what it was last seen to carry (BBR's rule).
+                    // carried little keeps what it was last seen to carry (BBR's rule), and
+                    // one that has carried nothing yet keeps its start.
                     self.bw.push(now, rate);
                 }
                 self.sampled = true;
