@@ -146,7 +146,8 @@ impl Frames {
         std::mem::take(&mut self.parts)
     }
 
-    /// All of it in one buffer (tests, and the rare caller that needs it whole).
+    /// All of it in one buffer (what the writer's vectored writes put on the wire).
+    #[cfg(test)]
     pub fn to_bytes(&self) -> Bytes {
         let mut all = BytesMut::with_capacity(self.len);
         for p in &self.parts {
@@ -170,26 +171,17 @@ impl From<Bytes> for Frames {
 /// Where a window's SEND frames go: [`Frames`] for the writer, a plain buffer in tests.
 pub trait SendOut {
     fn send(&mut self, cmd: &BaseCommand, metadata: &MessageMetadata, payload: Bytes);
-    fn len(&self) -> usize;
 }
 
 impl SendOut for Frames {
     fn send(&mut self, cmd: &BaseCommand, metadata: &MessageMetadata, payload: Bytes) {
         Frames::send(self, cmd, metadata, payload)
     }
-
-    fn len(&self) -> usize {
-        self.len
-    }
 }
 
 impl SendOut for BytesMut {
     fn send(&mut self, cmd: &BaseCommand, metadata: &MessageMetadata, payload: Bytes) {
         encode_send(cmd, metadata, &payload, self)
-    }
-
-    fn len(&self) -> usize {
-        BytesMut::len(self)
     }
 }
 
