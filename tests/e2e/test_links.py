@@ -4,11 +4,12 @@ drop-tail queue, and a third link for the web UI only. A link is pulled (`ip lin
 goes silent (its queues drop every packet, both ways: no reset, no error) while a chunked camera
 (the broker's max message size is 256 KB, each frame three chunks), audio and serial upload. The
 official Python client, subscribed before rigd starts, timestamps every frame as it arrives.
-Asserted: the producers move to the other link and are connected there within 10 s (status), they
-come back to the cheaper link once it answers again, and every seq of every source arrives once
-(broker dedup on). Printed: each source's worst capture-to-arrival across the fault (the stall the
-issue bounds at 3 s; docs/PERFORMANCE.md "Several links" has the figures, measured, not asserted:
-under CI's load the brokers' JVMs dispatched late).
+Each link runs under `max-bandwidth = "auto"` (a link's default). Asserted: the producers move to
+the other link and are connected there within 10 s (status), they come back to the cheaper link
+once it answers again, and every seq of every source arrives once (broker dedup on). Printed: each
+source's worst capture-to-arrival across the fault (the stall the issue bounds at 3 s;
+docs/PERFORMANCE.md "Several links" has the figures, measured, not asserted: under CI's load the
+brokers' JVMs dispatched late).
 
 The broker checks the liveness of a producer name's old connection before it takes the name on a
 new one (`connectionLivenessCheckTimeoutMillis`, 5 s by default): this broker checks for 1 s, the
@@ -199,8 +200,9 @@ class NsRigd(Rigd):
         return f"http://{self.net.rig_ip('m')}:{self.port}{path}"
 
 
-# Each link's budget; `RIGD_LINKS_BANDWIDTH=auto` measures the links under their estimators.
-BANDWIDTH = os.environ.get("RIGD_LINKS_BANDWIDTH", "10mbit")
+# Each link's budget: `auto` (a link's default), each link under its own estimator; a fixed rate
+# (`RIGD_LINKS_BANDWIDTH=10mbit`, what CI ran before a light link kept its start under `auto`).
+BANDWIDTH = os.environ.get("RIGD_LINKS_BANDWIDTH", "auto")
 
 
 def config(net, broker, rig, costs, bandwidth):

@@ -255,6 +255,15 @@ impl Budget {
         }
     }
 
+    /// A connection's writer on this link has something to write from now (`busy`), or nothing
+    /// left: under `auto`, samples of a time when every writer was idle are app-limited
+    /// (`estimate`); nothing under a fixed rate.
+    pub fn writer(&self, busy: bool) {
+        if let Some(mut e) = self.estimator() {
+            e.writer(busy, Instant::now());
+        }
+    }
+
     /// The estimate now (None: a fixed rate).
     pub fn reading(&self) -> Option<Reading> {
         self.estimator().map(|mut e| e.reading(Instant::now()))
@@ -286,9 +295,6 @@ impl Budget {
                     return n;
                 }
                 Grant::WaitUntil(t) => {
-                    if let Some(mut e) = self.estimator() {
-                        e.held(now);
-                    }
                     if registered.is_none() {
                         self.arbiter().wait(rank);
                         registered = Some(Registered { budget: self, rank });

@@ -960,13 +960,44 @@ fn slices<'a>(
     }
 }
 
+/// Whether a connection's writer has something to write, told to its link's budget as it changes
+/// (under `auto` the estimator judges which samples measure the link); idle again when the writer
+/// ends.
+struct Activity {
+    budget: Option<Arc<Budget>>,
+    busy: bool,
+}
+
+impl Activity {
+    fn set(&mut self, busy: bool) {
+        if busy != self.busy {
+            self.busy = busy;
+            if let Some(b) = &self.budget {
+                b.writer(busy);
+            }
+        }
+    }
+}
+
+impl Drop for Activity {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
 async fn write_loop(inner: Arc<Inner>, mut w: tokio::io::WriteHalf<Box<dyn Conn>>) {
     let mut dirty = false;
+    let mut activity = Activity {
+        budget: inner.budget.clone().filter(|b| b.is_auto()),
+        busy: false,
+    };
     loop {
         let wake = inner.wake.notified();
         tokio::pin!(wake);
         wake.as_mut().enable();
-        let Some(next) = next(&inner) else {
+        let next = next(&inner);
+        activity.set(next.is_some());
+        let Some(next) = next else {
             if dirty {
                 if let Err(e) = w.flush().await {
                     return inner.fail(Failure::Io(e.kind(), e.to_string()));
