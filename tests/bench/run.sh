@@ -259,6 +259,16 @@ else
 fi
 echo
 
+section links-trace
+echo "## Several links under traces (steps, a ramp, an LTE-like trace with outages): one link and two, auto and fixed caps"
+echo
+if [ "$(id -u)" = 0 ]; then
+  python3 tests/bench/links_trace.py $([ $QUICK = 1 ] && echo --quick)
+else
+  echo "(skipped: namespaces and tc need root)"
+fi
+echo
+
 section outage-return
 echo "## Back after an outage: broker answering again to the first receipt (a silent link cut by tc, and the broker stopped and started)"
 echo

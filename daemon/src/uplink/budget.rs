@@ -47,6 +47,16 @@ pub const FIRST_BACKLOG_RANK: usize = RECALL_RANK + 1;
 /// connection whose PING is not answered by its next keepalive tick, 30 s later by default).
 pub const SECONDS_AHEAD: u64 = 2;
 
+/// Under `auto`, a frame larger than [`PACED_WHOLE`] is cut into chunks of this long at the
+/// pacing when it is handed over ([`Budget::paced_chunk`]): a frame behind a chunk the
+/// connection's writer has begun (a serial line, a lookup) waits about this long, where a chunk
+/// sized for the cap (two seconds of it, 256 KB at the broker's limit) took a second at 2 Mbit/s.
+pub const CHUNK_TIME: f64 = 0.1;
+/// ... chunks never smaller than this (each repeats the frame's metadata, ~1 kB)...
+pub const MIN_PACED_CHUNK: usize = 16 << 10;
+/// ... and a frame of at most this many bytes goes whole (0.26 s at 2 Mbit/s).
+pub const PACED_WHOLE: usize = 64 << 10;
+
 /// What [`SECONDS_AHEAD`] of a rate of `bytes_per_second` is, in bytes.
 pub fn bytes_ahead(bytes_per_second: u64) -> usize {
     (bytes_per_second * SECONDS_AHEAD) as usize
@@ -262,6 +272,14 @@ impl Budget {
         if let Some(mut e) = self.estimator() {
             e.writer(busy, Instant::now());
         }
+    }
+
+    /// Under `auto`: the largest chunk to cut a frame into now, [`CHUNK_TIME`] at the pacing
+    /// (None: a fixed rate, whose chunks are sized for it once).
+    pub fn paced_chunk(&self) -> Option<usize> {
+        self.auto.as_ref()?;
+        let rate = self.arbiter().rate() as f64;
+        Some(((rate * CHUNK_TIME) as usize).max(MIN_PACED_CHUNK))
     }
 
     /// The estimate now (None: a fixed rate).

@@ -603,8 +603,10 @@ impl Session {
                 shared.window().close();
             }
             let (_, queued) = link.conn.progress(link.producer_id);
+            let paced_chunk = self.serving.as_ref().and_then(|b| b.paced_chunk());
             let judged = {
                 let mut w = shared.window();
+                w.pace_chunks(paced_chunk);
                 w.close_batch_if_due(now);
                 let publish_ms = (rigd_drivers::realtime_ns() / 1_000_000).max(0) as u64;
                 while serve.may_encode(queued, link.out.len()) && !abort_armed {

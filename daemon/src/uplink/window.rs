@@ -221,6 +221,8 @@ pub struct Window {
     /// When the last frame small enough to batch came: a batch waits for more only when frames
     /// come closer together than `batch-delay-ms`.
     last_small: Option<Instant>,
+    /// Under `auto`, chunks of frames handed over now are at most this ([`Window::pace_chunks`]).
+    paced_chunk: Option<usize>,
     /// Frames and payload bytes held (queue and open batch).
     frames: usize,
     bytes: usize,
@@ -253,6 +255,7 @@ impl Window {
             messages: VecDeque::new(),
             open_batch: None,
             last_small: None,
+            paced_chunk: None,
             frames: 0,
             bytes: 0,
             sending: 0,
@@ -520,7 +523,7 @@ impl Window {
         } else {
             let (compression, wire) =
                 crate::payload::compress(self.cfg.compression, &frame.payload);
-            let chunks = crate::payload::cut(wire.len(), max_chunk);
+            let chunks = crate::payload::cut(wire.len(), self.paced(max_chunk, wire.len()));
             (compression, wire, len, chunks, None)
         };
         if chunks.len() > plan::MAX_CHUNKS {
@@ -571,6 +574,28 @@ impl Window {
         self.cfg
             .max_chunk_bytes
             .map_or(broker, |b| broker.min(b.max(1024)))
+    }
+
+    /// Under `max-bandwidth = "auto"`: frames handed over from now are cut into chunks of at most
+    /// `bytes` (`budget::Budget::paced_chunk`; None: as the limits say). A frame keeps the chunks
+    /// it was cut into (its ids and uuid) whatever the pace does after.
+    pub fn pace_chunks(&mut self, bytes: Option<usize>) {
+        self.paced_chunk = bytes;
+    }
+
+    /// The chunk size for a payload of `len` bytes: `limit`, or at the pace (a payload above
+    /// `budget::PACED_WHOLE`) as many chunks of even size as it takes, never more than
+    /// [`plan::MAX_CHUNKS`].
+    fn paced(&self, limit: usize, len: usize) -> usize {
+        let whole = super::budget::PACED_WHOLE;
+        let Some(p) = self
+            .paced_chunk
+            .filter(|p| *p < limit && len > whole.max(*p))
+        else {
+            return limit;
+        };
+        let n = len.div_ceil(p.max(1)).min(plan::MAX_CHUNKS);
+        len.div_ceil(n).min(limit)
     }
 
     /// The largest message payload with `envelope` at the broker's `max_message_size` (a piece

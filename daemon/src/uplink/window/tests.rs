@@ -1105,3 +1105,43 @@ fn a_wiped_spools_frames_are_not_judged_by_another_spools_ids_and_go_out_above_t
     }
     assert_eq!(acks(&mut w).len(), 3);
 }
+
+#[test]
+fn at_a_pace_frames_are_cut_into_even_chunks_of_it_and_keep_them_when_the_pace_changes() {
+    // Under `auto` at 5 Mbit/s (0.1 s: 62.5 kB), a 600 kB camera frame was three chunks of 256 KB
+    // at the broker's limit, each 0.4 s on the link that a serial line behind it waited out.
+    let t0 = Instant::now();
+    let mut w = connected(cfg(), t0, None);
+    w.pace_chunks(Some(62_500));
+    w.submit(frame(0, 600_000, 1), t0).unwrap();
+    w.submit(frame(1, 50_000, 2), t0).unwrap();
+    // The pace grows before frame 0 is written: it keeps the chunks it was cut into.
+    w.pace_chunks(None);
+    w.submit(frame(2, 600_000, 3), t0).unwrap();
+    let sent = sends(&mut w, t0);
+    let sizes = |seq: u64| -> Vec<usize> {
+        sent.iter()
+            .filter(|(_, m, _)| m.sequence_id >> 11 == seq)
+            .map(|(_, _, p)| p.len())
+            .collect()
+    };
+    assert_eq!(sizes(0), vec![60_000; 10], "even chunks of at most 62.5 kB");
+    assert_eq!(sizes(1), vec![50_000], "a frame under the pace goes whole");
+    // At 1 Mbit/s (16 KiB, the least), a frame of 64 KiB or less still goes whole.
+    let mut w = connected(cfg(), t0, None);
+    w.pace_chunks(Some(16 << 10));
+    w.submit(frame(0, 60_000, 1), t0).unwrap();
+    w.submit(frame(1, 100_000, 2), t0).unwrap();
+    let sent = sends(&mut w, t0);
+    assert_eq!(
+        sent.len(),
+        1 + 7,
+        "60 kB whole, 100 kB as 7 chunks of 16 KiB or less"
+    );
+    assert_eq!(sizes(2), vec![600_000], "no pace: the broker's 5 MiB limit");
+    // A pace so small that the frame would take more than MAX_CHUNKS: as many as it may.
+    let mut w = connected(cfg(), t0, None);
+    w.pace_chunks(Some(1024));
+    w.submit(frame(0, 600_000, 1), t0).unwrap();
+    assert_eq!(sends(&mut w, t0).len(), plan::MAX_CHUNKS);
+}

@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Several links under traces (issue 50.2): a rig in a namespace of its own reaches a broker of its
+own over two veth links (tests/e2e/test_links.py's `TwoLinks`, each an htb class into a modem-like
+500 KB drop-tail queue), and a trace player of the tests' own (`TracePlayer`) moves each link's rate
+as the trace says: steps, a ramp, and an LTE-like trace with outages. Each trace is run over one
+link (a) and over both, under `max-bandwidth = "auto"`, and over one link under fixed caps (the best
+fixed cap is the one chosen in hindsight). The rig: two cameras (600 kB frames at 1.5 fps, 7.2
+Mbit/s each, three 256 KB chunks a frame; priority 2), audio (1) and serial (0): more than the
+links carry, so goodput measures the uplink, not the sources.
+
+Printed, one markdown row per run: the links' shaped capacity over the trace (mean), the goodput
+(bytes of every frame the official client received during the trace, over its length), their
+ratio, each live source's capture-to-arrival p95 (frames captured during the trace that arrived
+by its end + 10 s) and the camera's, and frames twice (must be 0: broker dedup on).
+
+The LTE-like trace is a seeded random walk of the rate in log space every 0.5 s between 1 and 20
+Mbit/s with fades, and outages of 2-3 s (silence both ways, no reset) on each link at different
+times: the shape of published cellular uplink traces, generated, not recorded (none is packaged
+here). Needs root. Usage: tests/bench/links_trace.py [--quick] [--traces steps,ramp,lte]"""
+
+import argparse
+import math
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+import pulsar  # noqa: E402
+
+from harness import unique  # noqa: E402
+from test_links import LinkBroker, NsRigd, TracePlayer, TwoLinks, capacity_bits, on_link  # noqa: E402
+
+ARGS = argparse.ArgumentParser()
+ARGS.add_argument("--quick", action="store_true", help="one short steps trace over both links (smoke)")
+ARGS.add_argument("--traces", default="steps,ramp,lte")
+ARGS.add_argument("--caps", default="2000kbit,6000kbit", help="fixed caps run over one link")
+ARGS.add_argument("--only", help="one run: TRACE:LINKS:BUDGET, e.g. steps:a:auto or lte:a+b:auto")
+ARGS.add_argument("--timeline", action="store_true",
+                  help="after each run, every 2 s of it: each link's shaped rate and estimate, the worst gps / mic")
+ARGS = ARGS.parse_args()
+
+
+def steps(secs):
+    a = [(0, 8000), (secs, 2000), (2 * secs, 8000)]
+    b = [(0, 2000), (secs, 8000), (2 * secs, 2000)]
+    return {"a": a, "b": b}, 3 * secs
+
+
+def ramp(secs):
+    """2 -> 12 -> 2 Mbit/s over `secs`, 1 s steps; b the other way round."""
+    half = secs // 2
+    up = [2000 + 10000 * i // half for i in range(half)]
+    shape = up + up[::-1]
+    return {"a": list(enumerate(shape)), "b": list(enumerate(shape[::-1]))}, len(shape)
+
+
+def lte(secs, seed=50):
+    rng = random.Random(seed)
+    out = {}
+    for link, outage_at in (("a", secs * 0.4), ("b", secs * 0.7)):
+        x, trace, t = math.log(6000), [], 0.0
+        while t < secs:
+            if outage_at <= t < outage_at + 2.5:
+                trace.append((t, 0))
+            else:
+                x += rng.gauss(0, 0.25)
+                if rng.random() < 0.03:
+                    x -= 1.0  # a fade: a handover, a tunnel
+                x = min(max(x, math.log(1000)), math.log(20000))
+                trace.append((t, int(math.exp(x))))
+            t += 0.5
+        out[link] = trace
+    return out, secs
+
+
+def config(net, broker, rig, links, bandwidth):
+    link = "\n".join(f"""[[pulsar.link]]
+interface = "{net.ifname(name, 1)}"
+name = "{name}"
+cost = 0
+max-bandwidth = "{bandwidth}"
+""" for name in links)
+    cams = "\n".join(f"""[[source]]
+id = "{c}"
+kind = "synthetic-camera"
+width = 320
+height = 240
+fps = 1.5
+frame-bytes = 600000
+priority = 2
+""" for c in ("cam1", "cam2"))
+    return f"""
+[rig]
+id = "{rig}"
+
+{cams}
+[[source]]
+id = "mic"
+kind = "synthetic-audio"
+sample-rate = 16000
+channels = 1
+priority = 1
+
+[[source]]
+id = "gps"
+kind = "synthetic-serial"
+rate-hz = 50
+priority = 0
+
+[pulsar]
+url = "{broker.url}"
+topic = "persistent://public/default/{{rig}}-{{source}}"
+{link}
+[spool]
+path = "spool"
+
+[web]
+bind = "{net.rig_ip('m')}:{{WEB_PORT}}"
+"""
+
+
+class Received:
+    """Every message of a topic as the official client receives it: (arrival s, capture s, bytes,
+    seq)."""
+
+    def __init__(self, client, topic):
+        self.seen, self.lock = [], threading.Lock()
+        self.consumer = client.subscribe(topic, unique("trace"), receiver_queue_size=50000,
+                                         initial_position=pulsar.InitialPosition.Earliest,
+                                         message_listener=self.on)
+
+    def on(self, consumer, msg):
+        t = time.time()
+        with self.lock:
+            self.seen.append((t, int(msg.properties()["capture-ns"]) / 1e9, len(msg.data()),
+                              int(msg.properties()["seq"])))
+        consumer.acknowledge(msg)
+
+
+def p95(xs):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, len(xs) * 95 // 100)] if xs else float("nan")
+
+
+def run(net, broker, tmp, name, trace, secs, links, bandwidth):
+    rig = unique("trace")
+    sources = ["gps", "mic", "cam1", "cam2"]
+    client = pulsar.Client(broker.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+    got = {s: Received(client, f"persistent://public/default/{rig}-{s}") for s in sources}
+    workdir = tmp / rig
+    workdir.mkdir(parents=True)
+    d = NsRigd(workdir, config(net, broker, rig, links, bandwidth), net)
+    player = TracePlayer(net, {link: trace[link] for link in links})
+    try:
+        d.start()
+        d.wait_for(lambda s: s["uplink"]["connected"] and all(x["published"] > 3 for x in s["sources"]),
+                   timeout=90, what="publishing on every source")
+        player.start()
+        t0 = player.t0
+        polled = []
+        while time.time() < t0 + secs:
+            time.sleep(0.5)
+            if ARGS.timeline:
+                st = d.status()["uplink"]
+                est = {x["name"]: (x.get("estimate") or {}) for x in st.get("links") or []} or \
+                    {"a": st.get("estimate") or {}}
+                polled.append((time.time() - t0, {k: (v.get("bytes_per_second") or 0, v.get("queueing_ms") or 0)
+                                                  for k, v in est.items()}))
+        t1 = time.time()
+        status = d.status()
+        time.sleep(10)
+    finally:
+        try:
+            player.stop()
+        finally:
+            d.stop(timeout=60)
+            client.close()
+    cap = sum(capacity_bits(trace[link], 0, secs) for link in links) / secs / 1e6
+    with_lock = {s: list(r.seen) for s, r in got.items()}
+    carried = sum(n for rows in with_lock.values() for t, _, n, _ in rows if t0 <= t < t1) * 8 / (t1 - t0) / 1e6
+    lat = {s: p95([t - c for t, c, _, _ in rows if t0 <= c < t1]) for s, rows in with_lock.items()}
+    twice = sum(len(rows) - len({q for *_, q in rows}) for rows in with_lock.values())
+    where = ", ".join(f"{x['name']} {x['producers']}" for x in status["uplink"]["links"]) or "a (one link)"
+    cams = max(lat["cam1"], lat["cam2"])
+    print(f"| {name} | {'+'.join(links)} | {bandwidth} | {cap:.1f} | {carried:.1f} | {100 * carried / cap:.0f} % "
+          f"| {lat['gps']:.2f} | {lat['mic']:.2f} | {cams:.1f} | {twice} | {where} |", flush=True)
+    if ARGS.timeline:
+        timeline(trace, links, polled, with_lock, t0, secs)
+    assert twice == 0, f"{twice} frames twice"
+
+
+def timeline(trace, links, polled, rows, t0, secs):
+    """Every 2 s of the run: each link's shaped rate, its estimate and queueing delay (status), the
+    worst capture-to-arrival of gps and mic frames captured then, camera frames captured then that
+    arrived."""
+    def rate_at(steps, t):
+        return next((k for s, k in reversed(steps) if s <= t), steps[0][1])
+    for a in range(0, int(secs), 2):
+        cells = []
+        for link in links:
+            seen = [v[link] for t, v in polled if a <= t < a + 2 and link in v]
+            est = f"{seen[-1][0] * 8 / 1e6:.1f} est, {seen[-1][1]:.0f} ms" if seen else "-"
+            cells.append(f"{link} {rate_at(trace[link], a) / 1000:.1f} Mbit/s ({est})")
+        worst = {s: max((t - c for t, c, _, _ in rows[s] if t0 + a <= c < t0 + a + 2), default=float("nan"))
+                 for s in ("gps", "mic")}
+        cams = sum(1 for s in ("cam1", "cam2") for t, c, _, _ in rows[s] if t0 + a <= c < t0 + a + 2)
+        print(f"  {a:3d} s: {'; '.join(cells)}; worst gps {worst['gps']:.2f} s, mic {worst['mic']:.2f} s; "
+              f"cam frames {cams}", flush=True)
+
+
+def main():
+    if os.geteuid() != 0:
+        sys.exit("links_trace.py needs root (namespaces, veth, tc)")
+    import tempfile
+    tmp = Path(tempfile.mkdtemp(prefix="rigd-links-trace-"))
+    traces = {"steps": steps(5 if ARGS.quick else 20), "ramp": ramp(60), "lte": lte(60)}
+    chosen = ["steps"] if ARGS.quick else ARGS.traces.split(",")
+    net = TwoLinks()
+    try:
+        broker = LinkBroker(tmp, net.broker_ip)
+        try:
+            print("| trace | links | budget | capacity Mbit/s | goodput Mbit/s | goodput / capacity "
+                  "| gps p95 s | mic p95 s | cam p95 s | frames twice | producers at the end |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+            if ARGS.only:
+                name, links, bandwidth = ARGS.only.split(":")
+                trace, secs = traces[name]
+                run(net, broker, tmp, name, trace, secs, links.split("+"), bandwidth)
+                chosen = []
+            for name in chosen:
+                trace, secs = traces[name]
+                runs = [(["a", "b"], "auto")] if ARGS.quick else \
+                    [(["a"], "auto"), (["a", "b"], "auto")] + [(["a"], cap) for cap in ARGS.caps.split(",")]
+                for links, bandwidth in runs:
+                    run(net, broker, tmp, name, trace, secs, links, bandwidth)
+        finally:
+            broker.stop()
+    finally:
+        net.close()
+
+
+if __name__ == "__main__":
+    main()
