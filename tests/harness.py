@@ -443,7 +443,8 @@ class ShapedBrokerPort(LoopbackQdisc):
 
 class Arrivals:
     """Every message of a topic as it arrives (a listener of the official client, subscribed from
-    the start): (receive time s, capture time s from the `capture-ns` property)."""
+    the start): (receive time s, capture time s from the `capture-ns` property, payload bytes,
+    `seq`)."""
 
     def __init__(self, client, topic):
         import threading
@@ -458,13 +459,14 @@ class Arrivals:
     def on(self, consumer, msg):
         t = time.time()
         with self.lock:
-            self.seen.append((t, int(msg.properties()["capture-ns"]) / 1e9))
+            self.seen.append((t, int(msg.properties()["capture-ns"]) / 1e9, len(msg.data()),
+                              int(msg.properties()["seq"])))
         consumer.acknowledge(msg)
 
     def latencies(self, a, b):
         """Capture to arrival of the frames captured in [a, b), sorted."""
         with self.lock:
-            return sorted(r - c for r, c in self.seen if a <= c < b)
+            return sorted(r - c for r, c, *_ in self.seen if a <= c < b)
 
 
 def received_seqs(topic: str, url: str = BROKER_URL, idle: float = 6) -> list[int]:

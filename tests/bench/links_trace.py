@@ -23,7 +23,6 @@ import math
 import os
 import random
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -33,8 +32,9 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 import pulsar  # noqa: E402
 
-from harness import unique  # noqa: E402
-from test_links import LinkBroker, NsRigd, TracePlayer, TwoLinks, capacity_bits, on_link  # noqa: E402
+from harness import Arrivals, unique  # noqa: E402
+from test_links import LinkBroker, NsRigd, TracePlayer, TwoLinks, capacity_bits  # noqa: E402
+from test_links import config as links_config  # noqa: E402
 
 ARGS = argparse.ArgumentParser()
 ARGS.add_argument("--quick", action="store_true", help="one short steps trace over both links (smoke)")
@@ -80,67 +80,9 @@ def lte(secs, seed=50):
 
 
 def config(net, broker, rig, links, bandwidth):
-    link = "\n".join(f"""[[pulsar.link]]
-interface = "{net.ifname(name, 1)}"
-name = "{name}"
-cost = 0
-max-bandwidth = "{bandwidth}"
-""" for name in links)
-    cams = "\n".join(f"""[[source]]
-id = "{c}"
-kind = "synthetic-camera"
-width = 320
-height = 240
-fps = 1.5
-frame-bytes = 600000
-priority = 2
-""" for c in ("cam1", "cam2"))
-    return f"""
-[rig]
-id = "{rig}"
-
-{cams}
-[[source]]
-id = "mic"
-kind = "synthetic-audio"
-sample-rate = 16000
-channels = 1
-priority = 1
-
-[[source]]
-id = "gps"
-kind = "synthetic-serial"
-rate-hz = 50
-priority = 0
-
-[pulsar]
-url = "{broker.url}"
-topic = "persistent://public/default/{{rig}}-{{source}}"
-{link}
-[spool]
-path = "spool"
-
-[web]
-bind = "{net.rig_ip('m')}:{{WEB_PORT}}"
-"""
-
-
-class Received:
-    """Every message of a topic as the official client receives it: (arrival s, capture s, bytes,
-    seq)."""
-
-    def __init__(self, client, topic):
-        self.seen, self.lock = [], threading.Lock()
-        self.consumer = client.subscribe(topic, unique("trace"), receiver_queue_size=50000,
-                                         initial_position=pulsar.InitialPosition.Earliest,
-                                         message_listener=self.on)
-
-    def on(self, consumer, msg):
-        t = time.time()
-        with self.lock:
-            self.seen.append((t, int(msg.properties()["capture-ns"]) / 1e9, len(msg.data()),
-                              int(msg.properties()["seq"])))
-        consumer.acknowledge(msg)
+    """The links test's rig with two cameras (600 kB at 1.5 fps each), every link of cost 0."""
+    return links_config(net, broker, rig, [(name, 0) for name in links], bandwidth,
+                        cams=(("cam1", 1.5), ("cam2", 1.5)))
 
 
 def p95(xs):
@@ -152,7 +94,7 @@ def run(net, broker, tmp, name, trace, secs, links, bandwidth):
     rig = unique("trace")
     sources = ["gps", "mic", "cam1", "cam2"]
     client = pulsar.Client(broker.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
-    got = {s: Received(client, f"persistent://public/default/{rig}-{s}") for s in sources}
+    got = {s: Arrivals(client, f"persistent://public/default/{rig}-{s}") for s in sources}
     workdir = tmp / rig
     workdir.mkdir(parents=True)
     d = NsRigd(workdir, config(net, broker, rig, links, bandwidth), net)
@@ -185,7 +127,10 @@ def run(net, broker, tmp, name, trace, secs, links, bandwidth):
             d.stop(timeout=60)
             client.close()
     cap = sum(capacity_bits(trace[link], 0, secs) for link in links) / secs / 1e6
-    with_lock = {s: list(r.seen) for s, r in got.items()}
+    with_lock = {}
+    for s, r in got.items():
+        with r.lock:
+            with_lock[s] = list(r.seen)
     carried = sum(n for rows in with_lock.values() for t, _, n, _ in rows if t0 <= t < t1) * 8 / (t1 - t0) / 1e6
     lat = {s: p95([t - c for t, c, _, _ in rows if t0 <= c < t1]) for s, rows in with_lock.items()}
     twice = sum(len(rows) - len({q for *_, q in rows}) for rows in with_lock.values())

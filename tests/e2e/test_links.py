@@ -261,27 +261,29 @@ class NsRigd(Rigd):
 BANDWIDTH = os.environ.get("RIGD_LINKS_BANDWIDTH", "auto")
 
 
-def config(net, broker, rig, costs, bandwidth):
+def config(net, broker, rig, costs, bandwidth, cams=(("cam", 1),)):
+    """`cams`: (id, fps) of each camera of 600 kB frames."""
     link = "\n".join(f"""[[pulsar.link]]
 interface = "{net.ifname(name, 1)}"
 name = "{name}"
 cost = {cost}
 max-bandwidth = "{bandwidth}"
 """ for name, cost in costs)
+    cameras = "\n".join(f"""[[source]]
+id = "{cam}"
+kind = "synthetic-camera"
+width = 320
+height = 240
+fps = {fps}
+frame-bytes = 600000
+priority = 2
+""" for cam, fps in cams)
     # cam 600 kB at 1 fps (3 chunks each), mic 16 kHz, gps 50 Hz: ~5 Mbit/s on one 12 Mbit/s link.
     return f"""
 [rig]
 id = "{rig}"
 
-[[source]]
-id = "cam"
-kind = "synthetic-camera"
-width = 320
-height = 240
-fps = 1
-frame-bytes = 600000
-priority = 2
-
+{cameras}
 [[source]]
 id = "mic"
 kind = "synthetic-audio"

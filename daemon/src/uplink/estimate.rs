@@ -681,6 +681,15 @@ mod tests {
             }
         }
 
+        /// The lowest estimate between `a` and `b` seconds.
+        fn lowest(&self, a: f64, b: f64) -> f64 {
+            self.trace
+                .iter()
+                .filter(|x| x.0 >= a && x.0 < b)
+                .map(|x| x.2)
+                .fold(f64::MAX, f64::min)
+        }
+
         fn delivered_between(&self, a: f64, b: f64) -> f64 {
             self.delivered
                 .iter()
@@ -750,12 +759,7 @@ mod tests {
         sim.run(1.5, 0.0, None);
         sim.run(15.0, 8.0 * MBIT, None);
         sim.dump();
-        let lowest = sim
-            .trace
-            .iter()
-            .filter(|x| x.0 >= 10.0)
-            .map(|x| x.2)
-            .fold(f64::MAX, f64::min);
+        let lowest = sim.lowest(10.0, f64::MAX);
         assert!(lowest >= 2.0 * MBIT, "fell to {} Mbit/s", lowest / MBIT);
         let conv = sim.converged(11.5, 26.5);
         assert!(
@@ -829,12 +833,7 @@ mod tests {
         sim.backlog = 0.0;
         sim.run(10.0, 12.0 * MBIT, None);
         sim.dump();
-        let lowest = sim
-            .trace
-            .iter()
-            .filter(|x| (12.0..30.0).contains(&x.0))
-            .map(|x| x.2)
-            .fold(f64::MAX, f64::min);
+        let lowest = sim.lowest(12.0, 30.0);
         assert!(lowest >= 6.0 * MBIT, "fell to {} Mbit/s", lowest / MBIT);
         let conv = sim.converged(30.0, 40.0);
         assert!(conv.is_some_and(|c| c < 3.0), "{conv:?}");
@@ -856,12 +855,7 @@ mod tests {
         sim.backlog = 0.0;
         sim.run(10.0, 12.0 * MBIT, None);
         sim.dump();
-        let lowest = sim
-            .trace
-            .iter()
-            .filter(|x| x.0 < 20.0)
-            .map(|x| x.2)
-            .fold(f64::MAX, f64::min);
+        let lowest = sim.lowest(0.0, 20.0);
         let conv = sim.converged(20.0, 30.0);
         println!(
             "lowest {:.2} Mbit/s, converged after {conv:?} s",
