@@ -4,12 +4,12 @@ drop-tail queue, and a third link for the web UI only. A link is pulled (`ip lin
 goes silent (its queues drop every packet, both ways: no reset, no error) while a chunked camera
 (the broker's max message size is 256 KB, each frame three chunks), audio and serial upload. The
 official Python client, subscribed before rigd starts, timestamps every frame as it arrives.
-Each link runs under `max-bandwidth = "auto"` (a link's default). Asserted: the producers move to
-the other link and are connected there within 10 s (status), they come back to the cheaper link
-once it answers again, and every seq of every source arrives once (broker dedup on). Printed: each
-source's worst capture-to-arrival across the fault (the stall the issue bounds at 3 s;
-docs/PERFORMANCE.md "Several links" has the figures, measured, not asserted: under CI's load the
-brokers' JVMs dispatched late).
+Each link under a fixed 10 Mbit/s budget (`RIGD_LINKS_BANDWIDTH=auto`: under their estimators).
+Asserted: the producers move to the other link and are connected there within 10 s (status), they
+come back to the cheaper link once it answers again, and every seq of every source arrives once
+(broker dedup on). Printed: each source's worst capture-to-arrival across the fault (the stall the
+issue bounds at 3 s; docs/PERFORMANCE.md "Several links" has the figures, measured, not asserted:
+under CI's load the brokers' JVMs dispatched late).
 
 The broker checks the liveness of a producer name's old connection before it takes the name on a
 new one (`connectionLivenessCheckTimeoutMillis`, 5 s by default): this broker checks for 1 s, the
@@ -256,9 +256,12 @@ class NsRigd(Rigd):
         return f"http://{self.net.rig_ip('m')}:{self.port}{path}"
 
 
-# Each link's budget: `auto` (a link's default), each link under its own estimator; a fixed rate
-# (`RIGD_LINKS_BANDWIDTH=10mbit`, what CI ran before a light link kept its start under `auto`).
-BANDWIDTH = os.environ.get("RIGD_LINKS_BANDWIDTH", "auto")
+# Each link's budget: fixed at 10 Mbit/s in CI; `RIGD_LINKS_BANDWIDTH=auto` (a link's default)
+# measures each link under its own estimator (docs/PERFORMANCE.md "Several links"). CI ran `auto`
+# once (2026-12-07 13:26Z): both runs passed, but the two heavy-link tests beside them on the
+# same two cores missed their bounds (the estimate cut to 1.3 Mbit/s on an 8 Mbit/s link by late
+# receipts; gps p99 7.0 s under a fixed budget), so CI keeps the fixed budgets for now.
+BANDWIDTH = os.environ.get("RIGD_LINKS_BANDWIDTH", "10mbit")
 
 
 def config(net, broker, rig, costs, bandwidth, cams=(("cam", 1),)):
