@@ -95,9 +95,7 @@ def run(net, broker, tmp, name, trace, secs, links, bandwidth):
     sources = ["gps", "mic", "cam1", "cam2"]
     client = pulsar.Client(broker.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     got = {s: Arrivals(client, f"persistent://public/default/{rig}-{s}") for s in sources}
-    workdir = tmp / rig
-    workdir.mkdir(parents=True)
-    d = NsRigd(workdir, config(net, broker, rig, links, bandwidth), net)
+    d = NsRigd(tmp / rig, config(net, broker, rig, links, bandwidth), net)
     player = TracePlayer(net, {link: trace[link] for link in links})
     try:
         d.start()

@@ -63,6 +63,12 @@ mkdir -p target/bench-java
 if [ -n "$broker_start" ]; then wait "$broker_start"; broker_start=; fi
 run_id=$(date +%s)
 # Each section's wall time on stderr and, under .ci/run, in its phase list ($RIGD_PHASES).
+# A section that needs root: runs "$@", or says why it is skipped ($1).
+as_root() {
+  local why=$1
+  shift
+  if [ "$(id -u)" = 0 ]; then "$@"; else echo "(skipped: $why)"; fi
+}
 section_name=prepare section_t0=0 # setup, builds, the broker, javac: from the start
 section() {
   if [ -n "$section_name" ]; then
@@ -252,21 +258,13 @@ echo
 section thin-link
 echo "## Thin link: a bandwidth budget through a shaped 2 Mbit/s link, an outage, live-first drain"
 echo
-if [ "$(id -u)" = 0 ]; then
-  python3 tests/bench/thin_link.py $([ $QUICK = 1 ] && echo --quick)
-else
-  echo "(skipped: tc needs root)"
-fi
+as_root "tc needs root" python3 tests/bench/thin_link.py $([ $QUICK = 1 ] && echo --quick)
 echo
 
 section links-trace
 echo "## Several links under traces (steps, a ramp, an LTE-like trace with outages): one link and two, auto and fixed caps"
 echo
-if [ "$(id -u)" = 0 ]; then
-  python3 tests/bench/links_trace.py $([ $QUICK = 1 ] && echo --quick)
-else
-  echo "(skipped: namespaces and tc need root)"
-fi
+as_root "namespaces and tc need root" python3 tests/bench/links_trace.py $([ $QUICK = 1 ] && echo --quick)
 echo
 
 section outage-return
