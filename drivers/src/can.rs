@@ -155,7 +155,7 @@ pub const MAX_RECORD_FRAMES: usize = 8192;
 ///   of their stamps (seen on vcan in the TCG guest: up to 70 ms). So the frames of a batch are in
 ///   the order of their stamps (the order they were taken in; the order of arrival among equal
 ///   stamps), and the grace follows the delivery lag seen ([`Batcher::grace_ns`]: twice the
-///   largest of the last 10 s, 50 to 500 ms).
+///   largest of the last 10 s, 50 ms to 2 s).
 /// - A frame that still arrives for a bucket already sent keeps its time and goes out in a record
 ///   of its own bucket at once (counted, `late`): every frame lies in its record's bucket, and
 ///   every time is the kernel's.
@@ -179,9 +179,26 @@ pub struct Batcher {
 const LAG_WINDOWS: usize = 10;
 /// The grace's bounds: a bucket's record is out this long after the bucket's end at the least
 /// (the cost: CAN records reach the uplink 50 ms later than they could on a quiet rig) and at the
-/// most.
+/// most (a rig whose CPUs stall for a second, as a TCG guest beside a loaded host's does, holds
+/// its CAN records up to 2 s rather than send a frame out of its bucket's order).
 pub const MIN_GRACE_NS: i64 = 50_000_000;
-pub const MAX_GRACE_NS: i64 = 500_000_000;
+pub const MAX_GRACE_NS: i64 = 2_000_000_000;
+
+/// Frames read from the socket in one turn of the capture loop before the stop flag and the
+/// buckets' ends are looked at again.
+const READS_PER_TURN: usize = 1024;
+
+/// Up to when the buckets may be released after a turn of reads: `seen`, the clock read before
+/// the reads, when they ran the socket's queue empty (every frame delivered by then was read);
+/// else the newest stamp read (the frames still queued were delivered after it, so stamped about
+/// as late or later), never past `seen`.
+pub fn release_horizon(seen: i64, drained: bool, last_stamp: i64) -> i64 {
+    if drained {
+        seen
+    } else {
+        last_stamp.min(seen)
+    }
+}
 
 impl Batcher {
     pub fn new(bucket_ms: u32) -> Self {
@@ -381,7 +398,9 @@ mod device {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use super::{frame_of, socket, Batch, Batcher, BusCounts, CanSettings};
+    use super::{
+        frame_of, release_horizon, socket, Batch, Batcher, BusCounts, CanSettings, READS_PER_TURN,
+    };
     use crate::{FrameClock, FrameSink, Media, SourceError, Stamp, StopFlag};
 
     /// Longest wait for the socket before the loop checks the stop flag.
@@ -548,44 +567,51 @@ mod device {
                     }
                     None => POLL,
                 };
-                let ready = bus
-                    .wait(wait)
+                bus.wait(wait)
                     .map_err(|e| self.device_error(format!("poll failed: {e}"), true))?;
-                if ready {
-                    // What is queued now, then back to the flag and the bucket's end.
-                    for _ in 0..1024 {
-                        let got = bus.read().map_err(|e| self.read_error(e))?;
-                        let Some(read) = got else { break };
-                        if let Some(dropped) = read.dropped {
-                            let new = dropped.wrapping_sub(self.socket_drops);
-                            if new > 0 {
-                                sink.health().add_drops(u64::from(new));
-                                self.kernel_drops += u64::from(new);
-                                tracing::warn!(source = %self.id, dropped = new,
-                                    "can: the kernel dropped frames (the socket's receive queue was full)");
-                            }
-                            self.socket_drops = dropped;
+                // The time before the reads: every frame the socket had by then is read below
+                // when the queue runs empty, so only a frame delivered after it (stamped earlier
+                // on another CPU) can still come for a bucket this releases. Read after the reads,
+                // a thread preempted between its last read and the clock (a loaded or emulated
+                // rig) would release buckets whose frames were queued meanwhile: late frames.
+                let seen = self.clock.now().ns;
+                let mut drained = false;
+                let mut last_stamp = i64::MIN;
+                for _ in 0..READS_PER_TURN {
+                    let got = bus.read().map_err(|e| self.read_error(e))?;
+                    let Some(read) = got else {
+                        drained = true;
+                        break;
+                    };
+                    if let Some(dropped) = read.dropped {
+                        let new = dropped.wrapping_sub(self.socket_drops);
+                        if new > 0 {
+                            sink.health().add_drops(u64::from(new));
+                            self.kernel_drops += u64::from(new);
+                            tracing::warn!(source = %self.id, dropped = new,
+                                "can: the kernel dropped frames (the socket's receive queue was full)");
                         }
-                        let Some(frame) =
-                            frame_of(read.bytes, read.can_id, read.len, read.flags, &read.data)
-                        else {
-                            continue;
-                        };
-                        if frame.is_error() {
-                            let bus_off = self.counts.count(&frame);
-                            if bus_off {
-                                tracing::warn!(source = %self.id, interface = %self.settings.interface,
-                                    bus_off = self.counts.bus_off, "can: controller bus-off");
-                            }
-                            self.log_errors(1);
-                        }
-                        let stamp = self.stamp(read.stamps);
-                        batcher.note_delivery(stamp.ns, self.clock.now().ns);
-                        batcher.push(stamp, frame);
+                        self.socket_drops = dropped;
                     }
+                    let Some(frame) =
+                        frame_of(read.bytes, read.can_id, read.len, read.flags, &read.data)
+                    else {
+                        continue;
+                    };
+                    if frame.is_error() {
+                        let bus_off = self.counts.count(&frame);
+                        if bus_off {
+                            tracing::warn!(source = %self.id, interface = %self.settings.interface,
+                                bus_off = self.counts.bus_off, "can: controller bus-off");
+                        }
+                        self.log_errors(1);
+                    }
+                    let stamp = self.stamp(read.stamps);
+                    batcher.note_delivery(stamp.ns, self.clock.now().ns);
+                    last_stamp = last_stamp.max(stamp.ns);
+                    batcher.push(stamp, frame);
                 }
-                // The queue was empty (or the wait ran out): nothing stamped before now can come.
-                for batch in batcher.ready(self.clock.now().ns) {
+                for batch in batcher.ready(release_horizon(seen, drained, last_stamp)) {
                     self.emit(sink, batch)?;
                 }
                 if last_detail.elapsed() >= Duration::from_secs(1) {
@@ -1113,12 +1139,41 @@ mod batch_tests {
         assert_eq!(b.grace_ns(), 140_000_000, "remembered");
         b.note_delivery(111 * s + 1, 111 * s + 1_000_001);
         assert_eq!(b.grace_ns(), MIN_GRACE_NS, "forgotten after ten seconds");
-        b.note_delivery(112 * s, 112 * s + 900_000_000);
+        b.note_delivery(112 * s, 112 * s + 1_500_000_000);
         assert_eq!(b.grace_ns(), MAX_GRACE_NS, "bounded");
         // The open bucket waits for it.
         b.push(at(3400 * B), f(1));
         assert!(b.ready(3401 * B + MAX_GRACE_NS - 1).is_empty());
         assert_eq!(b.ready(3401 * B + MAX_GRACE_NS).len(), 1);
+    }
+
+    #[test]
+    fn a_turn_releases_up_to_the_clock_before_its_reads_or_its_newest_stamp_when_frames_are_left() {
+        // The queue ran empty: everything delivered before the clock read was read.
+        assert_eq!(release_horizon(10 * B, true, 9 * B), 10 * B);
+        assert_eq!(
+            release_horizon(10 * B, true, i64::MIN),
+            10 * B,
+            "no frame this turn"
+        );
+        // Frames left in the queue (a turn's limit): no further than the newest stamp read.
+        assert_eq!(release_horizon(10 * B, false, 4 * B), 4 * B);
+        assert_eq!(
+            release_horizon(10 * B, false, 12 * B),
+            10 * B,
+            "never past the clock"
+        );
+        // What that keeps open: a bucket whose frames may still be queued.
+        let mut b = Batcher::new(33);
+        b.push(at(4 * B + 1), f(1));
+        assert!(b
+            .ready(release_horizon(5 * B + MIN_GRACE_NS, false, 4 * B + 1))
+            .is_empty());
+        assert_eq!(
+            b.ready(release_horizon(5 * B + MIN_GRACE_NS, true, 4 * B + 1))
+                .len(),
+            1
+        );
     }
 
     #[test]
