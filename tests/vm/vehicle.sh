@@ -233,7 +233,10 @@ spool_records() { status | jq_py 'd["spool"]["records"]'; }
 boot() { # boots the disk image as it is; returns when rigd's web UI answers
   rm -f "$SHELL_SOCK" "$GPS_SOCK" "$WORK/qemu.pid"
   t_boot=$(now)
-  timeout 900 "$QEMU_SYSTEM" -accel tcg "${QEMU_MACHINE[@]}" -smp 2 -m 1536 -nographic \
+  # `timeout` only for a harness killed without its trap (pytest's own limit, 2400 s): a fixed 900 s
+  # cut a CI run's first guest, slowed to a 265 s boot beside the other lanes, in mid-check (the
+  # config faults' last restart "not active", the power cut's shell socket gone).
+  timeout 2400 "$QEMU_SYSTEM" -accel tcg "${QEMU_MACHINE[@]}" -smp 2 -m 1536 -nographic \
     -kernel "$WORK/vmlinuz" -initrd "$WORK/initrd" \
     -append "root=/dev/vda rw console=$TTY_CONSOLE net.ifnames=1 systemd.show_status=1" \
     -drive file="$WORK/disk.img",format=raw,if=virtio \
@@ -308,8 +311,17 @@ EOF
 fi
 
 CHECK="service active"
-active=$(guest 'systemctl is-active rigd' 30 || true); log "systemctl is-active: $active"
-check grep -q '^active' <<<"$active"
+# Active after the boot, or active again within 90 s: in a guest starved by a loaded host (a 265 s
+# boot in one CI run) a capture can stall past the watchdog, which then restarts rigd as designed
+# (the restarts are logged; the exactly-once check at the end counts every frame across them).
+service_active() {
+  local active; active=$(guest 'systemctl is-active rigd' 30 || true); log "systemctl is-active: $active"
+  grep -q '^active' <<<"$active" && return 0
+  wait_for 90 rigd_active || return 1
+  log "  active again; NRestarts $(guest 'systemctl show -p NRestarts --value rigd' 30 || true): $(guest 'journalctl -u rigd -b --no-pager | grep -E "watchdog|stalled" | tail -2 | cut -c1-200' 30 | tr '\n' '|' || true)"
+}
+rigd_active() { guest 'systemctl is-active rigd' 30 | grep -q '^active'; }
+check service_active
 log "status: $(guest 'systemctl show -p StatusText --value rigd' 30 || true)"
 
 CHECK="the package's manual pages and docs: man rigd-run, a page for every one rigd(1) names, docs/UPLINK.md"
@@ -369,7 +381,10 @@ push() { # push HOST_PATH GUEST_PATH
 # and extended ids, RTR, CAN FD with and without BRS and ESI; random ids, lengths and data) made
 # here (judge.py canlog) and replayed in the guest by canplayer, which keeps the average rate
 # through the guest's stalls under TCG by sending what is due at once; candump -L logs the bus
-# beside rigd, and its log comes back to $WORK/NAME.log.
+# beside rigd, and its log comes back to $WORK/NAME.log. candump reads with an 8 MiB socket buffer
+# (-r) and is stopped once its log holds every frame played (or has not grown for a few seconds,
+# up to 60 s): in a CI run's starved guest, with the default buffer and a fixed 2 s after
+# canplayer, candump logged 39,653 of 40,000 frames while rigd published all of them.
 # 20 s in the suite: the minute the issue names (120,000 frames, passed outside the suite,
 # docs/DRIVERS.md "CAN") made the vm lane the suite's longest under CI's load, and its 6 MB log
 # crossing QEMU's user network beside the other lanes once did not finish in the guest's time.
@@ -378,8 +393,11 @@ can_traffic() { # can_traffic NAME SECS
   local out sent
   python3 "$VM/judge.py" canlog "$WORK/$1-sent.log" "$2" 2000 >/dev/null || { log "  judge.py canlog failed"; return 1; }
   push "$WORK/$1-sent.log" "/root/$1-sent.log" || { log "  could not copy the log into the guest"; return 1; }
-  out=$(guest "rm -f /root/$1.log; (candump -L vcan0 > /root/$1.log 2>/root/$1.err & echo \$! > /root/candump.pid); sleep 2;
-    t0=\$(date +%s.%N); canplayer -I /root/$1-sent.log; t1=\$(date +%s.%N); sleep 2; kill \$(cat /root/candump.pid); sleep 1;
+  out=$(guest "rm -f /root/$1.log; (candump -r 8388608 -L vcan0 > /root/$1.log 2>/root/$1.err & echo \$! > /root/candump.pid); sleep 2;
+    t0=\$(date +%s.%N); canplayer -I /root/$1-sent.log; t1=\$(date +%s.%N);
+    want=\$(wc -l < /root/$1-sent.log); last=-1; for i in \$(seq 1 60); do sleep 1; n=\$(wc -l < /root/$1.log);
+      [ \$n -ge \$want ] && break; [ \$n = \$last ] && [ \$i -ge 5 ] && break; last=\$n; done;
+    kill \$(cat /root/candump.pid); sleep 1;
     echo can-sent \$(wc -l < /root/$1-sent.log) \$t0 \$t1 \$(wc -l < /root/$1.log); cat /root/$1.err" $(($2 * 8 + 120))) ||
     log "  the guest's shell: no answer in $(($2 * 8 + 120)) s"
   sent=$(grep '^can-sent' <<<"$out" || true)
@@ -518,7 +536,6 @@ watchdog() {
 check watchdog
 
 CHECK="config faults: a bad key stops the unit (no restart); a token file not yet provisioned, a spool disk not yet mounted are retried until they appear"
-rigd_active() { guest 'systemctl is-active rigd' 30 | grep -q '^active'; }
 # The spool on a disk of its own (docs/SYSTEMD.md, "The spool on its own disk"): a drop-in lets the
 # unit write its mount point despite ProtectSystem=strict.
 SPOOL_DROPIN=/etc/systemd/system/rigd.service.d/spool-disk.conf
