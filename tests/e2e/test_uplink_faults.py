@@ -141,13 +141,24 @@ bind = "127.0.0.1:{{WEB_PORT}}"
         assert d.stop() == 0
         second = d.totals()
         log = d.log().split("rigd stopped")[-2]
+        cut2 = time.time_ns()
+        left = {x: second[x]["spooled"] for x in ("gps", "imu")}
+        if any(left.values()):
+            # The stop's drain has a deadline (a loaded CI run left 92 of 8,498 imu frames
+            # spooled): what it left goes out on the next start, so a third, short run sends it
+            # (the spool is sent oldest first), and its own frames are not counted.
+            print(f"left spooled at the second run's stop: {left}")
+            d.start()
+            d.wait_for(lambda s: all(source_status(s, x)["published"] >= n for x, n in left.items()),
+                       timeout=60, what="the second run's spooled frames sent")
+            assert d.stop() == 0
     finally:
         d.close()
     for source in ("gps", "imu"):
         msgs = consume(BROKER_URL, [f"persistent://{ns}/{rig}-{source}"], idle_timeout_s=6,
                        consumer_type=pulsar.ConsumerType.Exclusive)
         old = [int(m["properties"]["seq"]) for m in msgs if int(m["properties"]["capture-ns"]) < cut]
-        new = [int(m["properties"]["seq"]) for m in msgs if int(m["properties"]["capture-ns"]) >= cut]
+        new = [int(m["properties"]["seq"]) for m in msgs if cut <= int(m["properties"]["capture-ns"]) < cut2]
         # Frames numbered before the jump keep their seq (below the first run's last); after it,
         # numbers go on past the first run's.
         before = [q for q in new if q <= max(old)]
