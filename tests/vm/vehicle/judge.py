@@ -86,6 +86,8 @@ def check_frame(m: dict) -> str | None:
 # The CAN record format (docs/DRIVERS.md, "CAN"), read here on its own: per frame ts_ns i64,
 # can_id u32, flags u8 (bit0 FD, bit1 BRS, bit2 ESI), len u8, reserved u16, then len data bytes.
 CAN_HEADER = struct.Struct("<qIBBH")
+# Most frames in one CAN record (rigd_drivers::can::MAX_RECORD_FRAMES).
+MAX_RECORD_FRAMES = 8192
 EFF, RTR, ERR = 0x80000000, 0x40000000, 0x20000000
 FD, BRS, ESI = 1, 2, 4
 
@@ -171,7 +173,8 @@ def passes(can_id: int, flags: int, classic: bool, filters: list[str]) -> bool:
     return False
 
 
-def can(ns: str, rig: str, source: str, logs: list[str], classic: bool, filters: list[str]) -> int:
+def can(ns: str, rig: str, source: str, logs: list[str], classic: bool, filters: list[str],
+        rig_late: int | None) -> int:
     dumped = [f for log in logs for f in candump_frames(log)]
     # The kernel stamps a frame when it takes it in; on vcan a sender that moves between CPUs has
     # frames reach the sockets out of the order of their stamps (a softirq per CPU), candump's as
@@ -186,7 +189,7 @@ def can(ns: str, rig: str, source: str, logs: list[str], classic: bool, filters:
     seqs = [int(m["properties"]["seq"]) for m in msgs]
     if seqs != list(range(len(seqs))):
         problems.append(f"seqs not 0..{len(seqs) - 1} in order: {seqs[:10]}...")
-    got, buckets, last_ts, biggest = [], [], None, 0
+    got, buckets, last_ts, biggest, late, last_len = [], [], None, 0, [], 0
     for m in msgs:
         p = m["properties"]
         if (bad := check_frame(m)):
@@ -196,7 +199,6 @@ def can(ns: str, rig: str, source: str, logs: list[str], classic: bool, filters:
         biggest = max(biggest, len(frames))
         bucket_ns = int(p["bucket-ms"]) * 1_000_000
         bucket = int(p["bucket"])
-        buckets.append(bucket)
         if not frames:
             problems.append(f"seq {p['seq']}: an empty record")
             continue
@@ -205,16 +207,27 @@ def can(ns: str, rig: str, source: str, logs: list[str], classic: bool, filters:
         outside = [ts for ts, *_ in frames if ts // bucket_ns != bucket]
         if outside:
             problems.append(f"seq {p['seq']}: {len(outside)} frames outside bucket {bucket}")
-        for ts, *_ in frames:
-            if last_ts is not None and ts < last_ts:
-                problems.append(f"seq {p['seq']}: time goes back {last_ts} -> {ts}")
-            last_ts = ts
+        stamps = [ts for ts, *_ in frames]
+        if stamps != sorted(stamps):
+            problems.append(f"seq {p['seq']}: frames out of the order of their times")
+        # A record of a bucket before one already sent: frames the kernel delivered after their
+        # bucket's record and its grace (counted `late` on the rig; docs/DRIVERS.md "CAN"), in a
+        # record of their own bucket, their times the kernel's. Anything else keeps time order.
+        # (A bucket of more than MAX_RECORD_FRAMES goes out in full records then the rest.)
+        if buckets and (bucket < max(buckets) or (bucket == buckets[-1] and last_len < MAX_RECORD_FRAMES)):
+            late.append(len(frames))
+        else:
+            if last_ts is not None and stamps[0] < last_ts:
+                problems.append(f"seq {p['seq']}: time goes back {last_ts} -> {stamps[0]}")
+            last_ts = stamps[-1]
+        buckets.append(bucket)
+        last_len = len(frames)
         got += frames
-    # One record per bucket; a frame delivered after its bucket's record went out (counted `late`
-    # on the rig) makes a second record of that bucket, never one out of order.
-    if any(b < a for a, b in zip(buckets, buckets[1:])):
-        problems.append("records out of bucket order")
     repeated = sum(1 for a, b in zip(buckets, buckets[1:]) if a == b)
+    if sum(late) != (rig_late or 0):
+        problems.append(f"{sum(late)} frames in records after a later bucket's, rigd counted {rig_late} late")
+    # Frame by frame against candump's log in the order of the stamps (a late frame in its place).
+    got.sort(key=lambda f: f[0])
     # Frame by frame against candump: id (with its flags), FD flags, data (RTR: the length, when
     # candump printed it), and the receive time to the microsecond (both read the kernel's stamp).
     worst_us, mismatches = 0, 0
@@ -248,6 +261,7 @@ def can(ns: str, rig: str, source: str, logs: list[str], classic: bool, filters:
           f"{len(want)} over {span:.1f} s ({len(want) / max(span, 1e-9):.0f}/s); "
           + ", ".join(f"{k} {v}" for k, v in kinds.items())
           + f"; {mismatches} differ; times within {worst_us} us of candump's; {repeated} buckets with a second record; "
+          f"{len(late)} late records ({sum(late)} frames); "
           f"candump got {delivered_out_of_order} frames before one stamped earlier")
     for p in problems[:10]:
         print("problem:", p)
@@ -431,6 +445,7 @@ def main() -> int:
     ap.add_argument("--survived", default=None)
     ap.add_argument("--classic", action="store_true", help="can: the source has fd = false")
     ap.add_argument("--filter", action="append", default=[], help="can: the source's filters, ID/MASK in hex")
+    ap.add_argument("--late", default="", help="can: the source's `late` count from its status")
     a = ap.parse_args()
     if a.what == "canlog":
         return canlog(a.args[0], float(a.args[1]), int(a.args[2]))
@@ -441,7 +456,8 @@ def main() -> int:
         return 0
     ns, rig, sources = a.args[0], a.args[1], a.args[2:]
     if a.what == "can":
-        return can(ns, rig, sources[0], sources[1:], a.classic, a.filter)
+        return can(ns, rig, sources[0], sources[1:], a.classic, a.filter,
+                   int(a.late) if a.late.isdigit() else None)
     if a.what == "arrived":
         return arrived(ns, rig, sources, a.timeout)
     if a.what == "count":
