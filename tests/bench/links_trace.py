@@ -4,24 +4,29 @@ own over two veth links (tests/e2e/test_links.py's `TwoLinks`, each an htb class
 500 KB drop-tail queue), and a trace player of the tests' own (`TracePlayer`) moves each link's rate
 as the trace says: steps, a ramp, and an LTE-like trace with outages. Each trace is run over one
 link (a) and over both, under `max-bandwidth = "auto"`, and over one link under fixed caps (the best
-fixed cap is the one chosen in hindsight). The rig: two cameras (600 kB frames at 1.5 fps, 7.2
+fixed cap is the one chosen in hindsight), and by the official Java client over one link
+(`tests/bench/java/TraceProducer.java`: the same sources as producers of its own, no budget, one
+connection; budget `java`). The rig: two cameras (600 kB frames at 1.5 fps, 7.2
 Mbit/s each, three 256 KB chunks a frame; priority 2), audio (1) and serial (0): more than the
 links carry, so goodput measures the uplink, not the sources.
 
 Printed, one markdown row per run: the links' shaped capacity over the trace (mean), the goodput
 (bytes of every frame the official client received during the trace, over its length), their
 ratio, each live source's capture-to-arrival p95 (frames captured during the trace that arrived
-by its end + 10 s) and the camera's, and frames twice (must be 0: broker dedup on).
+by its end + 10 s) and the camera's, the share of the serial frames captured during the trace that
+arrived by then (against its 50 Hz), and frames twice (must be 0: broker dedup on).
 
 The LTE-like trace is a seeded random walk of the rate in log space every 0.5 s between 1 and 20
 Mbit/s with fades, and outages of 2-3 s (silence both ways, no reset) on each link at different
 times: the shape of published cellular uplink traces, generated, not recorded (none is packaged
-here). Needs root. Usage: tests/bench/links_trace.py [--quick] [--traces steps,ramp,lte]"""
+here). Needs root. Usage: tests/bench/links_trace.py [--quick] [--traces steps,ramp,lte]
+[--only steps:a:java,...]"""
 
 import argparse
 import math
 import os
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +38,7 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 import pulsar  # noqa: E402
 
 from harness import Arrivals, unique  # noqa: E402
+from outage_return import JAVA_LOG4J, java_available, java_compile, java_home, java_lib  # noqa: E402
 from test_links import LinkBroker, NsRigd, TracePlayer, TwoLinks, capacity_bits  # noqa: E402
 from test_links import config as links_config  # noqa: E402
 
@@ -85,6 +91,36 @@ def config(net, broker, rig, links, bandwidth):
                         cams=(("cam1", 1.5), ("cam2", 1.5)))
 
 
+# The rig's sources for the Java client (NAME:HZ:BYTES): the cameras of `config`, audio blocks of
+# 33 ms at 16 kHz mono (1,056 bytes), RMC sentences at 50 Hz.
+JAVA_SOURCES = ["cam1:1.5:600000", "cam2:1.5:600000", "mic:30.303:1056", "gps:50:70"]
+
+
+class JavaRig:
+    """The official Java client (TraceProducer) in the rig's namespace, over link a (the route of
+    the lower metric; the client binds to no interface). `ip netns exec` execs it: the pid
+    recorded is the JVM's."""
+
+    def __init__(self, workdir, net, broker, rig):
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "log4j2.xml").write_text(JAVA_LOG4J.replace('level="info"', 'level="warn"'))
+        self.log_path = workdir / "java.log"
+        cmd = ["ip", "netns", "exec", net.ns, str(java_home() / "bin" / "java"), "-Xmx1g",
+               f"-Dlog4j2.configurationFile={workdir / 'log4j2.xml'}",
+               "-cp", f"{java_compile('TraceProducer')}:{java_lib()}/*", "TraceProducer", broker.url,
+               f"persistent://public/default/{rig}-", *JAVA_SOURCES]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self, timeout=60):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
 def p95(xs):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, len(xs) * 95 // 100)] if xs else float("nan")
@@ -95,28 +131,38 @@ def run(net, broker, tmp, name, trace, secs, links, bandwidth):
     sources = ["gps", "mic", "cam1", "cam2"]
     client = pulsar.Client(broker.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
     got = {s: Arrivals(client, f"persistent://public/default/{rig}-{s}") for s in sources}
-    d = NsRigd(tmp / rig, config(net, broker, rig, links, bandwidth), net)
+    java = bandwidth == "java"
+    assert not java or links == ["a"], "the Java client runs over link a only"
+    d = JavaRig(tmp / rig, net, broker, rig) if java else \
+        NsRigd(tmp / rig, config(net, broker, rig, links, bandwidth), net)
     player = TracePlayer(net, {link: trace[link] for link in links})
     try:
-        d.start()
-        # The live sources publish (a camera may wait for the budget from the start: two cameras
-        # under a 2 Mbit/s cap).
-        d.wait_for(lambda s: s["uplink"]["connected"] and
-                   all(x["published"] > 3 for x in s["sources"] if x["id"] in ("gps", "mic")),
-                   timeout=90, what="publishing on every live source")
+        if java:
+            deadline = time.time() + 90
+            while not all(len(got[s].seen) > 3 for s in ("gps", "mic")):
+                assert time.time() < deadline and d.proc.poll() is None, \
+                    f"the Java client published nothing in 90 s: {d.log_path.read_text()[-2000:]}"
+                time.sleep(0.5)
+        else:
+            d.start()
+            # The live sources publish (a camera may wait for the budget from the start: two
+            # cameras under a 2 Mbit/s cap).
+            d.wait_for(lambda s: s["uplink"]["connected"] and
+                       all(x["published"] > 3 for x in s["sources"] if x["id"] in ("gps", "mic")),
+                       timeout=90, what="publishing on every live source")
         player.start()
         t0 = player.t0
         polled = []
         while time.time() < t0 + secs:
             time.sleep(0.5)
-            if ARGS.timeline:
+            if ARGS.timeline and not java:
                 st = d.status()["uplink"]
                 est = {x["name"]: (x.get("estimate") or {}) for x in st.get("links") or []} or \
                     {"a": st.get("estimate") or {}}
                 polled.append((time.time() - t0, {k: (v.get("bytes_per_second") or 0, v.get("queueing_ms") or 0)
                                                   for k, v in est.items()}))
         t1 = time.time()
-        status = d.status()
+        status = None if java else d.status()
         time.sleep(10)
     finally:
         try:
@@ -132,10 +178,14 @@ def run(net, broker, tmp, name, trace, secs, links, bandwidth):
     carried = sum(n for rows in with_lock.values() for t, _, n, _ in rows if t0 <= t < t1) * 8 / (t1 - t0) / 1e6
     lat = {s: p95([t - c for t, c, _, _ in rows if t0 <= c < t1]) for s, rows in with_lock.items()}
     twice = sum(len(rows) - len({q for *_, q in rows}) for rows in with_lock.values())
-    where = ", ".join(f"{x['name']} {x['producers']}" for x in status["uplink"]["links"]) or "a (one link)"
+    # The live frames captured during the trace that arrived by its end + 10 s, against the
+    # source's rate (gps 50 Hz): a p95 counts only what arrived.
+    arrived = sum(1 for _, c, _, _ in with_lock["gps"] if t0 <= c < t1) / (50 * (t1 - t0))
+    where = "a (the Java client)" if java else \
+        ", ".join(f"{x['name']} {x['producers']}" for x in status["uplink"]["links"]) or "a (one link)"
     cams = max(lat["cam1"], lat["cam2"])
     print(f"| {name} | {'+'.join(links)} | {bandwidth} | {cap:.1f} | {carried:.1f} | {100 * carried / cap:.0f} % "
-          f"| {lat['gps']:.2f} | {lat['mic']:.2f} | {cams:.1f} | {twice} | {where} |", flush=True)
+          f"| {lat['gps']:.2f} | {100 * arrived:.0f} % | {lat['mic']:.2f} | {cams:.1f} | {twice} | {where} |", flush=True)
     if ARGS.timeline:
         timeline(trace, links, polled, with_lock, t0, secs)
     assert twice == 0, f"{twice} frames twice"
@@ -185,8 +235,8 @@ def main():
         try:
             warm_up(net, broker, tmp)
             print("| trace | links | budget | capacity Mbit/s | goodput Mbit/s | goodput / capacity "
-                  "| gps p95 s | mic p95 s | cam p95 s | frames twice | producers at the end |")
-            print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+                  "| gps p95 s | gps arrived | mic p95 s | cam p95 s | frames twice | producers at the end |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
             for only in ARGS.only.split(",") if ARGS.only else []:
                 name, links, bandwidth = only.split(":")
                 trace, secs = traces[name]
@@ -195,7 +245,8 @@ def main():
             for name in chosen:
                 trace, secs = traces[name]
                 runs = [(["a", "b"], "auto")] if ARGS.quick else \
-                    [(["a"], "auto"), (["a", "b"], "auto")] + [(["a"], cap) for cap in ARGS.caps.split(",")]
+                    [(["a"], "auto"), (["a", "b"], "auto")] + [(["a"], cap) for cap in ARGS.caps.split(",")] \
+                    + ([(["a"], "java")] if java_available() else [])
                 for links, bandwidth in runs:
                     run(net, broker, tmp, name, trace, secs, links, bandwidth)
         finally:

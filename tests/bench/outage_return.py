@@ -183,11 +183,11 @@ def java_available() -> bool:
     return (java_lib().parent / "lib.ok").exists() and (java_home() / "bin" / "javac").exists()
 
 
-def java_compile() -> Path:
-    """tests/bench/java/OutageProducer.java into target/bench-java (as tests/bench/run.sh does)."""
+def java_compile(name: str = "OutageProducer") -> Path:
+    """tests/bench/java/NAME.java into target/bench-java (as tests/bench/run.sh does)."""
     out = ROOT / "target" / "bench-java"
-    src = ROOT / "tests" / "bench" / "java" / "OutageProducer.java"
-    cls = out / "OutageProducer.class"
+    src = ROOT / "tests" / "bench" / "java" / f"{name}.java"
+    cls = out / f"{name}.class"
     if not cls.exists() or cls.stat().st_mtime < src.stat().st_mtime:
         out.mkdir(parents=True, exist_ok=True)
         subprocess.run([str(java_home() / "bin" / "javac"), "-d", str(out), "-cp", f"{java_lib()}/*", str(src)],
