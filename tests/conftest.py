@@ -32,6 +32,8 @@ MARKERS = {
     "vm": "boots a QEMU guest (CPU-bound TCG): the `vm` lane runs one at a time",
     "cluster": "needs the multi-node cluster of tests/pulsar/cluster.sh (the `cluster` lane)",
     "arm64": "boots the aarch64 guest with the cross-built .deb (the `arm64` lane, only when RIGD_LANES names it)",
+    "alone": "measures rigd against a shaped link's capacity with a broker of its own: the `alone` lane, after "
+             "every other lane (a loaded host's late receipts read as the link's queue)",
 }
 
 

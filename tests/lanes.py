@@ -15,6 +15,9 @@ A lane is one pytest run over a set of tests that share what they hold:
               each worker with a broker of that version of its own; after `shared`
   arm64       the aarch64 vehicle guest (`arm64`) on the cross-built .deb: only when RIGD_LANES
               names it (CI leaves it out: docs/TESTING.md); after `vm`, never beside another guest
+  alone       the tests that measure rigd against a shaped link's capacity (`alone`: the estimator's
+              tracking), with a broker of their own, after every other lane: beside the others on
+              two cores their broker's receipts came late and read as the link's queue
 
 Within a lane the tests start longest first (tests/durations.json; each run writes its own times
 to tests/artifacts/lanes/durations.json to copy there), so a new
@@ -56,7 +59,7 @@ class Lane:
     marks: str | None
     workers: int
     env: dict[str, str] = field(default_factory=dict)
-    after: str | None = None  # starts once this lane has ended
+    after: str | None = None  # starts once these lanes (comma-separated) have ended
     proc: subprocess.Popen | None = None
     started: float = 0.0
     ended: float = 0.0
@@ -85,7 +88,9 @@ def lanes() -> list[Lane]:
     own = lambda base, data: {"RIGD_OWN_BROKER_PORT_BASE": str(base), "RIGD_OWN_BROKER_DATA": str(data)}
     out = [
         Lane("shared", ["tests/e2e"], "not holds_broker and not vm and not cluster and not arm64", 3, shared),
-        Lane("own-broker", ["tests/e2e"], "holds_broker and not vm and not cluster", 3,
+        # Two workers: the lane (~2,200 s of tests) still ends before `vm`, with one broker JVM and
+        # one heavy rig fewer beside the guest and the shared lane on two cores.
+        Lane("own-broker", ["tests/e2e"], "holds_broker and not vm and not cluster and not alone", 2,
              own(6700, ROOT / "target" / "pulsar-data-own")),
         Lane("vm", ["tests/e2e"], "vm", 1, shared),
         Lane("cluster", ["tests/e2e"], "cluster", 1, shared, after="vm"),
@@ -98,12 +103,13 @@ def lanes() -> list[Lane]:
     only = os.environ.get("RIGD_LANES")
     if only and "arm64" in only.split(","):
         out.append(Lane("arm64", ["tests/e2e"], "arm64", 1, shared, after="vm"))
+    out.append(Lane("alone", ["tests/e2e"], "alone", 1, own(6900, ROOT / "target" / "pulsar-data-alone"),
+                    after=",".join(lane.name for lane in out)))
     if only:
         names = set(only.split(","))
         out = [lane for lane in out if lane.name in names]
         for lane in out:
-            if lane.after not in names:
-                lane.after = None
+            lane.after = ",".join(a for a in (lane.after or "").split(",") if a in names) or None
     for item in filter(None, os.environ.get("RIGD_LANE_WORKERS", "").split(",")):
         name, n = item.split("=")
         for lane in out:
@@ -159,7 +165,8 @@ def main() -> int:
     running: list[Lane] = []
     done: list[Lane] = []
     while todo or running:
-        for lane in [x for x in todo if x.after is None or any(d.name == x.after for d in done)]:
+        ended = {d.name for d in done}
+        for lane in [x for x in todo if x.after is None or set(x.after.split(",")) <= ended]:
             todo.remove(lane)
             start(lane, args)
             running.append(lane)

@@ -17,7 +17,12 @@ import pytest
 from harness import (BROKER_URL, Arrivals, Rigd, ShapedBrokerPort, assert_once_each, consume,
                      namespace_with_dedup, unique)
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="tc needs root"), pytest.mark.holds_broker]
+# `alone`: after every other lane (tests/lanes.py). Beside them (three brokers, a TCG guest, on two
+# cores) its broker's receipts came late, read as the link's queue, and the estimate fell to
+# 1.3 Mbit/s on the 8 Mbit/s link and 1.4 on the 2 Mbit/s one (fresh-clone runs of 2026-12-07;
+# docs/UPLINK.md "Not built yet"); alone, or beside them in CI's landed runs, it passed.
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="tc needs root"), pytest.mark.holds_broker,
+              pytest.mark.alone]
 
 PHASES = [(8000, 20), (2000, 20), (8000, 20)]
 QUEUE_BYTES = 500_000
