@@ -382,9 +382,9 @@ push() { # push HOST_PATH GUEST_PATH
 # here (judge.py canlog) and replayed in the guest by canplayer, which keeps the average rate
 # through the guest's stalls under TCG by sending what is due at once; candump -L logs the bus
 # beside rigd, and its log comes back to $WORK/NAME.log. candump reads with an 8 MiB socket buffer
-# (-r) and is stopped once its log holds every frame played (or has not grown for a few seconds,
-# up to 60 s): in a CI run's starved guest, with the default buffer and a fixed 2 s after
-# canplayer, candump logged 39,653 of 40,000 frames while rigd published all of them.
+# (-r) and is stopped 10 s after canplayer: in a CI run's starved guest, with the default buffer
+# and 2 s, candump logged 39,653 of 40,000 frames while rigd published all of them. (A loop that
+# waited for candump's log to be whole came back empty from the guest's shell once: one line.)
 # 20 s in the suite: the minute the issue names (120,000 frames, passed outside the suite,
 # docs/DRIVERS.md "CAN") made the vm lane the suite's longest under CI's load, and its 6 MB log
 # crossing QEMU's user network beside the other lanes once did not finish in the guest's time.
@@ -394,12 +394,9 @@ can_traffic() { # can_traffic NAME SECS
   python3 "$VM/judge.py" canlog "$WORK/$1-sent.log" "$2" 2000 >/dev/null || { log "  judge.py canlog failed"; return 1; }
   push "$WORK/$1-sent.log" "/root/$1-sent.log" || { log "  could not copy the log into the guest"; return 1; }
   out=$(guest "rm -f /root/$1.log; (candump -r 8388608 -L vcan0 > /root/$1.log 2>/root/$1.err & echo \$! > /root/candump.pid); sleep 2;
-    t0=\$(date +%s.%N); canplayer -I /root/$1-sent.log; t1=\$(date +%s.%N);
-    want=\$(wc -l < /root/$1-sent.log); last=-1; for i in \$(seq 1 60); do sleep 1; n=\$(wc -l < /root/$1.log);
-      [ \$n -ge \$want ] && break; [ \$n = \$last ] && [ \$i -ge 5 ] && break; last=\$n; done;
-    kill \$(cat /root/candump.pid); sleep 1;
-    echo can-sent \$(wc -l < /root/$1-sent.log) \$t0 \$t1 \$(wc -l < /root/$1.log); cat /root/$1.err" $(($2 * 8 + 120))) ||
-    log "  the guest's shell: no answer in $(($2 * 8 + 120)) s"
+    t0=\$(date +%s.%N); canplayer -I /root/$1-sent.log; t1=\$(date +%s.%N); sleep 10; kill \$(cat /root/candump.pid); sleep 1;
+    echo can-sent \$(wc -l < /root/$1-sent.log) \$t0 \$t1 \$(wc -l < /root/$1.log); cat /root/$1.err" $(($2 * 10 + 180))) ||
+    log "  the guest's shell: no answer in $(($2 * 10 + 180)) s"
   sent=$(grep '^can-sent' <<<"$out" || true)
   [ -n "$sent" ] || { log "  canplayer/candump: ${out:0:400}"; return 1; }
   # shellcheck disable=SC2086
