@@ -119,8 +119,11 @@ def lanes() -> list[Lane]:
 
 
 def start(lane: Lane, args: list[str]):
+    # A passed test's tmp_path is deleted at the lane's end (its spools, guests' disks, brokers' ledgers:
+    # ~5 GB a run kept in /tmp otherwise, with what earlier runs left there a full disk mid-run); a
+    # failed test's stays for its post-mortem.
     cmd = [sys.executable, "-m", "pytest", *lane.paths, "-v", "-rs", "-p", "no:cacheprovider",
-           "--durations=0"]
+           "-o", "tmp_path_retention_policy=failed", "--durations=0"]
     if lane.marks:
         cmd += ["-m", lane.marks]
     if lane.workers > 1:
