@@ -32,6 +32,8 @@ fn budget_status(b: &crate::uplink::Budget) -> (u64, Option<rigd_web::LinkEstima
         base_rtt_ms: r.base_rtt.map(|d| d.as_secs_f64() * 1e3),
         queueing_ms: r.queueing.as_secs_f64() * 1e3,
         mode: r.mode.name().to_string(),
+        broker_delays: r.broker_delays,
+        path_queue_ms: r.path_queue.map(|d| d.as_secs_f64() * 1e3),
     });
     (pacing, estimate)
 }

@@ -280,10 +280,16 @@ pub struct LinkEstimate {
     pub pacing_bytes_per_second: u64,
     /// The smallest write-to-receipt time of the last 10 s, ms.
     pub base_rtt_ms: Option<f64>,
-    /// How long bytes wait in the link's queues now, ms.
+    /// How long bytes wait in the link's queues now (the receipts' delay above the base), ms.
     pub queueing_ms: f64,
     /// grow | cruise | probe | drain | backoff
     pub mode: String,
+    /// Times the receipts came late while the kernel saw no queue on the path (`TCP_INFO`): the
+    /// broker was slow to answer, and the estimate was not cut.
+    pub broker_delays: u64,
+    /// What the kernel saw queued on the path at the last late receipt (its smoothed RTT over its
+    /// smallest, and the unsent bytes at the estimate), ms.
+    pub path_queue_ms: Option<f64>,
 }
 
 /// One budget rank's share of the link.

@@ -254,6 +254,16 @@ pub fn render(s: &Status) -> String {
             "max-bandwidth = \"auto\": how long bytes wait in the link's queues now.",
         );
         e.sample("rigd_uplink_queueing_seconds", &[], x.queueing_ms / 1e3);
+        e.family(
+            "rigd_uplink_broker_delays_total",
+            "counter",
+            "max-bandwidth = \"auto\": receipts late while the path held no queue (the broker's delay: no cut).",
+        );
+        e.sample(
+            "rigd_uplink_broker_delays_total",
+            &[],
+            x.broker_delays as f64,
+        );
         if let Some(b) = x.base_rtt_ms {
             e.family(
                 "rigd_uplink_base_rtt_seconds",

@@ -254,10 +254,17 @@ impl Budget {
     }
 
     /// A receipt for a SEND of `bytes` whose last byte was written at `written` (the estimator's
-    /// input, and its pacing then; nothing under a fixed rate).
-    pub fn receipt(&self, bytes: usize, written: Instant, now: Instant) {
+    /// input, and its pacing then; nothing under a fixed rate). `path`: where its connection's
+    /// kernel sees the bytes wait (asked only for a late receipt).
+    pub fn receipt(
+        &self,
+        bytes: usize,
+        written: Instant,
+        now: Instant,
+        path: impl FnOnce() -> Option<super::estimate::Queued>,
+    ) {
         let paced = self.estimator().map(|mut e| {
-            e.on_receipt(bytes, written, now);
+            e.on_receipt(bytes, written, now, path);
             e.pacing(now)
         });
         if let Some(rate) = paced {

@@ -20,13 +20,19 @@
 //! - `Grow`: a probe that raised the estimate by [`GREW`] or more is followed at once by rounds at
 //!   [`GROW_GAIN`] while the estimate keeps growing (the start, and a link that got faster: 2 -> 8
 //!   Mbit/s in a few seconds rather than a 25 % step every few seconds);
-//! - `Backoff`: the queueing delay above `target` (a link that got slower, or an estimate above
-//!   it): the estimate drops to the delivery rate measured now (a busy link delivers its
+//! - `Backoff`: the queueing delay above `target` where the link holds it (a link that got slower,
+//!   or an estimate above it): the estimate drops to the delivery rate measured now (a busy link delivers its
 //!   capacity; the cut and the first sample after it at most halve it each, [`MAX_CUT`]), the
 //!   samples of SENDs written before the cut are ignored, and the budget paces at
 //!   [`BACKOFF_GAIN`] of the lesser of the estimate and that delivery rate (unbounded by
 //!   [`MAX_CUT`]: the queue drains from the cut on) until the delay is below half the target (the
 //!   queue drained), then cruises. Still above the target a round and an RTT later: cut again.
+//!
+//! Receipts late while the connection's kernel sees no queue on the path ([`Queued`]: its
+//! smoothed RTT at its smallest, nothing waiting in the socket) are a broker slow to answer (its
+//! JVM starved, its disk slow), not a link's queue: the estimate is not cut
+//! ([`Reading::broker_delays`] counts them). A cut for them cascaded in a loaded CI run (8.6 -> 1.3
+//! Mbit/s, regrown only by probes) and paced the rig at a fraction of a link with nothing queued.
 //!
 //! A sample whose interval had every writer of the link idle, nothing to write
 //! ([`Estimator::writer`]), for [`APP_LIMITED`] of it or more is app-limited: it counts only above
@@ -41,6 +47,8 @@
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+pub use rigd_drivers::tcp::Queued;
 
 /// Delivery rate samples are taken over at least this long.
 pub const MIN_SAMPLE: Duration = Duration::from_millis(500);
@@ -128,6 +136,11 @@ pub struct Reading {
     /// The current write-to-receipt time less the base.
     pub queueing: Duration,
     pub mode: Mode,
+    /// Times the receipts came later than the target while the connection's kernel saw no
+    /// queue on the path: a broker slow to answer, no cut.
+    pub broker_delays: u64,
+    /// The queue the kernel saw on the path at the last late receipt (None: none late yet).
+    pub path_queue: Option<Duration>,
 }
 
 /// The estimator. Pure.
@@ -167,6 +180,10 @@ pub struct Estimator {
     /// paces below it.
     drain: f64,
     queueing: Duration,
+    /// The receipts are late but the path holds no queue ([`Queued`]): no cut.
+    broker_late: bool,
+    broker_delays: u64,
+    path_queue: Option<Duration>,
 }
 
 impl Estimator {
@@ -191,11 +208,21 @@ impl Estimator {
             fresh: true,
             drain: estimate,
             queueing: Duration::ZERO,
+            broker_late: false,
+            broker_delays: 0,
+            path_queue: None,
         }
     }
 
-    /// A receipt for a SEND of `bytes` whose last byte was written at `written`.
-    pub fn on_receipt(&mut self, bytes: usize, written: Instant, now: Instant) {
+    /// A receipt for a SEND of `bytes` whose last byte was written at `written`; `path`: where the
+    /// connection's kernel sees its bytes wait now, asked only when the receipt is late.
+    pub fn on_receipt(
+        &mut self,
+        bytes: usize,
+        written: Instant,
+        now: Instant,
+        path: impl FnOnce() -> Option<Queued>,
+    ) {
         // Write to receipt, less the SEND's own time on a link of the estimated rate: what is
         // left is the link's and the broker's latency and the wait behind other bytes (a large
         // SEND's own transmission is no queue, and it grows as the link slows).
@@ -226,6 +253,7 @@ impl Estimator {
         if let (Some(base), Some(current)) = (self.base.get(now), self.recent.get(now)) {
             self.queueing = current.saturating_sub(base);
         }
+        self.judge_lateness(path);
         let fresh = self.cut.is_none_or(|c| written >= c);
         if let Some((t0, d0, idle0)) = before.filter(|_| fresh) {
             let secs = now.saturating_duration_since(t0).as_secs_f64();
@@ -254,6 +282,26 @@ impl Estimator {
             }
         }
         self.advance(now);
+    }
+
+    /// Receipts later than the target: where did their bytes wait? A path whose kernel sees less
+    /// than half the target queued (its smoothed RTT over its smallest, and what waits unsent in
+    /// the socket at the estimate) holds no queue: the broker was slow to answer. A backoff
+    /// under way is a queue already seen: not asked again.
+    fn judge_lateness(&mut self, path: impl FnOnce() -> Option<Queued>) {
+        let was = self.broker_late;
+        self.broker_late = false;
+        if self.queueing <= self.s.target || self.mode == Mode::Backoff {
+            return;
+        }
+        let Some(q) = path() else { return };
+        let queued =
+            q.rtt_over_min + Duration::from_secs_f64(q.notsent as f64 / self.estimate.max(1.0));
+        self.path_queue = Some(queued);
+        self.broker_late = queued <= self.s.target / 2;
+        if self.broker_late && !was {
+            self.broker_delays += 1;
+        }
     }
 
     /// One of the link's writers has something to write from now (`busy`; waiting for the budget
@@ -335,7 +383,7 @@ impl Estimator {
     fn advance(&mut self, now: Instant) {
         let round = self.round(now);
         let elapsed = now.saturating_duration_since(self.since);
-        if self.queueing > self.s.target {
+        if self.queueing > self.s.target && !self.broker_late {
             if self.mode != Mode::Backoff {
                 // The link delivers its capacity while a queue stands: what it delivered over the
                 // last round says it, unless the latest sample says less.
@@ -405,6 +453,8 @@ impl Estimator {
             base_rtt: self.base.get(now),
             queueing: self.queueing,
             mode: self.mode,
+            broker_delays: self.broker_delays,
+            path_queue: self.path_queue,
         }
     }
 }
@@ -547,6 +597,11 @@ mod tests {
         next_burst: f64,
         /// The writer has something to write (told to the estimator as it changes).
         busy: bool,
+        /// The broker stalls its receipts (not its reads) for `.1` s every `.0` s from `.2` s on:
+        /// a receipt due in a stall comes at its end.
+        stalls: Option<(f64, f64, f64)>,
+        /// The kernel's view of the path is given (the queue's oldest byte's wait); false: none.
+        kernel: bool,
         /// (secs, capacity, estimate, pacing, queueing delay of a SEND leaving the queue).
         trace: Vec<(f64, f64, f64, f64, f64)>,
         delivered: Vec<(f64, usize)>,
@@ -588,6 +643,8 @@ mod tests {
                 bursts: None,
                 next_burst: 0.0,
                 busy: false,
+                stalls: None,
+                kernel: true,
                 trace: Vec::new(),
                 delivered: Vec::new(),
             }
@@ -600,9 +657,18 @@ mod tests {
             for _ in 0..steps {
                 self.now += Duration::from_millis(1);
                 let now = self.now;
+                // What the kernel sees: the wait of the queue's oldest byte (TCP's RTT grows
+                // with the queue; the broker's pace is not in it).
+                let path = self.kernel.then(|| Queued {
+                    rtt_over_min: self
+                        .queue
+                        .front()
+                        .map_or(Duration::ZERO, |p| now.saturating_duration_since(p.1)),
+                    notsent: 0,
+                });
                 while self.receipts.front().is_some_and(|r| r.0 <= now) {
                     let (_, bytes, written) = self.receipts.pop_front().unwrap();
-                    self.est.on_receipt(bytes, written, now);
+                    self.est.on_receipt(bytes, written, now, || path);
                 }
                 let pacing = self.est.pacing(now);
                 self.tokens = (self.tokens + pacing * dt).min((pacing / 10.0).max(16384.0));
@@ -645,7 +711,8 @@ mod tests {
                         self.queued -= bytes;
                         last_delay = now.saturating_duration_since(queued_at).as_secs_f64();
                         if let Some((send, written)) = last {
-                            self.receipts.push_back((now + BASE, send, written));
+                            let at = self.receipt_due(now + BASE);
+                            self.receipts.push_back((at, send, written));
                         }
                         self.delivered
                             .push((now.duration_since(self.t0).as_secs_f64(), bytes));
@@ -662,6 +729,23 @@ mod tests {
                     r.pacing,
                     last_delay,
                 ));
+            }
+        }
+
+        /// When a receipt due at `due` comes: at the end of the broker's stall it falls in.
+        fn receipt_due(&self, due: Instant) -> Instant {
+            let Some((every, len, from)) = self.stalls else {
+                return due;
+            };
+            let secs = due.duration_since(self.t0).as_secs_f64();
+            if secs < from {
+                return due;
+            }
+            let into = (secs - from) % every;
+            if into < len {
+                due + Duration::from_secs_f64(len - into)
+            } else {
+                due
             }
         }
 
@@ -766,6 +850,47 @@ mod tests {
             conv.is_some_and(|c| c < 6.0),
             "back within 20 % after {conv:?} s"
         );
+    }
+
+    #[test]
+    fn receipts_late_while_the_path_holds_no_queue_cut_nothing() {
+        // 6 Mbit/s of demand on an 8 Mbit/s link; from 10 s on the broker holds its receipts
+        // 0.6 s every 3 s (its JVM starved, its disk slow) while it reads on: nothing waits on
+        // the path. Asked, the kernel says so: no cut. Without its view the same stalls cut the
+        // estimate each time (at most in half, `MAX_CUT`), and the backoff paces at the floor.
+        let run = |kernel: bool| {
+            let mut sim = Sim::new(MBIT);
+            sim.kernel = kernel;
+            sim.stalls = Some((3.0, 0.6, 10.0));
+            sim.run(40.0, 8.0 * MBIT, Some(6.0 * MBIT));
+            sim.dump();
+            let before = sim.lowest(8.0, 10.0);
+            let during = sim.lowest(10.0, 40.0);
+            let used = sim.delivered_between(10.0, 40.0) / (30.0 * 6.0 * MBIT);
+            let r = sim.est.reading(sim.now);
+            println!(
+                "kernel {kernel}: estimate {:.2} before, lowest {:.2} Mbit/s during the stalls, \
+                 {:.0} % of the demand carried, {} broker delays, path {:?}",
+                before / MBIT,
+                during / MBIT,
+                used * 100.0,
+                r.broker_delays,
+                r.path_queue
+            );
+            (before, during, used, r.broker_delays)
+        };
+        let (before, during, used, delays) = run(true);
+        assert!(before >= 5.5 * MBIT, "{}", before / MBIT);
+        assert!(during >= 0.9 * before, "fell to {} Mbit/s", during / MBIT);
+        assert!(used >= 0.97, "{used}");
+        assert!(delays >= 9, "{delays} of 10 stalls judged the broker's");
+        let (_, blind, _, blind_delays) = run(false);
+        assert!(
+            blind < 0.6 * before,
+            "without the kernel's view: {}",
+            blind / MBIT
+        );
+        assert_eq!(blind_delays, 0);
     }
 
     #[test]
@@ -880,13 +1005,13 @@ mod tests {
         let mut now = t0;
         for _ in 0..100 {
             now += Duration::from_millis(50);
-            e.on_receipt(1 << 20, now - Duration::from_millis(5), now);
+            e.on_receipt(1 << 20, now - Duration::from_millis(5), now, || None);
             assert!(e.pacing(now) <= MBIT);
         }
         // A queue that grows for ever: cut after cut, never below the floor.
         for i in 0..200u64 {
             now += Duration::from_millis(100);
-            e.on_receipt(10, now - Duration::from_millis(200 + i * 50), now);
+            e.on_receipt(10, now - Duration::from_millis(200 + i * 50), now, || None);
             assert!(e.pacing(now) >= 8_000.0);
         }
         assert_eq!(e.reading(now).mode, Mode::Backoff);
@@ -908,33 +1033,33 @@ mod tests {
         let mut now = t0;
         for _ in 0..20 {
             now += Duration::from_millis(100);
-            e.on_receipt(0, now - Duration::from_millis(20), now);
+            e.on_receipt(0, now - Duration::from_millis(20), now, || None);
         }
         let r = e.reading(now);
         assert_eq!(r.base_rtt, Some(Duration::from_millis(20)));
         assert_eq!(r.queueing, Duration::ZERO);
         // One late receipt among timely ones is no queue (the recent minimum).
         now += Duration::from_millis(10);
-        e.on_receipt(0, now - Duration::from_millis(400), now);
+        e.on_receipt(0, now - Duration::from_millis(400), now, || None);
         assert_eq!(e.reading(now).queueing, Duration::ZERO);
         // Only late ones for longer than RECENT: a queue of 80 ms.
         for _ in 0..5 {
             now += Duration::from_millis(50);
-            e.on_receipt(0, now - Duration::from_millis(100), now);
+            e.on_receipt(0, now - Duration::from_millis(100), now, || None);
         }
         assert_eq!(e.reading(now).queueing, Duration::from_millis(80));
         // A SEND's own transmission at the estimated rate is no queue: a second's worth, its
         // receipt 1.02 s after its write, is 20 ms.
         let second = e.reading(now).estimate as usize;
         now += Duration::from_millis(50);
-        e.on_receipt(second, now - Duration::from_millis(1020), now);
+        e.on_receipt(second, now - Duration::from_millis(1020), now, || None);
         let r = e.reading(now);
         assert_eq!(r.base_rtt, Some(Duration::from_millis(20)));
         assert!(r.queueing <= Duration::from_millis(1), "{r:?}");
         // The base forgets after BASE_WINDOW.
         for _ in 0..110 {
             now += Duration::from_millis(100);
-            e.on_receipt(0, now - Duration::from_millis(60), now);
+            e.on_receipt(0, now - Duration::from_millis(60), now, || None);
         }
         assert_eq!(e.reading(now).base_rtt, Some(Duration::from_millis(60)));
     }

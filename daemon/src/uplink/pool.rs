@@ -694,6 +694,13 @@ impl Connection {
         &self.inner.path
     }
 
+    /// Where its bytes wait, as its kernel sees them (`TCP_INFO`): the estimator tells a link's
+    /// queue from a broker slow to answer by it.
+    pub fn queued(&self) -> Option<rigd_drivers::tcp::Queued> {
+        use std::os::fd::AsFd;
+        rigd_drivers::tcp::queued(self.inner.socket.as_fd())
+    }
+
     /// Its link's budget (the one its SENDs' timings feed under `auto`).
     pub fn budget(&self) -> Option<&Arc<Budget>> {
         self.inner.budget.as_ref()

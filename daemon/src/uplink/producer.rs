@@ -20,7 +20,7 @@ use super::connect::{Link, Setup};
 use super::error::LinkError;
 use super::estimate::Sends;
 use super::plan::BrokerLast;
-use super::pool::Pool;
+use super::pool::{Connection, Pool};
 use super::serve::{Inbound, Serve};
 use super::session::{End, LinkEnd, Log, Pace, Retry, Turn};
 use super::token::Token;
@@ -675,7 +675,7 @@ impl Session {
                     let Some(frame) = frame else {
                         return Err(link.conn.failure().unwrap_or(LinkError::Closed));
                     };
-                    self.on_command(&frame.cmd)?;
+                    self.on_command(&frame.cmd, &link.conn)?;
                 }
                 // Bytes of this producer went out, or of another while this one's wait (the
                 // connection moves; the writer serves the best rank first).
@@ -698,7 +698,11 @@ impl Session {
     }
 
     /// Hands a command from the broker to the window (see [`super::serve::inbound`]).
-    fn on_command(&mut self, cmd: &pulsar::proto::BaseCommand) -> Result<(), LinkError> {
+    fn on_command(
+        &mut self,
+        cmd: &pulsar::proto::BaseCommand,
+        conn: &Connection,
+    ) -> Result<(), LinkError> {
         let now = Instant::now();
         if let (Some(m), Some(r)) = (&self.receipts, &cmd.send_receipt) {
             m.receipt(r);
@@ -706,7 +710,7 @@ impl Session {
         if cmd.send_receipt.is_some() || cmd.send_error.is_some() {
             let answered = self.sends.as_mut().and_then(Sends::answered);
             if let (Some(b), Some((bytes, written))) = (&self.serving, answered) {
-                b.receipt(bytes, written, now);
+                b.receipt(bytes, written, now, || conn.queued());
             }
         }
         match super::serve::inbound(cmd) {
