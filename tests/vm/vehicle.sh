@@ -487,9 +487,10 @@ can_replay() {
   out=$(guest "ip link show vcan1 >/dev/null 2>&1 || ip link add dev vcan1 type vcan; ip link set vcan1 mtu 72 up;
     rm -f /root/replayed.log; (candump -L vcan1 > /root/replayed.log & echo \$! > /root/candump1.pid); sleep 1;
     canplayer -I /root/drive.log vcan1=drive; echo canplayer-exit \$?; sleep 1; kill \$(cat /root/candump1.pid); sleep 1" 120)
-  grep -q '^canplayer-exit 0' <<<"$out" || { log "  canplayer: ${out:0:400}"; return 1; }
+  grep -q '^canplayer-exit 0' <<<"$out" || { log "  canplayer: $(tr '\r\n' '  ' <<<"${out:0:400}")"; return 1; }
   fetch /root/replayed.log "$dir/replayed.log" || { log "  could not copy the candump log out of the guest"; return 1; }
-  out=$(python3 "$VM/judge.py" canreplay "$dir/out/drive.log" "$dir/replayed.log") || { log "  $out"; return 1; }
+  out=$(python3 "$VM/judge.py" canreplay "$dir/out/drive.log" "$dir/replayed.log" 2>&1) ||
+    { log "  judge.py canreplay failed: $(tr '\n' '|' <<<"$out" | tail -c 600)"; return 1; }
   log "  $out"
 }
 check can_replay
