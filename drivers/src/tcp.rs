@@ -69,13 +69,19 @@ mod tests {
     use std::io::Write;
     use std::os::fd::AsFd;
 
-    #[test]
-    fn a_loopback_connection_has_its_bytes_acknowledged_and_a_file_is_no_socket() {
+    /// A loopback connection (ours, the peer's) with "hello" written and 50 ms for its ACK.
+    fn connected() -> (std::net::TcpStream, std::net::TcpStream) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (_peer, _) = l.accept().unwrap();
+        let (peer, _) = l.accept().unwrap();
         c.write_all(b"hello").unwrap();
         std::thread::sleep(Duration::from_millis(50));
+        (c, peer)
+    }
+
+    #[test]
+    fn a_loopback_connection_has_its_bytes_acknowledged_and_a_file_is_no_socket() {
+        let (c, _peer) = connected();
         let (unacked, since_ack) = acks(c.as_fd()).unwrap();
         assert_eq!(unacked, 0);
         assert!(since_ack < Duration::from_secs(1), "{since_ack:?}");
@@ -86,11 +92,7 @@ mod tests {
 
     #[test]
     fn a_peer_that_stops_reading_leaves_bytes_unsent_while_the_path_has_no_queue() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (_peer, _) = l.accept().unwrap();
-        c.write_all(b"hello").unwrap();
-        std::thread::sleep(Duration::from_millis(50));
+        let (mut c, _peer) = connected();
         let q = queued(c.as_fd()).unwrap();
         assert_eq!(q.notsent, 0);
         assert!(q.rtt_over_min < Duration::from_millis(50), "{q:?}");

@@ -28,7 +28,7 @@ PHASES = [(8000, 20), (2000, 20), (8000, 20)]
 QUEUE_BYTES = 500_000
 
 
-def config(ns, rig):
+def config(ns, rig, frame_bytes=35000, cap="40mbit"):
     # cam 25 fps x 35 kB = 7 Mbit/s, mic 256 kbit/s, gps 50 Hz.
     return f"""
 [rig]
@@ -40,7 +40,7 @@ kind = "synthetic-camera"
 width = 320
 height = 240
 fps = 25
-frame-bytes = 35000
+frame-bytes = {frame_bytes}
 priority = 2
 
 [[source]]
@@ -59,7 +59,7 @@ priority = 0
 [pulsar]
 url = "{BROKER_URL}"
 topic = "persistent://{ns}/{{rig}}-{{source}}"
-max-bandwidth = "auto, at most 40mbit"
+max-bandwidth = "auto, at most {cap}"
 [spool]
 path = "spool"
 

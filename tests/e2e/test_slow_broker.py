@@ -18,6 +18,7 @@ import pulsar
 import pytest
 
 from harness import BROKER_URL, Rigd, ShapedBrokerPort, assert_once_each, consume, namespace_with_dedup, unique
+from test_auto_bandwidth import config as auto_config
 
 # tc needs root; the shaped bookie port is this test's own broker's (holds_broker).
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="tc needs root"), pytest.mark.holds_broker]
@@ -30,47 +31,13 @@ EVERY_S, STALL_S, STALL_KBIT = 6.0, 1.5, 1000
 def config(ns, rig):
     # cam 25 fps x 20 kB = 4 Mbit/s, mic 256 kbit/s, gps 50 Hz: under the cap, the rig's link idle
     # for part of each second (its estimate is what it carries, grown by probes).
-    return f"""
-[rig]
-id = "{rig}"
-
-[[source]]
-id = "cam"
-kind = "synthetic-camera"
-width = 320
-height = 240
-fps = 25
-frame-bytes = 20000
-priority = 2
-
-[[source]]
-id = "mic"
-kind = "synthetic-audio"
-sample-rate = 16000
-channels = 1
-priority = 1
-
-[[source]]
-id = "gps"
-kind = "synthetic-serial"
-rate-hz = 50
-priority = 0
-
-[pulsar]
-url = "{BROKER_URL}"
-topic = "persistent://{ns}/{{rig}}-{{source}}"
-max-bandwidth = "auto, at most 12mbit"
-[spool]
-path = "spool"
-
-[web]
-bind = "127.0.0.1:{{WEB_PORT}}"
-"""
+    return auto_config(ns, rig, frame_bytes=20000, cap="12mbit")
 
 
 class BookiePath(ShapedBrokerPort):
     """The broker's writes to its bookie (its port on loopback) through a class of ours: at 10 Gbit/s
-    (nothing held) until `hold`; a deep queue, so that a stall delays and drops nothing."""
+    (nothing held) until the test lowers its rate; a deep queue, so that a stall delays and drops
+    nothing."""
 
     def __init__(self):
         super().__init__(10_000_000, port=BOOKIE_PORT, queue_ms=5000)
