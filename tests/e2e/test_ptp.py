@@ -30,6 +30,7 @@ pytestmark = [
 ]
 
 LIMIT_NS = 5_000
+MIN_SAMPLES = 20  # a judged stretch of status reads
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def judge(samples: list[dict], what: str) -> dict:
     within = sum(1 for e in errs if abs(e) < LIMIT_NS) / max(1, len(errs))
     print(f"{what}: n={st['n']} rms={st['rms']:.0f}ns median={st['median']}ns p95={st['p95']}ns "
           f"max={st['max']}ns within 5us={within:.0%}")
-    assert st["n"] >= 20, "too few status samples"
+    assert st["n"] >= MIN_SAMPLES, "too few status samples"
     assert st["median"] < LIMIT_NS, st
     assert within >= 0.9, f"{within:.0%} of samples within 5 us: {st}"
     return st
@@ -76,7 +77,7 @@ def test_locks_to_ptp4l_within_5us(transport, tmp_path, host_clock):
         assert c["path_delay_ns"] is not None and 0 <= c["path_delay_ns"] < 1_000_000
         # 20 s: a CI run (2 cores, broker and suite around) once caught a 1.3 s excursion to 5.5 us
         # within a 10 s window (87 % within 5 us); a quiet run stays under 2 us throughout.
-        judge(rig.sample_errors(20), f"{transport} after lock")
+        judge(rig.sample_errors(20, at_least=MIN_SAMPLES), f"{transport} after lock")
         c = rig.clock()
         assert c["state"] == "locked" and c["steps"] == 0, c
         status = rig.status()
@@ -157,7 +158,7 @@ def test_grandmaster_lost_holdover_then_locked_again(tmp_path, host_clock):
         net.start_gm("gm1", priority1=10)
         c = rig.wait_clock(locked, 45, "lock after the master came back")
         assert c["steps"] == 0, "no step needed after a short holdover"
-        judge(rig.sample_errors(5), "relocked")
+        judge(rig.sample_errors(5, at_least=MIN_SAMPLES), "relocked")
         assert rig.stop() == 0
         log = rig.log()
         assert 'to="holdover"' in log and "PTP master lost" in log
