@@ -20,9 +20,10 @@
 //! - `Grow`: a probe that raised the estimate by [`GREW`] or more is followed at once by rounds at
 //!   [`GROW_GAIN`] while the estimate keeps growing (the start, and a link that got faster: 2 -> 8
 //!   Mbit/s in a few seconds rather than a 25 % step every few seconds);
-//! - `Backoff`: the queueing delay above `target` where the link holds it (a link that got slower,
-//!   or an estimate above it): the estimate drops to the delivery rate measured now (a busy link delivers its
-//!   capacity; the cut and the first sample after it at most halve it each, [`MAX_CUT`]), the
+//! - `Backoff`: the queueing delay above `target` where the link holds it (a link that got
+//!   slower, or an estimate above it): the estimate drops to the delivery rate measured now (a
+//!   busy link delivers its capacity; the cut and the first sample after it at most halve it
+//!   each, [`MAX_CUT`]), the
 //!   samples of SENDs written before the cut are ignored, and the budget paces at
 //!   [`BACKOFF_GAIN`] of the lesser of the estimate and that delivery rate (unbounded by
 //!   [`MAX_CUT`]: the queue drains from the cut on) until the delay is below half the target (the
