@@ -40,9 +40,10 @@ class BookiePath(ShapedBrokerPort):
     nothing."""
 
     def __init__(self):
-        super().__init__(10_000_000, port=BOOKIE_PORT, queue_ms=5000)
+        super().__init__(10_000_000, port=BOOKIE_PORT)
 
     def install(self):
+        # 16 MiB: the parent's queue_ms at 10 Gbit/s would be gigabytes.
         self.add_class(*self.rate(self.rate_kbit), leaf_limit=16 << 20)
         self.add_filter("dport", self.port)
 
