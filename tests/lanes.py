@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -200,7 +201,24 @@ def main() -> int:
         print(f"{lane.name:11} {lane.ended - lane.started:6.0f} s wall  {busy:6.0f} s of tests  "
               f"{len(n):3} tests  {'ok' if lane.rc in (0, 5) else 'FAILED'}")
     record(rows)
+    for lane in done:
+        if lane.rc not in (0, 5):
+            print_failures(lane, [test for name, test, _, outcome in rows if name == lane.name and outcome != "passed"])
     return 0 if all(lane.rc in (0, 5) for lane in done) else 1
+
+
+def print_failures(lane: Lane, failed: list[str]):
+    """A failed lane's failures again, short, after the table: a CI log cut to its tail still says
+    what failed in every lane (a whole lane's output is printed when it ends, far above)."""
+    print(f"\n== lane {lane.name} failed: {', '.join(failed) or 'no test failed (pytest exit ' + str(lane.rc) + ')'}")
+    text = lane.log.read_text(errors="replace").splitlines()
+    # a guest's own failed checks first (the vehicle test's `vehicle: FAIL: ...` lines), then pytest's
+    why = [line for line in text if re.search(r"vehicle: (FAIL|.*\bfail)", line)]
+    why += [line for line in text if line.startswith(("E ", "FAILED ", "ERROR ")) and line not in why]
+    for line in why[:40]:
+        print(f"  {line[:400]}")
+    if len(why) > 40:
+        print(f"  ... {len(why) - 40} more lines in {lane.log}")
 
 
 def stop_own_brokers(lane: Lane):
