@@ -348,12 +348,14 @@ def run_fault(net, broker, tmp_path, costs, fault, restore, spread, bandwidth):
         t_restore = time.time()
         restore("a")
         # The prober's connect over a succeeds: usable again. Producers move back to a cheaper
-        # link once it settled; links of equal cost keep where the producers are.
-        back = (lambda s: not on_link(s, "a")["held"]) if spread else \
-            (lambda s: on_link(s, "a")["producers"] > 0 and not on_link(s, "a")["held"])
-        d.wait_for(back, timeout=30, what="link a usable again" + ("" if spread else ", producers back on it"))
-        print(f"a usable again{'' if spread else ', producers back on it'} {time.time() - t_restore:.1f} s "
-              f"after it was restored")
+        # link once it settled; on links of equal cost they spread again (b carries all, a none),
+        # one move per 5 s, until neither carries more than one more than the other.
+        balanced = lambda s: abs(on_link(s, "a")["producers"] - on_link(s, "b")["producers"]) <= 1
+        s = d.wait_for(lambda s: on_link(s, "a")["producers"] > 0 and not on_link(s, "a")["held"]
+                       and (balanced(s) or not spread), timeout=30,
+                       what="link a usable again, producers back on it" + (", spread" if spread else ""))
+        print(f"a usable again, {on_link(s, 'a')['producers']} producers back on it "
+              f"{time.time() - t_restore:.1f} s after it was restored ({on_link(s, 'b')['producers']} on b)")
         time.sleep(6)
         t_end = time.time()
         rc = d.stop(timeout=60)
@@ -384,7 +386,7 @@ def test_a_pulled_link_moves_its_producers_to_the_other_and_back(links, tmp_path
 
 def test_a_silent_link_moves_its_producers_to_the_other(links, tmp_path):
     """Links of equal cost share the producers; a goes silent (nothing through, either way, no
-    reset). Under `auto` the link that carries only audio and serial keeps its start: their
+    reset); its producers move to b, and once a is back they spread onto it again. Under `auto` the link that carries only audio and serial keeps its start: their
     samples are app-limited (before, its estimate fell to the audio's rate, and the frames moved
     onto it waited for its growth: docs/UPLINK.md "Several links")."""
     net, broker = links

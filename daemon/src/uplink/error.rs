@@ -42,8 +42,8 @@ pub enum LinkError {
     Closed,
     #[error("shutting down")]
     Shutdown,
-    /// A cheaper link is usable again (`uplink::links::better`): the producer closes and sets up
-    /// there.
+    /// A cheaper link is usable again, or one of the same cost has far more estimate per
+    /// producer (`uplink::links::better`): the producer closes and sets up there.
     #[error("moving to link {0}")]
     Moved(String),
 }

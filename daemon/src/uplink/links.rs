@@ -13,6 +13,9 @@
 //!   held ([`HOLD`]) until a TCP connect over it succeeds again (the pool's prober).
 //! - **Back to the preferred link** ([`better`]): a producer on a costlier link moves to a cheaper
 //!   one that has been usable for [`SETTLE`] (a clean CLOSE_PRODUCER, then PRODUCER there).
+//! - **Spread again** ([`better`], [`Move::Spread`]): on links of one cost, a producer moves to
+//!   a settled one where its estimate per producer would be [`REBALANCE_GAIN`] times what it has
+//!   where it is; one producer of the rig per [`REBALANCE_EVERY`], so they do not all move at once.
 //!
 //! With one link (no `[[pulsar.link]]`: the default route) none of this runs; the connection's
 //! own deadlines (docs/UPLINK.md "Deadlines follow progress") are all there is, since there is
@@ -36,6 +39,12 @@ pub const HOLD: Duration = Duration::from_secs(30);
 pub const SETTLE: Duration = Duration::from_secs(3);
 /// How often the prober tries a link given up (a TCP connect, bounded by the same).
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// A producer moves between links of one cost only for this much more estimate per producer
+/// there than where it is ([`better`]): a margin, so that one move does not invite the move back.
+pub const REBALANCE_GAIN: f64 = 1.4;
+/// At most one producer of the rig moves between links of one cost in this long: they would all
+/// see the same idle link at once and move there together (and back).
+pub const REBALANCE_EVERY: Duration = Duration::from_secs(5);
 
 /// One way to the brokers.
 pub struct Path {
@@ -241,15 +250,42 @@ pub fn choose(links: &[Candidate]) -> usize {
     best.unwrap_or(0)
 }
 
-/// A producer on link `at` moves to the returned one: a cheaper link, usable and settled. Pure.
-pub fn better(links: &[Candidate], at: usize) -> Option<usize> {
+/// Why a producer leaves a link that still serves it ([`better`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Move {
+    /// To a cheaper link, usable and settled again.
+    Cheaper(usize),
+    /// To a link of the same cost whose estimate per producer is at least [`REBALANCE_GAIN`]
+    /// times the one where it is (a modem back after a tunnel, idle while the other carries all).
+    Spread(usize),
+}
+
+/// A producer on link `at` moves to the returned one: a cheaper link, usable and settled; else
+/// a settled link of the same cost that would give it more than [`REBALANCE_GAIN`] times its share here
+/// (estimate per producer, counting it there), the best such. Pure; how often a [`Move::Spread`]
+/// is taken is the pool's ([`REBALANCE_EVERY`]).
+pub fn better(links: &[Candidate], at: usize) -> Option<Move> {
     let here = links.get(at)?;
-    links
+    if let Some((i, _)) = links
         .iter()
         .enumerate()
         .filter(|(_, c)| c.settled && c.cost < here.cost)
         .min_by_key(|(i, c)| (c.cost, *i))
-        .map(|(i, _)| i)
+    {
+        return Some(Move::Cheaper(i));
+    }
+    let share_here = here.rate.unwrap_or(1.0) / here.load.max(1) as f64;
+    let mut best: Option<(usize, f64)> = None;
+    for (i, c) in links.iter().enumerate() {
+        if i == at || !c.settled || c.cost != here.cost {
+            continue;
+        }
+        let there = c.rate.unwrap_or(1.0) / (c.load + 1) as f64;
+        if there > REBALANCE_GAIN * share_here && best.is_none_or(|(_, b)| there > b) {
+            best = Some((i, there));
+        }
+    }
+    best.map(|(i, _)| Move::Spread(i))
 }
 
 /// Whether a connection's link went silent, judged from its socket's `TCP_INFO` samples.
@@ -325,13 +361,45 @@ mod tests {
     #[test]
     fn producers_move_back_to_a_cheaper_link_only_once_it_settled() {
         let mut links = [link(0, None, 0), link(9, None, 4)];
-        assert_eq!(better(&links, 1), Some(0));
+        assert_eq!(better(&links, 1), Some(Move::Cheaper(0)));
         assert_eq!(better(&links, 0), None);
         links[0].settled = false;
         assert_eq!(better(&links, 1), None);
-        // Equal cost: no move (a spread is kept).
-        let even = [link(1, None, 0), link(1, None, 4)];
+    }
+
+    #[test]
+    fn producers_spread_again_over_links_of_one_cost_with_a_margin() {
+        // A modem back (settled, idle) beside the one that carries all four: spread onto it.
+        let mut even = [link(1, None, 0), link(1, None, 4)];
+        assert_eq!(better(&even, 1), Some(Move::Spread(0)));
+        // Not before it settled, and never onto a costlier link.
+        even[0].settled = false;
         assert_eq!(better(&even, 1), None);
+        assert_eq!(better(&[link(2, None, 0), link(1, None, 4)], 1), None);
+        // 3 against 1: 1/2 there against 1/3 here: one more moves.
+        assert_eq!(
+            better(&[link(1, None, 1), link(1, None, 3)], 1),
+            Some(Move::Spread(0))
+        );
+        // Spread 2 and 2, or 2 and 1: nobody moves (1/3 there against 1/2 here; 1/2 against 1/2).
+        assert_eq!(better(&[link(1, None, 2), link(1, None, 2)], 1), None);
+        assert_eq!(better(&[link(1, None, 1), link(1, None, 2)], 1), None);
+        // 4 and 3: 1/4 there against 1/4 here; 5 and 2: 1/3 against 1/5, one moves.
+        assert_eq!(better(&[link(1, None, 3), link(1, None, 4)], 1), None);
+        assert_eq!(
+            better(&[link(1, None, 2), link(1, None, 5)], 1),
+            Some(Move::Spread(0))
+        );
+        // By the estimates: 8 Mbit/s with 2 producers (1 M each with one more, 3 M with none
+        // more) against 1 Mbit/s with 2 (0.5 M each): onto the fast one.
+        let modems = [
+            link(1, Some(1e6), 2),
+            link(1, Some(125e3), 2),
+            link(1, Some(1e5), 0),
+        ];
+        assert_eq!(better(&modems, 1), Some(Move::Spread(0)));
+        // The fast one's producers stay (0.33 M elsewhere against 0.5 M here).
+        assert_eq!(better(&modems, 0), None);
     }
 
     #[test]

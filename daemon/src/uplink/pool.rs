@@ -45,6 +45,8 @@ pub struct Pool {
     paths: Vec<Arc<Path>>,
     /// Held while a setup chooses its link and is counted on it (concurrent setups spread).
     choosing: Mutex<()>,
+    /// When a producer last moved to spread the links of one cost ([`Pool::better`]).
+    spread_at: Mutex<Option<Instant>>,
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Weak<Connection>>>>>,
     retired: Arc<Retired>,
 }
@@ -126,6 +128,7 @@ impl Pool {
         Arc::new(Pool {
             paths,
             choosing: Mutex::default(),
+            spread_at: Mutex::default(),
             slots: Mutex::default(),
             retired: Arc::default(),
         })
@@ -159,13 +162,27 @@ impl Pool {
         path
     }
 
-    /// A cheaper link that a producer on `at` should move to ([`links::better`]).
-    pub fn better(&self, at: &Path) -> Option<Arc<Path>> {
+    /// The link a producer on `at` should move to ([`links::better`]), and why; a spread move
+    /// only if no other producer of the rig took one in the last [`links::REBALANCE_EVERY`].
+    pub fn better(&self, at: &Path) -> Option<(Arc<Path>, links::Move)> {
         if !self.multi() {
             return None;
         }
+        let now = Instant::now();
         let i = self.paths.iter().position(|p| std::ptr::eq(&**p, at))?;
-        links::better(&self.candidates(Instant::now()), i).map(|b| self.paths[b].clone())
+        let to = links::better(&self.candidates(now), i)?;
+        let j = match to {
+            links::Move::Cheaper(j) => j,
+            links::Move::Spread(j) => {
+                let mut last = self.spread_at.lock().unwrap_or_else(|p| p.into_inner());
+                if last.is_some_and(|t| now.saturating_duration_since(t) < links::REBALANCE_EVERY) {
+                    return None;
+                }
+                *last = Some(now);
+                j
+            }
+        };
+        Some((self.paths[j].clone(), to))
     }
 
     /// Watches the links given up (several links only): each second a TCP connect to one of

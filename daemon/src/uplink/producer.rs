@@ -19,6 +19,7 @@ use super::budget::Budget;
 use super::connect::{Link, Setup};
 use super::error::LinkError;
 use super::estimate::Sends;
+use super::links;
 use super::plan::BrokerLast;
 use super::pool::{Connection, Pool};
 use super::serve::{Inbound, Serve};
@@ -650,9 +651,15 @@ impl Session {
             }
             if now >= look_at && !serve.draining() {
                 look_at = now + MOVE_LOOK_EVERY;
-                if let Some(to) = self.setup.pool.better(link.conn.path()) {
+                if let Some((to, why)) = self.setup.pool.better(link.conn.path()) {
+                    let why = match why {
+                        links::Move::Cheaper(_) => "a cheaper link is usable again",
+                        links::Move::Spread(_) => {
+                            "a link of the same cost has more estimate per producer"
+                        }
+                    };
                     tracing::info!(topic = %self.setup.topic, from = %link.conn.path().name,
-                        to = %to.name, "a cheaper link is usable again: the producer moves to it");
+                        to = %to.name, "{why}: the producer moves to it");
                     return Err(LinkError::Moved(to.name.clone()));
                 }
             }
