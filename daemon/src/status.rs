@@ -55,6 +55,10 @@ fn links_status(pool: &crate::uplink::Pool) -> Vec<rigd_web::LinkStatus> {
                 held: state.held,
                 given_up: state.given_up,
                 last_given_up: state.why,
+                moved_in: rigd_web::LinkMoves {
+                    cheaper: state.moved_in_cheaper,
+                    spread: state.moved_in_spread,
+                },
                 producers,
                 budget_bytes_per_second: pacing,
                 estimate: estimate.flatten(),

@@ -17,8 +17,10 @@ setting a fleet that wants a move within 3 s gives its brokers (docs/UPLINK.md "
 
 import os
 import random
+import re
 import subprocess
 import time
+import urllib.request
 
 import pulsar
 import pytest
@@ -355,7 +357,15 @@ def run_fault(net, broker, tmp_path, costs, fault, restore, spread, bandwidth):
                        and (balanced(s) or not spread), timeout=30,
                        what="link a usable again, producers back on it" + (", spread" if spread else ""))
         print(f"a usable again, {on_link(s, 'a')['producers']} producers back on it "
-              f"{time.time() - t_restore:.1f} s after it was restored ({on_link(s, 'b')['producers']} on b)")
+              f"{time.time() - t_restore:.1f} s after it was restored ({on_link(s, 'b')['producers']} on b; "
+              f"moved in {on_link(s, 'a')['moved_in']})")
+        # They moved while b still served them, as the cheaper link's or to spread; said per reason.
+        reason = "spread" if spread else "cheaper"
+        assert on_link(s, "a")["moved_in"][reason] >= 1, on_link(s, "a")
+        with urllib.request.urlopen(d.url("/metrics"), timeout=10) as r:
+            metrics = r.read().decode()
+        m = re.search(rf'rigd_uplink_link_moved_in_total{{link="a",reason="{reason}"}} (\d+)', metrics)
+        assert m and int(m.group(1)) >= 1, [x for x in metrics.splitlines() if "moved_in" in x]
         time.sleep(6)
         t_end = time.time()
         rc = d.stop(timeout=60)

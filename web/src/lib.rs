@@ -263,12 +263,23 @@ pub struct LinkStatus {
     /// Times it was given up, and why the last time.
     pub given_up: u64,
     pub last_given_up: Option<String>,
+    /// Producers that moved onto it from a link still serving them.
+    pub moved_in: LinkMoves,
     /// Producers and consumers on it now.
     pub producers: usize,
     /// What its budget paces at now (bytes per second; None: unlimited).
     pub budget_bytes_per_second: Option<u64>,
     /// Under `auto`: its estimate.
     pub estimate: Option<LinkEstimate>,
+}
+
+/// Why producers moved onto a link that was not failing them where they were.
+#[derive(Debug, Clone, Copy, Serialize, Default)]
+pub struct LinkMoves {
+    /// Back from a costlier link once this one settled.
+    pub cheaper: u64,
+    /// From a link of the same cost, to spread them by estimate per producer.
+    pub spread: u64,
 }
 
 /// The link's capacity as rigd estimates it (`max-bandwidth = "auto"`).

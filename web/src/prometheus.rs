@@ -532,6 +532,20 @@ fn link_samples(e: &mut Exposition, links: &[crate::LinkStatus]) {
             }
         }
     }
+    let name = "rigd_uplink_link_moved_in_total";
+    e.family(
+        name,
+        "counter",
+        "Producers moved onto the link from one still serving them: back to the cheaper link, or to spread links of one cost.",
+    );
+    for l in links {
+        for (reason, n) in [
+            ("cheaper", l.moved_in.cheaper),
+            ("spread", l.moved_in.spread),
+        ] {
+            e.sample(name, &[("link", &l.name), ("reason", reason)], n as f64);
+        }
+    }
 }
 
 fn campaigns(e: &mut Exposition, c: Option<&crate::CampaignsStatus>) {

@@ -63,6 +63,9 @@ pub struct Path {
     /// Setups (producers, the probe's and control's consumers) that chose it and have not
     /// chosen again or ended: its load as [`choose`] weighs it.
     assigned: AtomicUsize,
+    /// Producers that left a link still serving them for this one: back to it as the cheaper,
+    /// and to spread links of one cost ([`Move`]).
+    moved_in: [AtomicU64; 2],
 }
 
 #[derive(Debug)]
@@ -82,6 +85,10 @@ pub struct PathState {
     pub held: bool,
     pub why: Option<String>,
     pub given_up: u64,
+    /// Producers moved onto it from a link still serving them ([`Move::Cheaper`],
+    /// [`Move::Spread`]).
+    pub moved_in_cheaper: u64,
+    pub moved_in_spread: u64,
 }
 
 impl Path {
@@ -104,6 +111,7 @@ impl Path {
             }),
             generation: AtomicU64::new(0),
             assigned: AtomicUsize::new(0),
+            moved_in: Default::default(),
         })
     }
 
@@ -122,6 +130,12 @@ impl Path {
         let _ = self
             .assigned
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
+    /// A producer on another link that still served it decided to move here.
+    pub fn moving_in(&self, why: Move) {
+        let i = usize::from(matches!(why, Move::Spread(_)));
+        self.moved_in[i].fetch_add(1, Ordering::Relaxed);
     }
 
     fn health(&self) -> MutexGuard<'_, Health> {
@@ -205,6 +219,8 @@ impl Path {
             held: h.held_until.is_some_and(|t| now < t),
             why: h.why.clone(),
             given_up: h.given_up,
+            moved_in_cheaper: self.moved_in[0].load(Ordering::Relaxed),
+            moved_in_spread: self.moved_in[1].load(Ordering::Relaxed),
         }
     }
 }

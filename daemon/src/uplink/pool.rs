@@ -182,6 +182,7 @@ impl Pool {
                 j
             }
         };
+        self.paths[j].moving_in(to);
         Some((self.paths[j].clone(), to))
     }
 
