@@ -213,7 +213,7 @@ def print_failures(lane: Lane, failed: list[str]):
     print(f"\n== lane {lane.name} failed: {', '.join(failed) or 'no test failed (pytest exit ' + str(lane.rc) + ')'}")
     text = lane.log.read_text(errors="replace").splitlines()
     # a guest's own failed checks first (the vehicle test's `vehicle: FAIL: ...` lines), then pytest's
-    why = [line for line in text if re.search(r"vehicle: (FAIL|.*\bfail)", line)]
+    why = [line for line in text if re.search(r"vehicle: (FAIL:|.*\bfailed:)", line)]
     why += [line for line in text if line.startswith(("E ", "FAILED ", "ERROR ")) and line not in why]
     for line in why[:40]:
         print(f"  {line[:400]}")

@@ -419,8 +419,11 @@ judge_can() {
   return $rc
 }
 # A CAN source's `late` count (frames delivered after their bucket's record), from its detail.
+# Every source's frames, state, reason and detail, as JSON.
+snapshot() { status | jq_py 'json.dumps({s["id"]: [s["frames"], s["state"], s["reason"], s["detail"]] for s in d["sources"]})'; }
 # Read again for up to 10 s: in a loaded CI run one read came back empty from the starved guest and
-# the judge had no count to hold 14 late frames against.
+# the judge had no count to hold 14 late frames against. (`snapshot` was defined below its first
+# use here until 2026-12-08: every read came back empty.)
 late_of() {
   local n
   for _ in 1 2 3 4 5; do
@@ -445,8 +448,6 @@ can_bus() {
 check can_bus
 
 CHECK="CAN: vcan0 down then up: the CAN sources retry and say why, then resume (reopened 1), the other sources go on"
-# Every source's frames, state, reason and detail, as JSON.
-snapshot() { status | jq_py 'json.dumps({s["id"]: [s["frames"], s["state"], s["reason"], s["detail"]] for s in d["sources"]})'; }
 can_resumed() { snapshot | jq_py 'all(d[k][1] == "running" and "reopened 1" in d[k][3] for k in ("bus", "bus-std"))' | grep -q True; }
 can_down_up() {
   local before during after t_up
@@ -503,7 +504,16 @@ can_replay() {
     { log "  judge.py canreplay failed: $(tr '\n' '|' <<<"$out" | tail -c 600)"; return 1; }
   log "  $out"
 }
-check can_replay
+# Traced: one run failed with no line of its own (2026-12-08 00:45Z); its shell trace's last lines
+# are logged with the failure.
+can_replay_traced() {
+  local trace=$WORK/can-replay.trace
+  if (set -x; can_replay) 2>"$trace"; then grep '^vehicle: ' "$trace" >&2; return 0; fi
+  grep '^vehicle: ' "$trace" >&2
+  tail -n 25 "$trace" | cut -c1-300 | while IFS= read -r line; do log "  trace: $line"; done
+  return 1
+}
+check can_replay_traced
 
 CHECK="network cut of 20 s: the spool grows, then drains"
 NIC=$(guest "ip -o link show | awk -F': ' '\$2 ~ /^en/ {print \$2; exit}'" 30)
