@@ -14,8 +14,8 @@
 //! - **Back to the preferred link** ([`better`]): a producer on a costlier link moves to a cheaper
 //!   one that has been usable for [`SETTLE`] (a clean CLOSE_PRODUCER, then PRODUCER there).
 //! - **Spread again** ([`better`], [`Move::Spread`]): on links of one cost, a producer moves to
-//!   a settled one where its estimate per producer would be [`REBALANCE_GAIN`] times what it has
-//!   where it is; one producer of the rig per [`REBALANCE_EVERY`], so they do not all move at once.
+//!   a settled one where its estimate per producer would be more than [`REBALANCE_GAIN`] times
+//!   what it has where it is; one producer of the rig per [`REBALANCE_EVERY`], so they do not all move at once.
 //!
 //! With one link (no `[[pulsar.link]]`: the default route) none of this runs; the connection's
 //! own deadlines (docs/UPLINK.md "Deadlines follow progress") are all there is, since there is
@@ -271,14 +271,14 @@ pub fn choose(links: &[Candidate]) -> usize {
 pub enum Move {
     /// To a cheaper link, usable and settled again.
     Cheaper(usize),
-    /// To a link of the same cost whose estimate per producer is at least [`REBALANCE_GAIN`]
+    /// To a link of the same cost whose estimate per producer is more than [`REBALANCE_GAIN`]
     /// times the one where it is (a modem back after a tunnel, idle while the other carries all).
     Spread(usize),
 }
 
 /// A producer on link `at` moves to the returned one: a cheaper link, usable and settled; else
-/// a settled link of the same cost that would give it more than [`REBALANCE_GAIN`] times its share here
-/// (estimate per producer, counting it there), the best such. Pure; how often a [`Move::Spread`]
+/// a settled link of the same cost that would give it more than [`REBALANCE_GAIN`] times its
+/// share here (estimate per producer, counting it there), the best such. Pure; how often a [`Move::Spread`]
 /// is taken is the pool's ([`REBALANCE_EVERY`]).
 pub fn better(links: &[Candidate], at: usize) -> Option<Move> {
     let here = links.get(at)?;
@@ -406,15 +406,15 @@ mod tests {
             better(&[link(1, None, 2), link(1, None, 5)], 1),
             Some(Move::Spread(0))
         );
-        // By the estimates: 8 Mbit/s with 2 producers (1 M each with one more, 3 M with none
-        // more) against 1 Mbit/s with 2 (0.5 M each): onto the fast one.
+        // By the estimates: a producer on 1 Mbit/s with 2 (0.5 Mbit/s each) goes to the 8 Mbit/s
+        // link with 2 (2.7 each with it there), not the idle 0.8 Mbit/s one.
         let modems = [
             link(1, Some(1e6), 2),
             link(1, Some(125e3), 2),
             link(1, Some(1e5), 0),
         ];
         assert_eq!(better(&modems, 1), Some(Move::Spread(0)));
-        // The fast one's producers stay (0.33 M elsewhere against 0.5 M here).
+        // The fast one's producers stay (0.8 Mbit/s at best elsewhere against 4 here).
         assert_eq!(better(&modems, 0), None);
     }
 
